@@ -28,9 +28,7 @@ class TensorforgeRep(BackendRep):
             items = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
             feeds = dict(zip(names, items, strict=False))
         results = self.executor.run(feeds)
-        return tuple(
-            _to_numpy(results[value.name], value.dtype) for value in graph.outputs
-        )
+        return tuple(_to_numpy(results[value.name], value.dtype) for value in graph.outputs)
 
 
 class TensorforgeBackend(Backend):

@@ -100,7 +100,7 @@ def run_case(case, device: str = "CPU", timeout_s: int = 60) -> CaseResult:
                 Runner.assert_similar_outputs(list(expected), list(outputs), rtol=case.rtol, atol=case.atol)
     except _Timeout:
         status, detail = "failed", f"timed out after {timeout_s} s"
-    except Exception as err:  # noqa: BLE001 - every failure is reported, none aborts the run
+    except Exception as err:
         status, detail = "failed", f"{type(err).__name__}: {_first_line(err)}"
     finally:
         if old is not None:
@@ -150,7 +150,9 @@ def write_report(results: list[CaseResult], out_dir: Path, device: str) -> None:
         "|---|---:|---:|---:|",
     ]
     for op, counts in summary["per_op"].items():
-        lines.append(f"| {op} | {counts.get('passed', 0)} | {counts.get('failed', 0)} | {counts.get('skipped', 0)} |")
+        lines.append(
+            f"| {op} | {counts.get('passed', 0)} | {counts.get('failed', 0)} | {counts.get('skipped', 0)} |"
+        )
     lines += ["", "## Cases not passing", "", "| case | op | status | reason |", "|---|---|---|---|"]
     for r in results:
         if r.status != "passed":
@@ -171,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results)
     width = max((len(op) for op in summary["per_op"]), default=10)
     for op, counts in summary["per_op"].items():
-        print(f"{op:<{width}}  {counts.get('passed', 0):4d} passed  {counts.get('failed', 0):4d} failed"
-              f"  {counts.get('skipped', 0):4d} skipped")
+        print(
+            f"{op:<{width}}  {counts.get('passed', 0):4d} passed  {counts.get('failed', 0):4d} failed"
+            f"  {counts.get('skipped', 0):4d} skipped"
+        )
     if args.verbose:
         for r in results:
             if r.status == "failed" or "remove the exclusion" in r.detail:
@@ -180,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_report(results, args.write, args.device)
     totals = summary["totals"]
-    print(f"{totals.get('passed', 0)} passed, {totals.get('failed', 0)} failed, {totals.get('skipped', 0)} skipped")
+    passed, failed, skipped = (totals.get(k, 0) for k in ("passed", "failed", "skipped"))
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 0
 
 

@@ -39,8 +39,8 @@ def import_model(proto: onnx.ModelProto, *, base_dir: str | None = None) -> Mode
     default = opsets.get("", opsets.get("ai.onnx"))
     if default is not None and default > newest:
         raise UnsupportedError(
-            f"the model needs opset {default} of the default domain; the installed onnx knows up to {newest}. "
-            "Upgrade onnx or export the model at a lower opset."
+            f"the model needs opset {default} of the default domain; the installed onnx knows up to "
+            f"{newest}. Upgrade onnx or export the model at a lower opset."
         )
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
@@ -102,12 +102,12 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     """ONNX's own shape inference, as a hint: a model it cannot infer still imports."""
     try:
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is advisory; our registry infers what it misses
+    except Exception:
         return proto
 
 
 class _Scope:
-    __slots__ = ("values", "parent")
+    __slots__ = ("parent", "values")
 
     def __init__(self, parent: _Scope | None) -> None:
         self.values: dict[str, Value] = {}
@@ -204,7 +204,7 @@ class _GraphBuilder:
                 f"{what}: external data file not found ({err.filename or err}); keep the data files "
                 "beside the model or pass base_dir"
             ) from None
-        except Exception as err:  # noqa: BLE001 - onnx raises many types for malformed tensors
+        except Exception as err:
             raise ModelLoadError(f"{what} cannot be read: {err}") from None
 
     def _constant_to_initializer(self, nproto: onnx.NodeProto, value: Value, graph: Graph) -> None:

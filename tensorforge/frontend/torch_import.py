@@ -30,7 +30,11 @@ def export_onnx(
     That exporter needs no extra package and reproduces what most deployed models were made with.
     """
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    names = list(input_names) if input_names else [f"input{i}" if len(args) > 1 else "input" for i in range(len(args))]
+    names = (
+        list(input_names)
+        if input_names
+        else [f"input{i}" if len(args) > 1 else "input" for i in range(len(args))]
+    )
     buffer = io.BytesIO()
     was_training = module.training
     module.eval()

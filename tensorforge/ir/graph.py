@@ -21,7 +21,7 @@ Shape = tuple[Dim, ...]
 class Value:
     """A tensor flowing through the graph: a graph input, an initializer or a node output."""
 
-    __slots__ = ("name", "dtype", "shape", "const", "_producer", "_uses", "doc")
+    __slots__ = ("_producer", "_uses", "const", "doc", "dtype", "name", "shape")
 
     def __init__(
         self,
@@ -68,7 +68,7 @@ class Value:
 class Node:
     """One operator application. `attributes` maps names to Python values, tensors or `Graph`s."""
 
-    __slots__ = ("op_type", "domain", "name", "_inputs", "_outputs", "attributes", "graph", "doc")
+    __slots__ = ("_inputs", "_outputs", "attributes", "doc", "domain", "graph", "name", "op_type")
 
     def __init__(
         self,
@@ -147,7 +147,7 @@ class Node:
 class Graph:
     """An ordered set of nodes with named inputs, outputs and initializers."""
 
-    __slots__ = ("name", "inputs", "outputs", "initializers", "_nodes", "parent", "doc")
+    __slots__ = ("_nodes", "doc", "initializers", "inputs", "name", "outputs", "parent")
 
     def __init__(
         self,
@@ -217,7 +217,7 @@ class Graph:
 class Model:
     """A top-level graph with the opsets it was written against and its metadata."""
 
-    __slots__ = ("graph", "opset_imports", "ir_version", "producer", "metadata", "doc")
+    __slots__ = ("doc", "graph", "ir_version", "metadata", "opset_imports", "producer")
 
     def __init__(
         self,

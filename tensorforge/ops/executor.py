@@ -66,7 +66,9 @@ class Executor:
             release = tuple(
                 v
                 for v in dict.fromkeys(_reads(node))
-                if last_use.get(v) == index and v not in keep and v.producer() is not None
+                if last_use.get(v) == index
+                and v not in keep
+                and v.producer() is not None
                 and v.producer().graph is graph
             )
             steps.append(_Step(node, op_def, ctx, release, any(True for _ in node.subgraphs())))
@@ -139,12 +141,14 @@ class Executor:
             result = step.op_def.impl(ctx, *args, **node.attributes)
         except TensorforgeError:
             raise
-        except Exception as err:  # noqa: BLE001 - any failure inside an op is reported with its node
+        except Exception as err:
             shapes = ", ".join(_describe(a) for a in args)
             raise OpError(f"{node.label} ({_op_name(node)}) failed on inputs ({shapes}): {err}") from err
         outputs = result if isinstance(result, tuple) else (result,)
         if len(outputs) < len(node.outputs) and any(v.name for v in node.outputs[len(outputs) :]):
-            raise OpError(f"{node.label} produced {len(outputs)} outputs, the graph expects {len(node.outputs)}")
+            raise OpError(
+                f"{node.label} produced {len(outputs)} outputs, the graph expects {len(node.outputs)}"
+            )
         for value, output in zip(node.outputs, outputs, strict=False):
             if value.name:
                 env.maps[0][value] = output
@@ -206,7 +210,12 @@ def _check_feed(value: Value, tensor: Any, symbols: dict[str, tuple[int, str]]) 
     problems = []
     actual = DType.STRING if isinstance(tensor, np.ndarray) else DType.from_torch(tensor.dtype)
     expected = value.dtype
-    if expected != DType.UNDEFINED and expected.has_torch and actual != expected and expected.torch != tensor.dtype:
+    if (
+        expected != DType.UNDEFINED
+        and expected.has_torch
+        and actual != expected
+        and expected.torch != tensor.dtype
+    ):
         problems.append(f"input {value.name!r} has dtype {actual}, the model expects {expected}")
     if value.shape is not None:
         shape = tuple(tensor.shape)
