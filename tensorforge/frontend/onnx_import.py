@@ -20,7 +20,9 @@ from google.protobuf.message import DecodeError
 
 from ..errors import GraphError, ModelLoadError, UnsupportedError
 from ..ir import DType, Graph, Model, Node, Shape, Value, validate
+from ..ops.infer import infer_model
 from ..tensors import from_numpy, from_proto
+from .typecheck import check_types
 
 MIN_OPSET = 1
 
@@ -55,6 +57,8 @@ def import_model(proto: onnx.ModelProto, *, base_dir: str | None = None) -> Mode
     )
     model.doc = proto.doc_string
     validate(graph)
+    check_types(model)
+    infer_model(model, check=False)
     return model
 
 

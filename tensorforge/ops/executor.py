@@ -156,31 +156,51 @@ class Executor:
             env.maps[0].pop(value, None)
 
 
-def check_supported(model: Model) -> None:
-    """Raise one `UnsupportedError` that lists every node whose op, opset or attribute we lack."""
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """A node the registry cannot run, and why."""
+
+    domain: str
+    op_type: str
+    opset: int
+    node: str
+    reason: str
+
+
+def find_unsupported(model: Model) -> list[Unsupported]:
+    """Every node (subgraphs included) whose op, opset or attributes the registry lacks."""
     load_all()
-    missing: dict[tuple[str, str, int], list[str]] = {}
-    bad_attrs: list[str] = []
+    found = []
     for node in model.graph.all_nodes():
         opset = model.opset(node.domain)
+        domain = node.domain or "ai.onnx"
         op_def = REGISTRY.lookup(node.op_type, node.domain, opset)
         if op_def is None:
-            missing.setdefault((node.domain or "ai.onnx", node.op_type, opset), []).append(_short_label(node))
+            known = REGISTRY.known(node.op_type, node.domain)
+            reason = f"not supported at opset {opset}" if known else "not supported"
+            found.append(Unsupported(domain, node.op_type, opset, _short_label(node), reason))
             continue
         unknown = op_def.check_attributes(node)
         if unknown:
-            bad_attrs.append(f"{node.label}: attributes {unknown} are not supported")
-    if not missing and not bad_attrs:
+            reason = f"attributes {unknown} are not supported"
+            found.append(Unsupported(domain, node.op_type, opset, _short_label(node), reason))
+    return found
+
+
+def check_supported(model: Model) -> None:
+    """Raise one `UnsupportedError` that lists every unsupported op with its domain, opset and nodes."""
+    found = find_unsupported(model)
+    if not found:
         return
+    grouped: dict[tuple[str, str, int, str], list[str]] = {}
+    for item in found:
+        grouped.setdefault((item.domain, item.op_type, item.opset, item.reason), []).append(item.node)
     lines = []
-    for (domain, op_type, opset), names in sorted(missing.items()):
-        known = REGISTRY.known(op_type, domain)
-        why = f"not supported at opset {opset}" if known else "not supported"
-        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        lines.append(f"{domain}::{op_type} (opset {opset}) {why}: nodes {shown}")
-    lines.extend(bad_attrs)
+    for (domain, op_type, opset, reason), names in sorted(grouped.items()):
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        lines.append(f"{domain}::{op_type} (opset {opset}) {reason}: nodes {', '.join(names[:5])}{more}")
     raise UnsupportedError(
-        f"the model uses {len(lines)} unsupported op(s) or attribute(s):\n  " + "\n  ".join(lines)
+        f"the model uses {len(grouped)} unsupported op(s) or attribute(s):\n  " + "\n  ".join(lines)
     )
 
 

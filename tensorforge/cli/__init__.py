@@ -1,0 +1,1 @@
+"""The `tensorforge` command."""

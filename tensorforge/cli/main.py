@@ -1,0 +1,166 @@
+"""`tensorforge inspect` and `tensorforge run`."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import torch
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import InputError, TensorforgeError
+from ..feeds import build_feeds, parse_assignments, parse_shape
+from ..frontend import load_onnx
+from ..ops import Executor
+from ..summary import summarize_model
+from ..tensors import to_numpy
+
+app = typer.Typer(
+    name="tensorforge",
+    help="Inference optimizer and runtime for ONNX models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+ModelArg = Annotated[Path, typer.Argument(help="an ONNX model file", show_default=False)]
+
+
+def _fail(error: Exception) -> None:
+    err.print(f"[bold red]error:[/] {error}", highlight=False)
+    raise typer.Exit(1)
+
+
+@app.command()
+def inspect(
+    model_path: ModelArg,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+) -> None:
+    """Inputs and outputs, op histogram, parameters, opsets, and what is unsupported."""
+    try:
+        summary = summarize_model(load_onnx(model_path))
+    except TensorforgeError as error:
+        _fail(error)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    out.print(f"[bold]{model_path}[/]  graph {summary['graph']!r}, producer {summary['producer'] or '?'}")
+    opsets = ", ".join(f"{d} {v}" for d, v in summary["opsets"].items())
+    out.print(f"IR version {summary['ir_version']}, opsets: {opsets}")
+    params = summary["parameters"]
+    out.print(f"{summary['nodes']} nodes, {params:,} parameters ({summary['parameter_bytes'] / 2**20:.2f} MiB)")
+    io_table = Table("", "name", "type", box=None)
+    for kind in ("inputs", "outputs"):
+        for item in summary[kind]:
+            io_table.add_row(kind[:-1], item["name"], f"{item['dtype']}{item['text']}")
+    out.print(io_table)
+    ops_table = Table("op", "count", box=None)
+    for op, count in summary["ops"].items():
+        ops_table.add_row(op, str(count))
+    out.print(ops_table)
+    for key, value in summary["metadata"].items():
+        out.print(f"metadata {key}: {value!r}", highlight=False)
+    if summary["unsupported"]:
+        count = sum(len(item["nodes"]) for item in summary["unsupported"])
+        out.print(f"[bold red]{count} unsupported node(s):[/]")
+        for item in summary["unsupported"]:
+            nodes = item["nodes"]
+            names = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+            op = f"{item['domain']}::{item['op_type']} (opset {item['opset']})"
+            out.print(f"  {op} {item['reason']}: {len(nodes)} node(s): {names}", highlight=False)
+    else:
+        out.print("[green]every op is supported[/]")
+
+
+@app.command()
+def run(
+    model_path: ModelArg,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="NAME=file.npy (repeatable)", show_default=False)
+    ] = None,
+    shapes: Annotated[
+        list[str] | None,
+        typer.Option("--shape", "-s", help="NAME=1x3x224x224 for random inputs with dynamic dims", show_default=False),
+    ] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="write each output as DIR/<name>.npy")
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto")] = "auto",
+    runs: Annotated[int, typer.Option(min=1, help="timed runs (the median is reported)")] = 1,
+    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    force: Annotated[bool, typer.Option(help="overwrite existing output files")] = False,
+) -> None:
+    """Run a model on given or random inputs; print output shapes and timing."""
+    try:
+        model = load_onnx(model_path)
+        feeds = build_feeds(
+            model,
+            parse_assignments(inputs or [], "--input"),
+            {k: parse_shape(v) for k, v in parse_assignments(shapes or [], "--shape").items()},
+            seed=seed,
+        )
+        executor = Executor(model, _device(device))
+        paths = _output_paths(model, output_dir, force)
+        times, results = [], {}
+        for _ in range(runs):
+            start = time.perf_counter()
+            results = executor.run(feeds)
+            if executor.device.type == "cuda":
+                torch.cuda.synchronize(executor.device)
+            times.append(time.perf_counter() - start)
+    except TensorforgeError as error:
+        _fail(error)
+    table = Table("output", "type", "shape", "mean", "min", "max", box=None)
+    by_name = {v.name: v for v in model.graph.outputs}
+    for name, result in results.items():
+        array = to_numpy(result, by_name[name].dtype) if not isinstance(result, list) else None
+        if array is None:
+            table.add_row(name, "sequence", f"[{len(result)}]", "", "", "")
+            continue
+        stats = ("", "", "")
+        if array.size and array.dtype.kind in "fiub":
+            as_float = array.astype(np.float64)
+            stats = (f"{as_float.mean():.6g}", f"{as_float.min():.6g}", f"{as_float.max():.6g}")
+        table.add_row(name, str(by_name[name].dtype), str(list(array.shape)), *stats)
+        if paths:
+            np.save(paths[name], array, allow_pickle=False)
+    out.print(table)
+    median = statistics.median(times) * 1e3
+    out.print(f"{executor.device} reference executor: median {median:.3f} ms over {runs} run(s)")
+    if paths:
+        out.print(f"wrote {len(paths)} output(s) to {output_dir}")
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device {name!r} was asked for but CUDA is not available here; use --device cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise InputError(f"unknown device {name!r}: use cpu, cuda, cuda:N or auto")
+    return name
+
+
+def _output_paths(model, output_dir: Path | None, force: bool) -> dict[str, Path]:
+    """`DIR/<output name>.npy` for each output (unsafe characters in names become `_`)."""
+    if output_dir is None:
+        return {}
+    paths = {v.name: output_dir / (re.sub(r"[^\w.\-]", "_", v.name) + ".npy") for v in model.graph.outputs}
+    existing = [str(p) for p in paths.values() if p.exists()]
+    if existing and not force:
+        raise InputError(f"output files already exist: {existing}; pass --force to overwrite them")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return paths
+
+
+if __name__ == "__main__":
+    app()
