@@ -56,3 +56,9 @@ def onnx_dtype(onnx_type: int) -> DType:
 
 def same_shape(a: Sequence[int], b: Sequence[int]) -> bool:
     return tuple(a) == tuple(b)
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 when it is a float narrower than that (fp16, bf16, fp8): ops compute there and cast
+    the result back, as GPU kernels accumulate in float32."""
+    return x.float() if x.dtype.is_floating_point and x.dtype.itemsize < 4 else x
