@@ -106,7 +106,7 @@ class Executor:
             value = by_name.get(name)
             if value is None:
                 continue
-            tensor = data if isinstance(data, list) or data is None else from_any(data, self.device)
+            tensor = _feed_to_device(data, self.device)
             problems.extend(_check_feed(value, tensor, symbols))
             env[value] = tensor
         if problems:
@@ -259,6 +259,13 @@ def _check_feed(value: Value, tensor: Any, symbols: dict[str, tuple[int, str]]) 
                             f"{seen[1]!r} gave {want!r} = {seen[0]}"
                         )
     return problems
+
+
+def _feed_to_device(data: Any, device: torch.device) -> Any:
+    """A feed as a tensor on `device`; a sequence (list) element-wise, an empty optional (None) as is."""
+    if isinstance(data, list):
+        return [_feed_to_device(item, device) for item in data]
+    return None if data is None else from_any(data, device)
 
 
 def _to_device(const: Any, device: torch.device) -> Any:
