@@ -93,12 +93,18 @@ def register_unary(op_type: str, fn: Fn, since: int = 1, *, consumed_inputs: boo
     register(op_type, since=6)(unary)
 
 
-def register_binary(op_type: str, fn: Fn, *, consumed_inputs: bool = False) -> None:
+def register_binary(op_type: str, fn: Fn, since: int = 7) -> None:
+    """Register `fn(a, b)` as `op_type` from opset `since`, broadcasting like numpy."""
+
+    def binary(ctx: OpContext, a, b):
+        return fn(a, b)
+
+    register(op_type, since=since)(binary)
+
+
+def register_legacy_binary(op_type: str, fn: Fn, *, consumed_inputs: bool = False) -> None:
     """Register `fn(a, b)` as `op_type`: numpy broadcasting from opset 7, the `broadcast`/`axis` form
     before (opset 1 also has `consumed_inputs` when asked, until opset 6)."""
-
-    def numpy_style(ctx: OpContext, a, b):
-        return fn(a, b)
 
     def legacy(ctx: OpContext, a, b, *, broadcast=0, axis=None):
         return fn(a, legacy_broadcast(a, b, broadcast, axis))
@@ -106,7 +112,7 @@ def register_binary(op_type: str, fn: Fn, *, consumed_inputs: bool = False) -> N
     def legacy_v1(ctx: OpContext, a, b, *, broadcast=0, axis=None, consumed_inputs=None):
         return legacy(ctx, a, b, broadcast=broadcast, axis=axis)
 
-    register(op_type, since=7)(numpy_style)
+    register_binary(op_type, fn, since=7)
     if consumed_inputs:
         register(op_type, since=1)(legacy_v1)
         register(op_type, since=6)(legacy)
@@ -114,7 +120,7 @@ def register_binary(op_type: str, fn: Fn, *, consumed_inputs: bool = False) -> N
         register(op_type, since=1)(legacy)
 
 
-def _widened(fn: Fn) -> Fn:
+def widened(fn: Fn) -> Fn:
     """`fn` over integers computed in a dtype torch has kernels for, wrapping back to the input dtype."""
 
     def apply(a: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
@@ -199,13 +205,13 @@ def _pow(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 for _op, _fn in {
-    "Add": _widened(torch.add),
-    "Sub": _widened(torch.sub),
-    "Mul": _widened(torch.mul),
+    "Add": widened(torch.add),
+    "Sub": widened(torch.sub),
+    "Mul": widened(torch.mul),
     "Div": _divide,
 }.items():
-    register_binary(_op, _fn, consumed_inputs=True)
-register_binary("Pow", _pow)
+    register_legacy_binary(_op, _fn, consumed_inputs=True)
+register_legacy_binary("Pow", _pow)
 
 
 @in_float32
@@ -223,7 +229,7 @@ def mod(ctx: OpContext, a, b, *, fmod=0):
         return torch.fmod(a, b) if fmod else _float_mod(a, b)
     if a.dtype == torch.uint64:
         return _udivmod64(a, b)[1]
-    return _widened(torch.fmod if fmod else torch.remainder)(a, b)
+    return widened(torch.fmod if fmod else torch.remainder)(a, b)
 
 
 @register("BitShift", since=11)
@@ -288,7 +294,7 @@ def _register_variadic(op_type: str, fn: Fn) -> None:
 
 
 for _op, _fn in {
-    "Sum": _folding(_widened(torch.add)),
+    "Sum": _folding(widened(torch.add)),
     "Mean": _mean,
     "Max": _folding(_maximum),
     "Min": _folding(_minimum),
