@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.defs
+import onnx.numpy_helper
 
 from .conformance_exclusions import exclusion_reason
 
@@ -96,8 +97,9 @@ def run_case(case, device: str = "CPU", timeout_s: int = 60) -> CaseResult:
             warnings.simplefilter("ignore")
             rep = TensorforgeBackend.prepare(case.model, device)
             for inputs, expected in case.data_sets:
-                outputs = rep.run(inputs)
-                Runner.assert_similar_outputs(list(expected), list(outputs), rtol=case.rtol, atol=case.atol)
+                outputs = rep.run([_normalize(item) for item in inputs])
+                expected = [_normalize(item) for item in expected]
+                Runner.assert_similar_outputs(expected, list(outputs), rtol=case.rtol, atol=case.atol)
     except _Timeout:
         status, detail = "failed", f"timed out after {timeout_s} s"
     except Exception as err:
@@ -110,6 +112,11 @@ def run_case(case, device: str = "CPU", timeout_s: int = 60) -> CaseResult:
         detail = reason if status == "failed" else f"excluded ({reason}) but passes: remove the exclusion"
         status = "skipped" if status == "failed" else status
     return CaseResult(case.name, op, status, detail, time.perf_counter() - start)
+
+
+def _normalize(item):
+    """Case data as onnx's runner passes it: TensorProtos (fp8, sub-byte cases) become numpy arrays."""
+    return onnx.numpy_helper.to_array(item) if isinstance(item, onnx.TensorProto) else item
 
 
 def _first_line(err: Exception) -> str:

@@ -23,11 +23,11 @@ def from_numpy(array: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
     dtype = DType.from_numpy(array.dtype)
     if dtype == DType.STRING:
         return array.astype(object)
-    if dtype.torch.is_floating_point and array.dtype.itemsize in (1, 2) and dtype not in _NATIVE_NUMPY:
+    if dtype in _CARRIED:
+        tensor = torch.from_numpy(array.astype(torch_to_numpy_dtype(dtype.torch)))
+    elif dtype.torch.is_floating_point and array.dtype.itemsize in (1, 2) and dtype not in _NATIVE_NUMPY:
         bits = array.copy().view(np.uint8 if array.dtype.itemsize == 1 else np.int16)  # keeps 0-d shape
         tensor = torch.from_numpy(bits).view(dtype.torch)
-    elif dtype in _CARRIED:
-        tensor = torch.from_numpy(array.astype(torch_to_numpy_dtype(dtype.torch)))
     else:
         tensor = torch.from_numpy(array.copy())
     return tensor.to(device)
