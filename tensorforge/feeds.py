@@ -95,4 +95,6 @@ def _load_npy(path: str | Path, name: str) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except (ValueError, OSError) as err:
-        raise InputError(f"input file {str(path)!r} for {name!r} is not a readable .npy array: {err}") from None
+        raise InputError(
+            f"input file {str(path)!r} for {name!r} is not a readable .npy array: {err}"
+        ) from None

@@ -29,14 +29,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Markup off: model, tensor and file names often contain brackets that rich would take for tags.
+out = Console(markup=False, highlight=False, soft_wrap=True)
+err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 ModelArg = Annotated[Path, typer.Argument(help="an ONNX model file", show_default=False)]
 
 
 def _fail(error: Exception) -> None:
-    err.print(f"[bold red]error:[/] {error}", highlight=False)
+    err.print(f"error: {error}", style="red")
     raise typer.Exit(1)
 
 
@@ -53,7 +54,7 @@ def inspect(
     if as_json:
         print(json.dumps(summary, indent=2))
         return
-    out.print(f"[bold]{model_path}[/]  graph {summary['graph']!r}, producer {summary['producer'] or '?'}")
+    out.print(f"{model_path}  graph {summary['graph']!r}, producer {summary['producer'] or '?'}", style="bold")
     opsets = ", ".join(f"{d} {v}" for d, v in summary["opsets"].items())
     out.print(f"IR version {summary['ir_version']}, opsets: {opsets}")
     params = summary["parameters"]
@@ -68,17 +69,17 @@ def inspect(
         ops_table.add_row(op, str(count))
     out.print(ops_table)
     for key, value in summary["metadata"].items():
-        out.print(f"metadata {key}: {value!r}", highlight=False)
+        out.print(f"metadata {key}: {value!r}")
     if summary["unsupported"]:
         count = sum(len(item["nodes"]) for item in summary["unsupported"])
-        out.print(f"[bold red]{count} unsupported node(s):[/]")
+        out.print(f"{count} unsupported node(s):", style="bold red")
         for item in summary["unsupported"]:
             nodes = item["nodes"]
             names = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
             op = f"{item['domain']}::{item['op_type']} (opset {item['opset']})"
-            out.print(f"  {op} {item['reason']}: {len(nodes)} node(s): {names}", highlight=False)
+            out.print(f"  {op} {item['reason']}: {len(nodes)} node(s): {names}")
     else:
-        out.print("[green]every op is supported[/]")
+        out.print("every op is supported", style="green")
 
 
 @app.command()
@@ -101,6 +102,7 @@ def run(
 ) -> None:
     """Run a model on given or random inputs; print output shapes and timing."""
     try:
+        device = _device(device)
         model = load_onnx(model_path)
         feeds = build_feeds(
             model,
@@ -108,7 +110,7 @@ def run(
             {k: parse_shape(v) for k, v in parse_assignments(shapes or [], "--shape").items()},
             seed=seed,
         )
-        executor = Executor(model, _device(device))
+        executor = Executor(model, device)
         paths = _output_paths(model, output_dir, force)
         times, results = [], {}
         for _ in range(runs):

@@ -65,7 +65,7 @@ def infer_node(node: Node, opset: int) -> list[tuple[DType, Shape | None]] | Non
     try:
         with torch.inference_mode():
             result = op_def.impl(ctx, *args, **node.attributes)
-    except Exception:  # noqa: BLE001 - data-dependent ops cannot run on meta tensors
+    except Exception:  # data-dependent ops cannot run on meta tensors
         return None
     outputs = result if isinstance(result, tuple) else (result,)
     inferred = []

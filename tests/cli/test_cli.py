@@ -1,0 +1,106 @@
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from typer.testing import CliRunner
+
+from tensorforge.cli.main import app
+from tests.helpers import make_model, tensor_info
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    weight = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10, "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["out:0"])]
+    model = make_model(
+        nodes, [tensor_info("x", ["batch", 4])], [tensor_info("out:0", ["batch", 3])], initializers=[weight]
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_inspect_json(model_path):
+    result = runner.invoke(app, ["inspect", str(model_path), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["inputs"] == [{"name": "x", "dtype": "f32", "shape": ["batch", 4], "text": "[batch, 4]"}]
+    assert summary["ops"] == {"MatMul": 1, "Relu": 1}
+    assert summary["parameters"] == 12
+    assert summary["opsets"] == {"ai.onnx": 17}
+    assert summary["unsupported"] == []
+
+
+def test_inspect_text_lists_unsupported_ops(tmp_path):
+    nodes = [helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="com.example")]
+    graph = helper.make_graph(nodes, "g", [tensor_info("x", [2])], [tensor_info("y", [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 2)])
+    path = tmp_path / "u.onnx"
+    onnx.save(model, path)
+    result = runner.invoke(app, ["inspect", str(path)])
+    assert result.exit_code == 0
+    assert "com.example::Frobnicate (opset 2) not supported" in result.output
+
+
+def test_run_writes_outputs_and_refuses_to_overwrite(model_path, tmp_path):
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.save(tmp_path / "x.npy", x)
+    out_dir = tmp_path / "out"
+    args = [
+        "run",
+        str(model_path),
+        "--input",
+        f"x={tmp_path / 'x.npy'}",
+        "--output-dir",
+        str(out_dir),
+        "--device",
+        "cpu",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = np.load(out_dir / "out_0.npy")
+    weight = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    np.testing.assert_allclose(written, np.maximum(x @ weight, 0), rtol=1e-6)
+    assert "median" in result.output
+    again = runner.invoke(app, args)
+    assert again.exit_code == 1
+    assert "already exist" in again.output and "--force" in again.output
+    assert runner.invoke(app, [*args, "--force"]).exit_code == 0
+
+
+def test_run_random_inputs_need_a_shape_for_dynamic_dims(model_path):
+    result = runner.invoke(app, ["run", str(model_path)])
+    assert result.exit_code == 1
+    assert "--shape x=" in result.output
+    ok = runner.invoke(app, ["run", str(model_path), "--shape", "x=3x4", "--device", "cpu"])
+    assert ok.exit_code == 0, ok.output
+    assert "[3, 3]" in ok.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--input", "nope=a.npy"], "has no input 'nope'"),
+        (["--input", "x"], "NAME=VALUE"),
+        (["--shape", "x=3xq"], "cannot read shape"),
+        (["--input", "x=/does/not/exist.npy"], "does not exist"),
+        (["--device", "tpu"], "unknown device"),
+    ],
+)
+def test_run_bad_options_exit_nonzero_with_a_message(model_path, args, message):
+    result = runner.invoke(app, ["run", str(model_path), *args])
+    assert result.exit_code == 1
+    assert message in result.output
+
+
+def test_commands_fail_cleanly_on_a_non_onnx_file(tmp_path):
+    path = tmp_path / "x.onnx"
+    path.write_text("hello")
+    for command in ("inspect", "run"):
+        result = runner.invoke(app, [command, str(path)])
+        assert result.exit_code == 1
+        assert "not" in result.output and "Traceback" not in result.output

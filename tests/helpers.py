@@ -1,0 +1,76 @@
+"""Shared test helpers: build small ONNX models, run them on tensorforge and ONNX Runtime, compare."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from tensorforge import Executor
+from tensorforge.frontend import import_model
+from tensorforge.tensors import to_numpy
+
+# Largest relative error accepted against ONNX Runtime, per output dtype (normwise: max|a−b| / max|b|).
+TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3}
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    opset: int = 17,
+    initializers: Sequence[onnx.TensorProto] = (),
+    ir_version: int | None = None,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), "test", list(inputs), list(outputs), list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir_version or min(onnx.IR_VERSION, 10)
+    return model
+
+
+def tensor_info(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def run_tensorforge(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], device: str = "cpu"):
+    imported = import_model(model)
+    results = Executor(imported, device).run(feeds)
+    dtypes = {v.name: v.dtype for v in imported.graph.outputs}
+    return {name: to_numpy(value, dtypes[name]) for name, value in results.items()}
+
+
+def run_onnxruntime(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]):
+    import onnxruntime as ort
+
+    source = model if isinstance(model, str) else model.SerializeToString()
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, dict(feeds)), strict=True))
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """max|actual − expected| / max|expected| (0 when both are all zero)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = np.abs(expected).max() if expected.size else 0.0
+    diff = np.abs(actual - expected).max() if expected.size else 0.0
+    return float(diff / scale) if scale else float(diff)
+
+
+def assert_matches_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], device: str = "cpu"):
+    ours = run_tensorforge(model, feeds, device)
+    theirs = run_onnxruntime(model, feeds)
+    assert set(ours) == set(theirs)
+    for name, expected in theirs.items():
+        actual = ours[name]
+        assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+        assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
+        if expected.dtype.kind in "f":
+            tol = TOLERANCE[expected.dtype.type]
+            err = relative_error(actual, expected)
+            assert err <= tol, f"{name}: relative error {err:.3g} > {tol:g}"
+        else:
+            np.testing.assert_array_equal(actual, expected, err_msg=name)
+    return ours
