@@ -36,8 +36,7 @@ def _check_node(node: Node, opset: int) -> list[str]:
         if (
             value is None
             or value.dtype == DType.UNDEFINED
-            or index >= len(formals)
-            and not _variadic(formals)
+            or (index >= len(formals) and not _variadic(formals))
         ):
             continue
         formal = formals[min(index, len(formals) - 1)]
