@@ -90,7 +90,7 @@ def _reduce(spec: _Reduction, data: torch.Tensor, axes: list[int], keepdims: int
         dims = [] if noop else list(range(rank))
     kept = [d for d in range(rank) if d not in dims]
     size = math.prod(data.shape[d] for d in dims)
-    flat = data.permute(*kept, *dims).reshape(*(data.shape[d] for d in kept), size)
+    flat = data.permute(kept + dims).reshape(*(data.shape[d] for d in kept), size)
     if keepdims:
         shape = [1 if d in dims else n for d, n in enumerate(data.shape)]
     else:
