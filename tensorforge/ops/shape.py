@@ -175,11 +175,10 @@ def _slice(
         end += dim if end < 0 else 0
         if step > 0:
             start, end = min(max(start, 0), dim), min(max(end, 0), dim)
-            x = x[(slice(None),) * axis + (slice(start, end, step),)]
         else:
             start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-            index = torch.arange(start, end, step, device=x.device)
-            x = x.index_select(axis, index)
+            x, start, end, step = x.flip(axis), dim - 1 - start, dim - 1 - end, -step
+        x = x[(slice(None),) * axis + (slice(start, end, step),)]
     return x
 
 

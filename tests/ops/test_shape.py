@@ -7,24 +7,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.helpers import assert_matches_onnxruntime, make_model, tensor_info
+from tests.ops.single_node import int64_tensor
+from tests.ops.single_node import single_node_model as _single
 
 F32 = TensorProto.FLOAT
-
-
-def _single(op, inputs, attrs=None, opset=17, initializers=(), n_out=1, out_dtype=F32):
-    """A one-node model; `inputs` maps name -> array, constant ones go to `initializers` by name."""
-    names = list(inputs)
-    outs = [f"y{i}" for i in range(n_out)]
-    node = helper.make_node(op, names, outs, **(attrs or {}))
-    inits = [_int64_tensor(n, inputs[n]) for n in initializers]
-    feeds = {n: a for n, a in inputs.items() if n not in initializers}
-    infos = [tensor_info(n, list(a.shape), helper.np_dtype_to_tensor_dtype(a.dtype)) for n, a in feeds.items()]
-    model = make_model([node], infos, [tensor_info(o, None, out_dtype) for o in outs], opset, inits)
-    return model, feeds
-
-
-def _int64_tensor(name, array):
-    return helper.make_tensor(name, TensorProto.INT64, array.shape, array.ravel())
 
 
 def _x(rng, *shape, dtype=np.float32):
@@ -124,7 +110,7 @@ def test_pad_attribute_opset2(rng, mode):
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
 def test_pad_axes_and_negative_pads(rng, mode):
     consts = {"pads": np.array([-1, 2, 1, -2], np.int64), "axes": np.array([-1, 1], np.int64)}
-    inits = [_int64_tensor(n, a) for n, a in consts.items()]
+    inits = [int64_tensor(n, a) for n, a in consts.items()]
     node = helper.make_node("Pad", ["x", "pads", "", "axes"], ["y0"], mode=mode)
     model = make_model([node], [tensor_info("x", [3, 5, 4])], [tensor_info("y0", None)], 19, inits)
     assert_matches_onnxruntime(model, {"x": _x(rng, 3, 5, 4)})
