@@ -44,7 +44,8 @@ def in_float32(fn: Fn) -> Fn:
 
 
 def order_key(x: torch.Tensor) -> torch.Tensor:
-    """`x` in a signed dtype torch can compare, with the same order (uint64's sign bit is flipped)."""
+    """`x` in a dtype torch can compare (floats unchanged), with the same order; uint64 becomes int64
+    with its sign bit flipped."""
     if x.dtype == torch.uint64:
         return x.view(torch.int64) ^ _INT64_MIN
     return widen(x)
