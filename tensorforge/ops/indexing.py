@@ -1,13 +1,15 @@
 """Indexing ops: gathers, scatters, selections and Unique.
 
-Negative indices count from the end of their axis. Pure data movement runs on a same-width integer view
-of the data where torch lacks kernels (uint16/32/64, float8), so every dtype is moved bit-exactly.
+Negative indices count from the end of their axis; Gather also takes string tensors. Pure data movement
+runs on a same-width integer view of the data where torch lacks kernels (uint16/32/64, float8), so every
+dtype is moved bit-exactly.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .helpers import narrow, normalize_axis, widen
@@ -36,7 +38,9 @@ def _wrap(indices: torch.Tensor, size: int | torch.Tensor) -> torch.Tensor:
 @register("Gather", since=1)
 def gather(ctx: OpContext, data, indices, *, axis=0):
     """output[i..., j..., k...] = data[i..., indices[j...], k...] along `axis`."""
-    axis = normalize_axis(axis, data.dim())
+    axis = normalize_axis(axis, data.ndim)
+    if isinstance(data, np.ndarray):
+        return np.take(data, _wrap(indices, data.shape[axis]).cpu().numpy(), axis=axis)
     flat = _wrap(indices, data.shape[axis]).reshape(-1)
     picked = _bits(data).index_select(axis, flat).view(data.dtype)
     return picked.reshape(*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :])

@@ -1,7 +1,8 @@
 """Shape manipulation ops: reshaping, slicing, concatenation, padding and shape-derived constants.
 
 These ops move data without arithmetic, so they work on every dtype torch can hold (sub-byte carriers
-included). Attribute-to-input moves in the opset history are separate registrations over shared helpers.
+included); Reshape, Flatten, (Un)Squeeze, Transpose, Concat, Shape and Size also take string tensors.
+Attribute-to-input moves in the opset history are separate registrations over shared helpers.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .helpers import normalize_axis, to_dtype, to_ints
@@ -41,7 +43,7 @@ def reshape(ctx: OpContext, data, shape, *, allowzero=0):
 @register("Flatten", since=1)
 def flatten(ctx: OpContext, x, *, axis=1):
     """A 2-D view: dims before `axis` (in [-r, r]) become the rows, the rest the columns."""
-    rank = x.dim()
+    rank = x.ndim
     if not -rank <= axis <= rank:
         raise ValueError(f"axis {axis} is out of range for rank {rank}")
     axis += rank if axis < 0 else 0
@@ -51,14 +53,15 @@ def flatten(ctx: OpContext, x, *, axis=1):
 @register("Transpose", since=1)
 def transpose(ctx: OpContext, data, *, perm=None):
     """Permute the axes by `perm`; without it, reverse them."""
-    return data.permute(list(range(data.dim() - 1, -1, -1)) if perm is None else perm)
+    perm = list(range(data.ndim - 1, -1, -1)) if perm is None else perm
+    return data.transpose(perm) if isinstance(data, np.ndarray) else data.permute(perm)
 
 
 def _squeeze(x: torch.Tensor, axes: list[int] | None) -> torch.Tensor:
     """Drop the size-1 `axes` (all size-1 axes when None)."""
     if axes is None:
         return x.reshape([d for d in x.shape if d != 1])
-    axes = {normalize_axis(a, x.dim()) for a in axes}
+    axes = {normalize_axis(a, x.ndim) for a in axes}
     if any(x.shape[a] != 1 for a in axes):
         raise ValueError(f"cannot squeeze axes {sorted(axes)} of shape {list(x.shape)}")
     return x.reshape([d for i, d in enumerate(x.shape) if i not in axes])
@@ -76,7 +79,7 @@ def squeeze(ctx: OpContext, data, axes=None):
 
 def _unsqueeze(x: torch.Tensor, axes: list[int]) -> torch.Tensor:
     """Insert size-1 dims at `axes`, which index the output shape."""
-    rank = x.dim() + len(axes)
+    rank = x.ndim + len(axes)
     axes = sorted(normalize_axis(a, rank) for a in axes)
     if len(set(axes)) != len(axes):
         raise ValueError(f"repeated axes {axes}")
@@ -100,7 +103,10 @@ def unsqueeze(ctx: OpContext, data, axes):
 
 
 def _concat(inputs: Sequence[torch.Tensor], axis: int) -> torch.Tensor:
-    return torch.cat(list(inputs), dim=normalize_axis(axis, inputs[0].dim()))
+    axis = normalize_axis(axis, inputs[0].ndim)
+    if isinstance(inputs[0], np.ndarray):
+        return np.concatenate(inputs, axis=axis)
+    return torch.cat(list(inputs), dim=axis)
 
 
 @register("Concat", since=1)

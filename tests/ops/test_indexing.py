@@ -93,3 +93,9 @@ def test_unique_all_outputs(axis, is_sorted):
     for value in model.graph.output[1:]:
         value.type.tensor_type.elem_type = I64
     assert_matches_onnxruntime(model, feeds)
+
+
+def test_gather_strings():
+    inputs = {"x": np.array(["a", "bc", "", "d"], dtype=object), "i": np.array([[3, -4]], np.int64)}
+    model, feeds = single_node_model("Gather", inputs, opset=13, out_dtype=TensorProto.STRING)
+    assert_matches_onnxruntime(model, feeds)

@@ -134,3 +134,11 @@ def test_eye_like_offsets_and_dtype(rng):
     attrs = {"k": -1, "dtype": TensorProto.INT32}
     model, feeds = _single("EyeLike", {"x": _x(rng, 3, 5)}, attrs, opset=9, out_dtype=TensorProto.INT32)
     assert_matches_onnxruntime(model, feeds)
+
+
+@pytest.mark.parametrize(("op", "attrs", "n_in"), [("Transpose", {"perm": [1, 0]}, 1), ("Concat", {"axis": -1}, 2)])
+def test_string_tensors(op, attrs, n_in):
+    x = np.array([["a", "bc", ""], ["d", "e", "f"]], dtype=object)
+    inputs = {f"x{i}": x for i in range(n_in)}
+    model, feeds = _single(op, inputs, attrs, opset=13, out_dtype=TensorProto.STRING)
+    assert_matches_onnxruntime(model, feeds)
