@@ -306,3 +306,99 @@ def rotary_embedding(
         rotated = torch.cat([real, imag], dim=-1)
     out = torch.cat([rotated, keep], dim=-1)
     return out.reshape(shape) if len(shape) == 3 else out.transpose(1, 2)
+
+
+_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def _per_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """A gate [batch, seq, heads * n] (n >= 1) as [batch, heads, seq, n]."""
+    batch, seq, width = x.shape
+    return x.reshape(batch, seq, heads, width // heads).transpose(1, 2)
+
+
+@register("LinearAttention", since=27)
+def linear_attention(
+    ctx: OpContext,
+    query,
+    key,
+    value,
+    past_state=None,
+    decay=None,
+    beta=None,
+    *,
+    chunk_size=64,
+    kv_num_heads=None,
+    q_num_heads=None,
+    scale=0.0,
+    update_rule="gated_delta",
+):
+    """Recurrent linear attention over a [heads, d_k, d_v] state per batch, token by token:
+    gated rules decay the state by exp(decay), delta rules write beta * (v - S^T k) instead of v, every
+    rule adds k ⊗ v and reads `scale * q^T S` (KV-head states shared by groups of query heads).
+    Computes in float32 (float64 for double inputs); `chunk_size` is only a tuning hint."""
+    if update_rule not in _UPDATE_RULES:
+        raise ValueError(f"update_rule must be one of {_UPDATE_RULES}, got {update_rule!r}")
+    if not q_num_heads or not kv_num_heads or q_num_heads % kv_num_heads:
+        raise ValueError("q_num_heads must be a positive multiple of kv_num_heads")
+    gated, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
+    if gated != (decay is not None) or delta != (beta is not None):
+        raise ValueError(f"update_rule {update_rule!r} needs decay={gated} and beta={delta}")
+    compute = torch.promote_types(query.dtype, torch.float32)
+    q = _split_heads(query.to(compute), q_num_heads)
+    k = _split_heads(key.to(compute), kv_num_heads)
+    v = _split_heads(value.to(compute), kv_num_heads)
+    batch, _, steps, d_k = k.shape
+    d_v = v.shape[-1]
+    if past_state is None:
+        state = torch.zeros((batch, kv_num_heads, d_k, d_v), dtype=compute, device=q.device)
+    else:
+        state = past_state.to(compute)
+    gate = _per_head(decay.to(compute), kv_num_heads) if gated else None
+    rate = _per_head(beta.to(compute), beta.shape[-1]) if delta else None
+    group = q_num_heads // kv_num_heads
+    factor = scale or 1.0 / math.sqrt(q.shape[-1])
+    outputs = []
+    for t in range(steps):
+        k_t, v_t = k[:, :, t], v[:, :, t]
+        if gated:
+            state = state * torch.exp(gate[:, :, t]).unsqueeze(-1)
+        if delta:
+            v_t = rate[:, :, t] * (v_t - torch.einsum("bhdm,bhd->bhm", state, k_t))
+        state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+        read = state.repeat_interleave(group, dim=1) if group > 1 else state
+        outputs.append(factor * torch.einsum("bhd,bhdm->bhm", q[:, :, t], read))
+    output = torch.stack(outputs, dim=2).transpose(1, 2).reshape(batch, steps, q_num_heads * d_v)
+    state_dtype = query.dtype if past_state is None else past_state.dtype
+    return output.to(query.dtype), state.to(state_dtype)
+
+
+def _run_modifier(ctx: OpContext, graph, x: torch.Tensor) -> torch.Tensor:
+    (result,) = ctx.run_subgraph(graph, [x])
+    return result.to(x.dtype)
+
+
+@register("FlexAttention", since=1, domain="ai.onnx.preview")
+def flex_attention(ctx: OpContext, q, k, v, *, scale=None, score_mod=None, prob_mod=None, softmax_precision=None):
+    """`softmax(score_mod(scale * Q K^T)) -> prob_mod -> @ V` on rank-4 inputs, with GQA. Scores,
+    probabilities and the final matmul use `softmax_precision` (float32, or float64 for double inputs)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("FlexAttention needs rank-4 Q, K and V")
+    if q.shape[1] != k.shape[1]:
+        if q.shape[1] % k.shape[1]:
+            raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} kv heads")
+        repeats = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    if softmax_precision:
+        compute = DType(softmax_precision).torch
+    else:
+        compute = torch.promote_types(q.dtype, torch.float32)
+    factor = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    root = torch.tensor(math.sqrt(factor), dtype=torch.float32).to(q.dtype).to(q.device)
+    scores = ((q * root) @ (k * root).transpose(-1, -2)).to(compute)
+    if score_mod is not None:
+        scores = _run_modifier(ctx, score_mod, scores)
+    probs = torch.softmax(scores, dim=-1)
+    if prob_mod is not None:
+        probs = _run_modifier(ctx, prob_mod, probs)
+    return (probs @ v.to(compute)).to(v.dtype)
