@@ -11,13 +11,8 @@ import numpy as np
 import torch
 
 from ..ir import DType
-from .helpers import normalize_axis
+from .helpers import normalize_axis, upcast
 from .registry import OpContext, register
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every other float type is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _standardize(
@@ -38,17 +33,15 @@ def _per_channel(param: torch.Tensor, rank: int, dtype: torch.dtype) -> torch.Te
 # -- BatchNormalization -------------------------------------------------------------------------------
 
 
-def _batch_norm(
-    x, scale, b, mean, var, *, epsilon: float, momentum: float, training: bool, spatial: bool = True
-):
+def _batch_norm(x, scale, b, mean, var, *, epsilon: float, momentum: float, training: bool, spatial: bool = True):
     """Y, and in training mode also the batch mean/variance and the updated running mean/variance.
 
     Training normalizes with the batch statistics (population variance over every axis but the channel
     axis, or only over N when `spatial` is false) and updates `running = mean * momentum + batch *
     (1 - momentum)`. With `spatial` false the parameters have shape (C, D1, ..., Dn).
     """
-    compute = _compute_dtype(x.dtype)
-    xc = x.to(compute)
+    xc = upcast(x)
+    compute = xc.dtype
     rank = x.dim()
 
     def shaped(param):
@@ -109,9 +102,7 @@ def batch_norm_v1(
 
 
 @register("BatchNormalization", since=6)
-def batch_norm_v6(
-    ctx: OpContext, x, scale, b, mean, var, *, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1
-):
+def batch_norm_v6(ctx: OpContext, x, scale, b, mean, var, *, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1):
     return batch_norm_v1(
         ctx, x, scale, b, mean, var, epsilon=epsilon, is_test=is_test, momentum=momentum, spatial=spatial
     )
@@ -141,9 +132,7 @@ def batch_norm_v9(ctx: OpContext, x, scale, b, mean, var, *, epsilon=1e-5, momen
 
 @register("BatchNormalization", since=14)
 @register("BatchNormalization", since=15)
-def batch_norm(
-    ctx: OpContext, x, scale, b, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0
-):
+def batch_norm(ctx: OpContext, x, scale, b, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0):
     """Opset 14+: outputs Y and, in training mode, the updated running mean and variance."""
     y, running_mean, running_var, _, _ = _batch_norm(
         x,
@@ -172,8 +161,9 @@ def instance_norm_v1(ctx: OpContext, x, scale, b, *, consumed_inputs=None, epsil
 @register("InstanceNormalization", since=22)
 def instance_norm(ctx: OpContext, x, scale, b, *, epsilon=1e-5):
     """y = scale * (x - mean) / sqrt(var + epsilon) + B, statistics per instance and channel."""
-    compute = _compute_dtype(x.dtype)
-    normalized, _, _ = _standardize(x.to(compute), range(2, x.dim()), epsilon)
+    xc = upcast(x)
+    compute = xc.dtype
+    normalized, _, _ = _standardize(xc, range(2, x.dim()), epsilon)
     rank = x.dim()
     y = normalized * _per_channel(scale, rank, compute) + _per_channel(b, rank, compute)
     return y.to(x.dtype)
@@ -225,7 +215,7 @@ def group_norm_v18(ctx: OpContext, x, scale, bias, *, epsilon=1e-5, num_groups):
         bias,
         num_groups=num_groups,
         epsilon=epsilon,
-        stash=_compute_dtype(x.dtype),
+        stash=upcast(x).dtype,
         per_group=True,
     )
 
@@ -261,14 +251,14 @@ def rms_norm(ctx: OpContext, x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
 def lrn(ctx: OpContext, x, *, alpha=0.0001, beta=0.75, bias=1.0, size):
     """y = x / (bias + alpha / size * square_sum) ^ beta, square_sum over channels
     [c - floor((size - 1) / 2), c + ceil((size - 1) / 2)] clipped to the tensor."""
-    compute = _compute_dtype(x.dtype)
-    square = x.to(compute).square()
+    xc = upcast(x)
+    square = xc.square()
     before, after = (size - 1) // 2, size // 2
     channels = x.shape[1]
     pad = [0, 0] * (x.dim() - 2) + [before, after]
     padded = torch.nn.functional.pad(square, pad)
     square_sum = sum(padded[:, i : i + channels] for i in range(size))
-    return (x.to(compute) / (bias + alpha / size * square_sum) ** beta).to(x.dtype)
+    return (xc / (bias + alpha / size * square_sum) ** beta).to(x.dtype)
 
 
 @register("LpNormalization", since=1)
@@ -277,8 +267,7 @@ def lp_norm(ctx: OpContext, x, *, axis=-1, p=2):
     """x / ||x||_p along `axis` (p is 1 or 2); where the norm is zero the output is zero."""
     if p not in (1, 2):
         raise ValueError(f"LpNormalization supports p = 1 or 2, got {p}")
-    compute = _compute_dtype(x.dtype)
-    xc = x.to(compute)
+    xc = upcast(x)
     norm = torch.linalg.vector_norm(xc, ord=p, dim=normalize_axis(axis, x.dim()), keepdim=True)
     return torch.where(norm == 0, torch.zeros_like(xc), xc / norm).to(x.dtype)
 
@@ -287,8 +276,7 @@ def lp_norm(ctx: OpContext, x, *, axis=-1, p=2):
 @register("MeanVarianceNormalization", since=13)
 def mean_variance_norm(ctx: OpContext, x, *, axes=(0, 2, 3)):
     """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes`."""
-    compute = _compute_dtype(x.dtype)
-    xc = x.to(compute)
+    xc = upcast(x)
     dims = tuple(normalize_axis(a, x.dim()) for a in axes)
     mean = xc.mean(dim=dims, keepdim=True)
     variance = (xc * xc).mean(dim=dims, keepdim=True) - mean * mean
@@ -315,7 +303,7 @@ def _dropout(ctx: OpContext, x, ratio: float, training: bool, seed: int | None, 
     else:
         draws = np.random.RandomState(seed).uniform(0.0, 1.0, x.shape)
         keep = torch.from_numpy(draws >= ratio).to(x.device)
-    y = (x.to(_compute_dtype(x.dtype)) * keep * (1.0 / (1.0 - ratio))).to(x.dtype)
+    y = (upcast(x) * keep * (1.0 / (1.0 - ratio))).to(x.dtype)
     return (y, keep.to(mask_dtype)) if want_mask else y
 
 
