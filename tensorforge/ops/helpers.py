@@ -28,6 +28,17 @@ def narrow(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
+_BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MOVABLE = {torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+_MOVABLE |= {torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128}
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """`x`, or a same-width integer view of it for dtypes torch lacks gather/scatter/where kernels for
+    (uint16/32/64, bf16, float8): copy data through it and `.view(x.dtype)` back, bit-exactly."""
+    return x if x.dtype in _MOVABLE else x.view(_BIT_VIEWS[x.element_size()])
+
+
 def normalize_axis(axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise ValueError(f"axis {axis} is out of range for rank {rank}")

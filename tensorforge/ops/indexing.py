@@ -1,8 +1,7 @@
 """Indexing ops: gathers, scatters, selections and Unique.
 
 Negative indices count from the end of their axis; Gather also takes string tensors. Pure data movement
-runs on a same-width integer view of the data where torch lacks kernels (uint16/32/64, float8), so every
-dtype is moved bit-exactly.
+runs on `helpers.bits` views, so every dtype is moved bit-exactly.
 """
 
 from __future__ import annotations
@@ -12,18 +11,8 @@ import math
 import numpy as np
 import torch
 
-from .helpers import narrow, normalize_axis, widen
+from .helpers import bits, narrow, normalize_axis, widen
 from .registry import OpContext, register
-
-_BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_MOVABLE = {torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
-
-
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    """`x` itself, or a same-width integer view of it when torch may lack gather/scatter kernels."""
-    if x.dtype in _MOVABLE or x.dtype.is_complex or x.dtype in (torch.float16, torch.float32, torch.float64):
-        return x
-    return x.view(_BIT_VIEWS[x.element_size()])
 
 
 def _wrap(indices: torch.Tensor, size: int | torch.Tensor) -> torch.Tensor:
@@ -42,8 +31,8 @@ def gather(ctx: OpContext, data, indices, *, axis=0):
     if isinstance(data, np.ndarray):
         return np.take(data, _wrap(indices, data.shape[axis]).cpu().numpy(), axis=axis)
     flat = _wrap(indices, data.shape[axis]).reshape(-1)
-    picked = _bits(data).index_select(axis, flat).view(data.dtype)
-    return picked.reshape(*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :])
+    picked = bits(data).index_select(axis, flat).view(data.dtype)
+    return picked.reshape((*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :]))
 
 
 @register("GatherElements", since=11)
@@ -51,7 +40,7 @@ def gather_elements(ctx: OpContext, data, indices, *, axis=0):
     """output[i][j] = data[indices[i][j]][j] for axis 0 (likewise for other axes)."""
     axis = normalize_axis(axis, data.dim())
     index = _wrap(indices, data.shape[axis])
-    return torch.gather(_bits(data), axis, index).view(data.dtype)
+    return torch.gather(bits(data), axis, index).view(data.dtype)
 
 
 def _gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int) -> torch.Tensor:
@@ -61,9 +50,9 @@ def _gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int) -> to
     indexed, tail = data.shape[batch_dims : batch_dims + depth], data.shape[batch_dims + depth :]
     batches = math.prod(batch_shape)
     rows = _linear(indices.reshape(batches, -1, depth), indexed)
-    table = _bits(data).reshape(batches, math.prod(indexed), *tail)
+    table = bits(data).reshape(batches, math.prod(indexed), *tail)
     picked = table[torch.arange(batches, device=data.device)[:, None], rows].view(data.dtype)
-    return picked.reshape(*indices.shape[:-1], *tail)
+    return picked.reshape((*indices.shape[:-1], *tail))
 
 
 def _linear(indices: torch.Tensor, dims) -> torch.Tensor:
@@ -102,7 +91,7 @@ def _scatter_elements(
     axis = normalize_axis(axis, data.dim())
     index = _wrap(indices, data.shape[axis])
     if reduction == "none":
-        return _bits(data).scatter(axis, index, _bits(updates)).view(data.dtype)
+        return bits(data).scatter(axis, index, bits(updates)).view(data.dtype)
     wide = widen(data)
     out = wide.scatter_reduce(axis, index, updates.to(wide.dtype), _REDUCE[reduction], include_self=True)
     return narrow(out, data.dtype)
@@ -138,8 +127,8 @@ def _scatter_nd(data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor
     indexed, tail = data.shape[:depth], data.shape[depth:]
     rows = _linear(indices, indexed).reshape(-1)
     if reduction == "none":
-        table = _bits(data).reshape(math.prod(indexed), *tail).clone()
-        table[rows] = _bits(updates).reshape(-1, *tail)
+        table = bits(data).reshape(math.prod(indexed), *tail).clone()
+        table[rows] = bits(updates).reshape(-1, *tail)
         return table.view(data.dtype).reshape(data.shape)
     table = widen(data).reshape(math.prod(indexed), -1)
     values = updates.to(table.dtype).reshape(rows.numel(), -1)
@@ -186,7 +175,7 @@ def tensor_scatter(ctx: OpContext, past_cache, update, write_indices=None, *, mo
         raise ValueError(f"linear TensorScatter writes past the cache length {capacity}")
     shape = [batch if a == 0 else length if a == axis else 1 for a in range(update.dim())]
     index = positions.reshape(shape).expand(update.shape)
-    return _bits(past_cache).scatter(axis, index, _bits(update)).view(past_cache.dtype)
+    return bits(past_cache).scatter(axis, index, bits(update)).view(past_cache.dtype)
 
 
 # -- Selections ----------------------------------------------------------------------------------------
@@ -218,8 +207,8 @@ def _one_hot(indices, depth, values, axis: int, wrap_negative: bool) -> torch.Te
         positions = torch.where(positions < 0, positions + size, positions)
     hot = positions[..., None] == torch.arange(size, device=indices.device)
     hot = hot.movedim(-1, normalize_axis(axis, indices.dim() + 1))
-    off, on = values.reshape(-1)[0], values.reshape(-1)[1]
-    return torch.where(hot, on, off)
+    off, on = bits(values).reshape(-1)[0], bits(values).reshape(-1)[1]
+    return torch.where(hot, on, off).view(values.dtype)
 
 
 @register("OneHot", since=9)
@@ -240,7 +229,7 @@ def reverse_sequence(ctx: OpContext, input, sequence_lens, *, batch_axis=1, time
     lengths = sequence_lens.to(torch.int64)[None, :]
     source = torch.where(steps < lengths, lengths - 1 - steps, steps)
     index = source.reshape(*source.shape, *[1] * (moved.dim() - 2)).expand(moved.shape)
-    return torch.gather(_bits(moved), 0, index).view(input.dtype).movedim((0, 1), (time_axis, batch_axis))
+    return torch.gather(bits(moved), 0, index).view(input.dtype).movedim((0, 1), (time_axis, batch_axis))
 
 
 # -- Unique --------------------------------------------------------------------------------------------

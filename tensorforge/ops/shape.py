@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .helpers import normalize_axis, to_dtype, to_ints
+from .helpers import bits, normalize_axis, to_dtype, to_ints
 from .registry import OpContext, register
 
 # -- Reshape, Flatten, Transpose, Squeeze, Unsqueeze ---------------------------------------------------
@@ -301,7 +301,8 @@ def trilu(ctx: OpContext, input, k=None, *, upper=1):
     offset = to_ints(k)[0] if k is not None else 0
     offsets = _offsets(input.shape[-2], input.shape[-1], input.device)
     keep = offsets >= offset if upper else offsets <= offset
-    return torch.where(keep, input, torch.zeros((), dtype=input.dtype, device=input.device))
+    data = bits(input)
+    return torch.where(keep, data, torch.zeros((), dtype=data.dtype, device=data.device)).view(input.dtype)
 
 
 # -- DepthToSpace, SpaceToDepth ------------------------------------------------------------------------

@@ -99,3 +99,15 @@ def test_gather_strings():
     inputs = {"x": np.array(["a", "bc", "", "d"], dtype=object), "i": np.array([[3, -4]], np.int64)}
     model, feeds = single_node_model("Gather", inputs, opset=13, out_dtype=TensorProto.STRING)
     assert_matches_onnxruntime(model, feeds)
+
+
+def test_gather_scalar_index_of_vector():
+    inputs = {"x": np.array([4, 7, 9], np.int64), "i": np.array(-1, np.int64)}
+    model, feeds = single_node_model("Gather", inputs, opset=13, out_dtype=I64)
+    assert_matches_onnxruntime(model, feeds)
+
+
+def test_gather_nd_to_scalar():
+    inputs = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.array([1, -1], np.int64)}
+    model, feeds = single_node_model("GatherND", inputs, opset=13)
+    assert_matches_onnxruntime(model, feeds)
