@@ -178,9 +178,7 @@ def _parse_int(text: str) -> int:
 
 
 def _cast(ctx: OpContext, x: Tensor, target: DType, saturate: int, round_mode: str) -> Tensor:
-    result = cast_tensor(
-        x, input_dtype(ctx.node.inputs[0]), target, saturate=bool(saturate), round_mode=round_mode
-    )
+    result = cast_tensor(x, input_dtype(ctx.node.inputs[0]), target, saturate=bool(saturate), round_mode=round_mode)
     return result.to(ctx.device) if isinstance(result, torch.Tensor) else result
 
 
