@@ -76,39 +76,38 @@ def conv(
 
 
 def _transpose_geometry(
-    in_shape, kernel, strides, dilations, output_padding, output_shape, pads, auto_pad, legacy
+    in_shape, kernel, strides, dilations, output_padding, output_shape, pads, auto_pad
 ) -> tuple[list[int], list[int]]:
     """Per axis, where the output starts in the full transposed convolution and how long it is.
 
-    The full result has stride * (in - 1) + output_padding + span elements (the output_padding ones
-    zero); explicit pads trim it. With `output_shape` (or SAME_*, whose output is in * stride) the total
-    trim is full - output; opset 11 puts its larger half at the start unless SAME_UPPER, opset 1 the
-    other way round (`legacy`).
+    The full result has stride * (in - 1) + span + output_padding elements (the output_padding ones
+    zero). Explicit pads trim it; `output_shape` sets the length, trimming full - output in total; SAME_*
+    aims at in * stride but never trims less than nothing (as onnxruntime does). The larger half of a trim
+    comes off the start unless SAME_UPPER (opset 1 states the opposite in one formula and this rule in
+    its auto_pad text; onnxruntime follows this rule at every opset). An output longer than the full
+    result is zero-extended at the end.
     """
     rank = len(in_shape)
+    pads = pads or [0] * (2 * rank)
     begin, out = [], []
     for i in range(rank):
         span = (kernel[i] - 1) * dilations[i] + 1
-        full = strides[i] * (in_shape[i] - 1) + output_padding[i] + span
+        full = strides[i] * (in_shape[i] - 1) + span + output_padding[i]
         if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            target = output_shape[i] if output_shape else in_shape[i] * strides[i]
-            total = full - target
-            small_head = (auto_pad == "SAME_UPPER") != legacy
-            begin.append(total // 2 if small_head else total - total // 2)
-            out.append(target)
+            total = full - output_shape[i] if output_shape else max(0, full - in_shape[i] * strides[i])
+            head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            begin.append(max(0, head))
+            out.append(full - total)
         elif auto_pad == "VALID":
             begin.append(0)
             out.append(full)
         else:
-            pads = pads or [0] * (2 * rank)
             begin.append(pads[i])
             out.append(full - pads[i] - pads[i + rank])
     return begin, out
 
 
-def _conv_transpose(
-    x, w, b, auto_pad, dilations, group, output_padding, output_shape, pads, strides, legacy
-) -> torch.Tensor:
+def _conv_transpose(x, w, b, auto_pad, dilations, group, output_padding, output_shape, pads, strides) -> torch.Tensor:
     rank = x.ndim - 2
     strides = list(strides or [1] * rank)
     dilations = list(dilations or [1] * rank)
@@ -117,38 +116,16 @@ def _conv_transpose(
     output_shape = list(output_shape)[-rank:] if output_shape else None
     full = _kernel_fn(_CONV_TRANSPOSE, rank)(x, w, None, strides, 0, 0, group, dilations)
     begin, out = _transpose_geometry(
-        x.shape[2:], w.shape[2:], strides, dilations, output_padding, output_shape, pads, auto_pad, legacy
+        x.shape[2:], w.shape[2:], strides, dilations, output_padding, output_shape, pads, auto_pad
     )
     end = [o - (f - s) for o, f, s in zip(out, full.shape[2:], begin, strict=True)]
     y = F.pad(full, _pad_widths([-s for s in begin], end))
     return y if b is None else y + _per_channel(b, rank)
 
 
-@register("ConvTranspose", since=1)
-def conv_transpose_1(
-    ctx: OpContext,
-    x,
-    w,
-    b=None,
-    *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    output_padding=None,
-    output_shape=None,
-    pads=None,
-    strides=None,
-):
-    """Opset 1: with SAME_UPPER the larger half of the trim comes off the start."""
-    return _conv_transpose(
-        x, w, b, auto_pad, dilations, group, output_padding, output_shape, pads, strides, legacy=True
-    )
-
-
 @register("ConvTranspose", since=22)  # bfloat16
-@register("ConvTranspose", since=11)
-def conv_transpose_11(
+@register("ConvTranspose", since=1)
+def conv_transpose(
     ctx: OpContext,
     x,
     w,
@@ -163,10 +140,8 @@ def conv_transpose_11(
     pads=None,
     strides=None,
 ):
-    """Opset 11: with SAME_UPPER the larger half of the trim comes off the end."""
-    return _conv_transpose(
-        x, w, b, auto_pad, dilations, group, output_padding, output_shape, pads, strides, legacy=False
-    )
+    """The transposed (fractionally strided) convolution; the kernel shape is taken from `w`."""
+    return _conv_transpose(x, w, b, auto_pad, dilations, group, output_padding, output_shape, pads, strides)
 
 
 # -- integer convolutions -------------------------------------------------------------------------------

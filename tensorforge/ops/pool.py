@@ -25,13 +25,16 @@ def window_geometry(
     pads: Sequence[int] | None = None,
     auto_pad: str = "NOTSET",
     ceil_mode: int = 0,
+    same_crops: bool = False,
 ) -> tuple[list[int], list[int], list[int]]:
     """`(pads_begin, pads_end, out_shape)` of a window sliding over the spatial `in_shape`.
 
     With span = (kernel - 1) * dilation + 1: SAME_UPPER/SAME_LOWER give out = ceil(in / stride) and pad
-    max(0, (out - 1) * stride + span - in) in total, the odd element at the end (UPPER) or the beginning
-    (LOWER); VALID pads nothing. Explicit pads give out = floor((in + pads - span) / stride) + 1, or in
-    ceil mode the ceiling, dropping a last window that would start in the end padding.
+    (out - 1) * stride + span - in in total, the odd element at the end (UPPER) or the beginning (LOWER);
+    a negative total (span < stride) crops with `same_crops`, as the pooling ops' formula and onnxruntime
+    do, and pads nothing otherwise, as convolutions do. VALID pads nothing. Explicit pads give
+    out = floor((in + pads - span) / stride) + 1, or in ceil mode the ceiling, dropping a last window
+    that would start in the end padding.
     """
     n = len(in_shape)
     strides = list(strides or [1] * n)
@@ -43,8 +46,11 @@ def window_geometry(
         span = (kernel[i] - 1) * dilations[i] + 1
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             length = -(-size // stride)
-            total = max(0, (length - 1) * stride + span - size)
-            head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            total = (length - 1) * stride + span - size
+            if not same_crops:
+                total = max(total, 0)
+            # the smaller (UPPER) or larger half, rounded toward zero as onnxruntime does when cropping
+            head = int(total / 2) if auto_pad == "SAME_UPPER" else int((total + 1) / 2)
             begin.append(head)
             end.append(total - head)
         elif auto_pad == "VALID":
@@ -108,7 +114,7 @@ class _Windows:
         in_shape, kernel = list(x.shape[2:]), list(kernel_shape)
         strides = list(strides or [1] * n)
         dilations = list(dilations or [1] * n)
-        geometry = window_geometry(in_shape, kernel, strides, dilations, pads, auto_pad, ceil_mode)
+        geometry = window_geometry(in_shape, kernel, strides, dilations, pads, auto_pad, ceil_mode, same_crops=True)
         return cls(in_shape, kernel, strides, dilations, *geometry, x.device)
 
     @property
