@@ -94,8 +94,7 @@ class Executor:
         problems = []
         for name in feeds:
             if name not in by_name:
-                close = difflib.get_close_matches(name, list(by_name), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                hint = _suggest(name, [v.name for v in required if v.name not in feeds] or list(by_name))
                 problems.append(f"unknown input {name!r}{hint} (inputs are {sorted(by_name)})")
         for value in required:
             if value.name not in feeds:
@@ -202,6 +201,13 @@ def check_supported(model: Model) -> None:
     raise UnsupportedError(
         f"the model uses {len(grouped)} unsupported op(s) or attribute(s):\n  " + "\n  ".join(lines)
     )
+
+
+def _suggest(name: str, candidates: list[str]) -> str:
+    """"; did you mean 'x'?" for the candidate closest to `name` (ignoring case), or ""."""
+    lowered = {c.lower(): c for c in candidates}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
+    return f"; did you mean {lowered[close[0]]!r}?" if close else ""
 
 
 def _short_label(node: Node) -> str:

@@ -155,16 +155,19 @@ def _resize(opset):
         ], [scales]
     roi = numpy_helper.from_array(np.array([], np.float32), "roi")
     sizes = numpy_helper.from_array(np.array([1, 2, 5, 7], np.int64), "sizes")
+    # Before opset 13 the scales input is required: an empty tensor stands for "use sizes".
+    no_scales = numpy_helper.from_array(np.array([], np.float32), "no_scales")
+    cubic_scales = "no_scales" if opset < 13 else ""
     return [
         helper.make_node("Resize", ["x4", "roi", "scales"], ["a"], mode="linear"),
         helper.make_node(
             "Resize",
-            ["x4", "roi", "", "sizes"],
+            ["x4", "roi", cubic_scales, "sizes"],
             ["b"],
             mode="cubic",
             coordinate_transformation_mode="half_pixel",
         ),
-    ], [roi, scales, sizes]
+    ], [roi, scales, sizes, no_scales]
 
 
 VERSIONED = [
