@@ -15,6 +15,3 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261202)
-
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]

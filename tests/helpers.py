@@ -6,11 +6,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from tensorforge import Executor
 from tensorforge.frontend import import_model
 from tensorforge.tensors import to_numpy
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 # Largest relative error accepted against ONNX Runtime, per output dtype (normwise: max|a−b| / max|b|).
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3}

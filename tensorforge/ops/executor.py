@@ -5,6 +5,7 @@ after its last use.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
@@ -82,7 +83,7 @@ class Executor:
         """Run the graph on `feeds` (torch tensors, numpy arrays or DLPack objects) and return outputs."""
         graph = self.model.graph
         env = self.bind_inputs(feeds)
-        with torch.inference_mode():
+        with torch.inference_mode(), _full_float32():
             results = self._run_graph(graph, {}, ChainMap(env, self._constants))
         return {value.name: result for value, result in zip(graph.outputs, results, strict=True)}
 
@@ -201,6 +202,24 @@ def check_supported(model: Model) -> None:
     raise UnsupportedError(
         f"the model uses {len(grouped)} unsupported op(s) or attribute(s):\n  " + "\n  ".join(lines)
     )
+
+
+@contextlib.contextmanager
+def _full_float32():
+    """Reference semantics for float32 on CUDA: no TF32 in cuBLAS or cuDNN while the graph runs."""
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    cudnn = torch.backends.cudnn
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with cudnn.flags(
+            enabled=cudnn.enabled,
+            benchmark=cudnn.benchmark,
+            deterministic=cudnn.deterministic,
+            allow_tf32=False,
+        ):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 def _suggest(name: str, candidates: list[str]) -> str:
