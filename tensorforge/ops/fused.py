@@ -1,0 +1,187 @@
+"""Fused ops of the `tensorforge` domain, produced by the graph optimizer.
+
+Every fused op is defined in terms of the ONNX ops it replaces, through the registry's own reference
+implementations, so a fused graph computes what the original graph computed (the epilogue is evaluated in
+at least float32 and rounded once to the output type).
+
+- `FusedConv(X, W, B?, Z?)`: `Y = post(pre(Conv(X, W) + B) + Z)` with every Conv attribute.
+- `FusedGemm(A, B, C?, Z?)`: `Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`, where `@` is MatMul's
+  batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
+- `FusedPointwise(X0, X1, ...)`: a small DAG of elementwise ONNX ops in one node (see `pointwise_program`).
+- `LayerNormalization`, `Gelu`, `Softmax`: the ONNX ops (opset 17, 20, 13 semantics) in this domain, so the
+  optimizer can introduce them into models whose opset predates them.
+
+`pre` and `post` name an activation from `ACTIVATIONS` ("" for none), with its float parameters in
+`pre_params` / `post_params`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .registry import REGISTRY, OpContext, register
+
+DOMAIN = "tensorforge"
+OPSET = 1
+_CONV_OPSET = 22
+_POINTWISE_OPSET = 22
+
+Activation = Callable[[torch.Tensor, Sequence[float]], torch.Tensor]
+
+ACTIVATIONS: dict[str, Activation] = {
+    "": lambda x, p: x,
+    "Relu": lambda x, p: torch.relu(x),
+    "Clip": lambda x, p: torch.clamp(x, p[0], p[1]),
+    "LeakyRelu": lambda x, p: F.leaky_relu(x, p[0] if p else 0.01),
+    "Sigmoid": lambda x, p: torch.sigmoid(x),
+    "HardSigmoid": lambda x, p: torch.clamp(x * (p[0] if p else 0.2) + (p[1] if len(p) > 1 else 0.5), 0, 1),
+    "HardSwish": lambda x, p: x * torch.clamp(x / 6 + 0.5, 0, 1),
+    "SiLU": lambda x, p: x * torch.sigmoid(x),
+    "Gelu": lambda x, p: F.gelu(x),
+    "GeluTanh": lambda x, p: F.gelu(x, approximate="tanh"),
+    "Tanh": lambda x, p: torch.tanh(x),
+    "Mish": lambda x, p: x * torch.tanh(F.softplus(x)),
+    "Elu": lambda x, p: F.elu(x, p[0] if p else 1.0),
+}
+
+
+def apply_activation(x: torch.Tensor, name: str, params: Sequence[float] = ()) -> torch.Tensor:
+    try:
+        fn = ACTIVATIONS[name]
+    except KeyError:
+        known = sorted(a for a in ACTIVATIONS if a)
+        raise ValueError(f"unknown fused activation {name!r}; known: {known}") from None
+    return fn(x, list(params))
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.is_floating_point() and x.element_size() < 4 else x
+
+
+def _epilogue(y, bias, residual, pre, pre_params, post, post_params, bias_shape) -> torch.Tensor:
+    out_dtype = y.dtype
+    y = _wide(y)
+    if bias is not None:
+        y = y + _wide(bias).reshape(bias_shape(bias))
+    y = apply_activation(y, pre, pre_params)
+    if residual is not None:
+        y = y + _wide(residual)
+    return apply_activation(y, post, post_params).to(out_dtype)
+
+
+@register("FusedConv", since=OPSET, domain=DOMAIN)
+def fused_conv(
+    ctx: OpContext,
+    x,
+    w,
+    b=None,
+    z=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    pre="",
+    pre_params=(),
+    post="",
+    post_params=(),
+):
+    conv = REGISTRY.lookup("Conv", "", _CONV_OPSET).impl
+    y = conv(
+        ctx,
+        x,
+        w,
+        None,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        group=group,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    spatial = y.dim() - 2
+    return _epilogue(y, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
+
+
+@register("FusedGemm", since=OPSET, domain=DOMAIN)
+def fused_gemm(
+    ctx: OpContext,
+    a,
+    b,
+    c=None,
+    z=None,
+    *,
+    alpha=1.0,
+    beta=1.0,
+    transA=0,
+    transB=0,
+    pre="",
+    pre_params=(),
+    post="",
+    post_params=(),
+):
+    a = a.transpose(-1, -2) if transA else a
+    b = b.transpose(-1, -2) if transB else b
+    y = torch.matmul(a, b)
+    if alpha != 1.0:
+        y = y * alpha
+    if c is not None and beta != 1.0:
+        c = c * beta
+    return _epilogue(y, c, z, pre, pre_params, post, post_params, lambda t: t.shape)
+
+
+# -- FusedPointwise ---------------------------------------------------------------------------------------
+
+
+def pointwise_program(steps: Sequence[tuple[str, Sequence[int], dict[str, Any]]]) -> str:
+    """Serialize a pointwise DAG for the `program` attribute of `FusedPointwise`.
+
+    Each step is `(op_type, operand indices, attributes)`: operands 0..n-1 are the node's inputs, operand
+    n + i is the result of step i. The node's outputs are listed in its `outputs` attribute (step results by
+    operand index), the last step by default.
+    """
+    return json.dumps([[op, list(args), dict(attrs)] for op, args, attrs in steps], separators=(",", ":"))
+
+
+def parse_program(program: str) -> list[tuple[str, list[int], dict[str, Any]]]:
+    return [(op, list(args), dict(attrs)) for op, args, attrs in json.loads(program)]
+
+
+@register("FusedPointwise", since=OPSET, domain=DOMAIN)
+def fused_pointwise(ctx: OpContext, *inputs, program: str, outputs=None):
+    """Evaluate the program step by step with the registry's elementwise ops (ONNX semantics)."""
+    values: list[Any] = list(inputs)
+    for op_type, operands, attrs in parse_program(program):
+        op_def = REGISTRY.lookup(op_type, "", _POINTWISE_OPSET)
+        if op_def is None:
+            raise ValueError(f"FusedPointwise step {op_type} is not a known op")
+        values.append(op_def.impl(ctx, *[values[i] for i in operands], **attrs))
+    wanted = outputs if outputs else [len(values) - 1]
+    results = tuple(values[i] for i in wanted)
+    return results if len(results) > 1 else results[0]
+
+
+# -- ONNX ops re-exported into the tensorforge domain ---------------------------------------------------
+
+
+@register("LayerNormalization", since=OPSET, domain=DOMAIN)
+def layer_normalization(ctx: OpContext, x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    impl = REGISTRY.lookup("LayerNormalization", "", 17).impl
+    return impl(ctx, x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
+
+
+@register("Gelu", since=OPSET, domain=DOMAIN)
+def gelu(ctx: OpContext, x, *, approximate="none"):
+    return REGISTRY.lookup("Gelu", "", 20).impl(ctx, x, approximate=approximate)
+
+
+@register("Softmax", since=OPSET, domain=DOMAIN)
+def softmax(ctx: OpContext, x, *, axis=-1):
+    return REGISTRY.lookup("Softmax", "", 13).impl(ctx, x, axis=axis)
