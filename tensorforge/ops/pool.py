@@ -137,7 +137,7 @@ class _Windows:
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """float16/bfloat16 pools accumulate in float32."""
+    """The dtype to compute in: float32 for float16/bfloat16, else the input's own."""
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
