@@ -1,0 +1,102 @@
+"""Queries and edits that rewrite rules share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import Graph, Node, Value
+
+
+def single_user(value: Value) -> Node | None:
+    """The only node reading `value`, or None when it has none, several, or is a graph output."""
+    uses = value.uses()
+    if len(uses) != 1 or is_graph_output(value):
+        return None
+    return uses[0][0]
+
+
+def is_graph_output(value: Value) -> bool:
+    producer = value.producer()
+    graph = producer.graph if producer is not None else None
+    return graph is not None and value in graph.outputs
+
+
+def constant(value: Value | None) -> torch.Tensor | None:
+    """The tensor of a constant (initializer) value, or None."""
+    if value is None or not isinstance(value.const, torch.Tensor):
+        return None
+    return value.const
+
+
+def is_shared(value: Value) -> bool:
+    """Whether more than one node reads `value` (a weight shared between layers, say)."""
+    return len(value.uses()) > 1
+
+
+def add_initializer(graph: Graph, value: Value, tensor: torch.Tensor) -> Value:
+    from ..ir import DType
+
+    value.const = tensor
+    value.dtype = DType.from_torch(tensor.dtype)
+    value.shape = tuple(tensor.shape)
+    graph.initializers[value.name] = value
+    return value
+
+
+def remove_unused_initializers(graph: Graph) -> int:
+    unused = [name for name, v in graph.initializers.items() if not v.uses() and v not in graph.outputs]
+    inputs = set(graph.inputs)
+    for name in unused:
+        if graph.initializers[name] not in inputs:
+            del graph.initializers[name]
+    return len(unused)
+
+
+def replace_node(node: Node, replacement: Node, outputs: dict[Value, Value] | None = None) -> None:
+    """Put `replacement` where `node` was: users of each old output read its new counterpart."""
+    graph = node.graph
+    assert graph is not None
+    graph.append(replacement)
+    mapping = outputs or dict(zip(node.outputs, replacement.outputs, strict=True))
+    for old, new in mapping.items():
+        _rewire(graph, old, new)
+    graph.remove(node)
+
+
+def bypass(node: Node, output: Value, source: Value) -> None:
+    """Remove `node`, whose `output` equals `source`: its users (and graph outputs) read `source`."""
+    graph = node.graph
+    assert graph is not None
+    _rewire(graph, output, source)
+    graph.remove(node)
+
+
+def rewire_problem(old: Value, new: Value) -> str | None:
+    """Why users of `old` cannot be pointed at `new`, or None.
+
+    A graph output keeps its name, so `new` must take the name over: that is impossible when `new` is a graph
+    input, an initializer or another graph output.
+    """
+    if not is_graph_output(old):
+        return None
+    graph = old.producer().graph
+    if new.producer() is None or new in graph.outputs:
+        return f"{old.name!r} is a graph output and {new.name!r} is an input, initializer or other output"
+    return None
+
+
+def _rewire(graph: Graph, old: Value, new: Value) -> None:
+    problem = rewire_problem(old, new)
+    if problem is not None:
+        raise ValueError(problem)
+    old.replace_all_uses_with(new)
+    if old in graph.outputs:
+        # A graph output keeps its name: the replacement value takes it over.
+        graph.outputs = [new if v is old else v for v in graph.outputs]
+        old.name, new.name = new.name, old.name
+
+
+def attr(node: Node, name: str, default: Any = None) -> Any:
+    return node.attributes.get(name, default)
