@@ -24,17 +24,16 @@ def export_onnx(
     output_names: Sequence[str] | None = None,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
     opset: int = DEFAULT_OPSET,
+    keep_batchnorm: bool = False,
 ) -> onnx.ModelProto:
     """Export `module` in eval mode to an ONNX `ModelProto` with the TorchScript exporter.
 
-    That exporter needs no extra package and reproduces what most deployed models were made with.
+    That exporter needs no extra package and reproduces what most deployed models were made with. It folds
+    each BatchNormalization into the Conv before it; `keep_batchnorm=True` keeps them as separate nodes
+    (inference-mode BN, as models from other frameworks have them).
     """
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    names = (
-        list(input_names)
-        if input_names
-        else [f"input{i}" if len(args) > 1 else "input" for i in range(len(args))]
-    )
+    names = list(input_names) if input_names else [f"input{i}" if len(args) > 1 else "input" for i in range(len(args))]
     buffer = io.BytesIO()
     was_training = module.training
     module.eval()
@@ -42,6 +41,8 @@ def export_onnx(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             kwargs: dict[str, Any] = {"dynamo": False} if "dynamo" in _export_params() else {}
+            if keep_batchnorm:  # the exporter's Conv+BN folding runs only in TrainingMode.EVAL
+                kwargs["training"] = torch.onnx.TrainingMode.PRESERVE
             torch.onnx.export(
                 module,
                 args,
