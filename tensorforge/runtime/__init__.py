@@ -1,0 +1,1 @@
+"""The runtime: the engine file, and (later) the Engine, its execution contexts and runners."""
