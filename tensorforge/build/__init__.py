@@ -1,0 +1,1 @@
+"""The engine builder: build configuration, optimization profiles, the memory planner."""
