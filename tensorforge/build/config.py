@@ -1,0 +1,138 @@
+"""`BuildConfig`: everything a build may choose from, in one typed object stored in the engine header.
+
+Optimization profiles follow Polygraphy's `Profile().add(name, min, opt, max)`: for each dynamic input, the
+smallest, the tuned-for and the largest shape an engine accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
+# int8 and fp8 need calibration or Q/DQ scales; until those land a build accepts only the float precisions.
+BUILDABLE_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+EFFORT_LEVELS = (0, 1, 2)
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    min: Shape
+    opt: Shape
+    max: Shape
+
+    def contains(self, shape: Shape) -> bool:
+        return len(shape) == len(self.min) and all(
+            lo <= s <= hi for lo, s, hi in zip(self.min, shape, self.max, strict=True)
+        )
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Shape ranges of the dynamic inputs, by input name."""
+
+    ranges: Mapping[str, ShapeRange] = field(default_factory=dict)
+
+    def add(self, name: str, min: Shape, opt: Shape, max: Shape) -> Profile:
+        lo, mid, hi = (tuple(int(d) for d in s) for s in (min, opt, max))
+        if not len(lo) == len(mid) == len(hi):
+            raise InputError(f"profile for {name!r}: min {lo}, opt {mid} and max {hi} must have the same rank")
+        if not all(a <= b <= c for a, b, c in zip(lo, mid, hi, strict=True)):
+            raise InputError(f"profile for {name!r}: need min <= opt <= max on every axis, got {lo}, {mid}, {hi}")
+        if any(d < 0 for d in lo):
+            raise InputError(f"profile for {name!r}: negative dimension in {lo}")
+        return Profile({**self.ranges, name: ShapeRange(lo, mid, hi)})
+
+    def problems(self, shapes: Mapping[str, Shape]) -> list[str]:
+        """Why `shapes` fall outside this profile (empty when they fit)."""
+        found = []
+        for name, shape_range in self.ranges.items():
+            shape = shapes.get(name)
+            if shape is not None and not shape_range.contains(tuple(shape)):
+                found.append(
+                    f"input {name!r} has shape {list(shape)}, outside the profile's "
+                    f"min {list(shape_range.min)} .. max {list(shape_range.max)}"
+                )
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: {"min": r.min, "opt": r.opt, "max": r.max} for name, r in self.ranges.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        profile = cls()
+        for name, r in data.items():
+            profile = profile.add(name, tuple(r["min"]), tuple(r["opt"]), tuple(r["max"]))
+        return profile
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    device: str = "cpu"
+    precisions: tuple[str, ...] = ("fp32",)
+    profiles: tuple[Profile, ...] = ()
+    effort: int = 1
+    workspace_bytes: int = 1 << 30
+    timing_cache: str | None = None
+    tactic_families: tuple[str, ...] | None = None  # None: every family
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise InputError(f"unknown device {self.device!r}: use cpu, cuda or cuda:N")
+        unknown = [p for p in self.precisions if p not in PRECISIONS]
+        if unknown:
+            raise InputError(f"unknown precision(s) {unknown}: choose from {list(PRECISIONS)}")
+        pending = [p for p in self.precisions if p not in BUILDABLE_PRECISIONS]
+        if pending:
+            raise InputError(f"precision(s) {pending} need calibration, which this version cannot do yet")
+        if "fp32" not in self.precisions:
+            raise InputError("fp32 must stay allowed: it is the fallback for layers without a faster precision")
+        if self.effort not in EFFORT_LEVELS:
+            raise InputError(f"effort must be one of {list(EFFORT_LEVELS)}, got {self.effort}")
+        if self.workspace_bytes < 0:
+            raise InputError("the workspace limit must not be negative")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "precisions": list(self.precisions),
+            "profiles": [p.to_dict() for p in self.profiles],
+            "effort": self.effort,
+            "workspace_bytes": self.workspace_bytes,
+            "timing_cache": self.timing_cache,
+            "tactic_families": None if self.tactic_families is None else list(self.tactic_families),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildConfig:
+        families = data.get("tactic_families")
+        return cls(
+            device=data["device"],
+            precisions=tuple(data["precisions"]),
+            profiles=tuple(Profile.from_dict(p) for p in data.get("profiles", [])),
+            effort=data.get("effort", 1),
+            workspace_bytes=data.get("workspace_bytes", 1 << 30),
+            timing_cache=data.get("timing_cache"),
+            tactic_families=None if families is None else tuple(families),
+        )
+
+
+def parse_profile(items: list[str]) -> Profile:
+    """`["x=1x3x224x224:8x3x224x224:32x3x224x224", "y=4x16"]` → a Profile (a single shape is min = opt = max)."""
+    from ..feeds import parse_assignments, parse_shape
+
+    profile = Profile()
+    for name, text in parse_assignments(items, "--profile").items():
+        parts = [parse_shape(part) for part in text.split(":")]
+        if len(parts) == 1:
+            parts *= 3
+        if len(parts) != 3:
+            raise InputError(f"--profile {name}={text}: give one shape or min:opt:max")
+        profile = profile.add(name, *parts)
+    return profile

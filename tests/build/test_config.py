@@ -1,0 +1,64 @@
+import pytest
+
+from tensorforge.build.config import BuildConfig, Profile, parse_profile
+from tensorforge.errors import InputError
+
+
+def test_profile_accepts_shapes_inside_and_names_those_outside():
+    profile = Profile().add("x", (1, 3, 32, 32), (8, 3, 64, 64), (16, 3, 128, 128))
+    assert profile.problems({"x": (4, 3, 100, 40)}) == []
+    (problem,) = profile.problems({"x": (32, 3, 64, 64)})
+    assert (
+        "input 'x' has shape [32, 3, 64, 64], outside the profile's min [1, 3, 32, 32] .. max [16, 3, 128, 128]"
+        in problem
+    )
+    assert profile.problems({"x": (1, 3, 64)})  # wrong rank
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (((1, 3), (2, 3), (4,)), "same rank"),
+        (((4, 3), (2, 3), (8, 3)), "min <= opt <= max"),
+        (((-1, 3), (2, 3), (8, 3)), "negative"),
+    ],
+)
+def test_bad_profiles(shapes, message):
+    with pytest.raises(InputError, match=message):
+        Profile().add("x", *shapes)
+
+
+def test_parse_profile_from_cli_text():
+    profile = parse_profile(["x=1x3x8x8:4x3x8x8:8x3x8x8", "mask=4x16"])
+    assert profile.ranges["x"].opt == (4, 3, 8, 8)
+    assert profile.ranges["mask"].min == profile.ranges["mask"].max == (4, 16)
+    with pytest.raises(InputError, match="min:opt:max"):
+        parse_profile(["x=1x3:2x3"])
+
+
+def test_config_round_trips_through_a_dict():
+    config = BuildConfig(
+        device="cuda:1",
+        precisions=("fp32", "fp16"),
+        profiles=(Profile().add("x", (1, 3), (4, 3), (8, 3)),),
+        effort=2,
+        timing_cache="cache.json",
+        tactic_families=("vendor",),
+    )
+    assert BuildConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"device": "tpu"}, "unknown device"),
+        ({"precisions": ("fp32", "fp64")}, "unknown precision"),
+        ({"precisions": ("fp32", "int8")}, "need calibration"),
+        ({"precisions": ("fp16",)}, "fp32 must stay allowed"),
+        ({"effort": 7}, "effort"),
+        ({"workspace_bytes": -1}, "workspace"),
+    ],
+)
+def test_bad_configs(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        BuildConfig(**kwargs)
