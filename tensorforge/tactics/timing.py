@@ -1,0 +1,188 @@
+"""Careful timing of one candidate: warm-up calls, an L2 flush before each timed call, the median of many.
+
+On CUDA each call is bracketed by CUDA events on the current stream, after a write of a buffer twice the size
+of the L2 cache so that no call finds its operands left warm by the one before; on the CPU each call is timed
+with `time.perf_counter_ns`. A candidate that raises scores `inf` with the error kept: timing never aborts a
+build. Times are in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# With min_time_s unmet, measuring stops anyway at this many times `repeats` samples.
+_MAX_SAMPLES_FACTOR = 10
+# L2 flush size when the driver reports no L2 size (as inductor does): larger than any GPU's L2.
+_FALLBACK_FLUSH_BYTES = 256 * 2**20
+
+
+def _check_budget(warmup: int, repeats: int, min_time_s: float) -> None:
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"timing warmup must be an int >= 0, not {warmup!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"timing repeats must be an int >= 1, not {repeats!r}")
+    if not isinstance(min_time_s, (int, float)) or not min_time_s >= 0 or math.isinf(min_time_s):
+        raise ValueError(f"timing min_time_s must be a finite number of seconds >= 0, not {min_time_s!r}")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What `measure` found, in milliseconds. A failed candidate has `error` set, no samples and `inf` times."""
+
+    median: float
+    min: float
+    mean: float
+    p90: float
+    samples: tuple[float, ...]
+    error: str | None = None
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float]) -> Timing:
+        if not samples:
+            raise ValueError("Timing.from_samples() needs at least one sample")
+        ordered = sorted(samples)
+        return cls(
+            median=_quantile(ordered, 0.5),
+            min=ordered[0],
+            mean=math.fsum(ordered) / len(ordered),
+            p90=_quantile(ordered, 0.9),
+            samples=tuple(samples),
+        )
+
+    @classmethod
+    def failed(cls, error: str) -> Timing:
+        return cls(median=math.inf, min=math.inf, mean=math.inf, p90=math.inf, samples=(), error=error)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class TimingBudget:
+    """How hard `measure` tries: warm-up calls, timed calls, and the least total time spent in timed calls.
+
+    `TimingBudget.for_effort(level)` gives the presets; `measure(fn, device=d, **budget.as_kwargs())` uses one.
+    """
+
+    warmup: int
+    repeats: int
+    min_time_s: float
+
+    def __post_init__(self) -> None:
+        _check_budget(self.warmup, self.repeats, self.min_time_s)
+
+    @classmethod
+    def for_effort(cls, effort: int) -> TimingBudget:
+        """0: quick look, 1: the default, 2: careful (for final builds and shared caches)."""
+        if not isinstance(effort, int) or isinstance(effort, bool) or effort not in _EFFORTS:
+            raise ValueError(f"timing effort must be 0, 1 or 2, not {effort!r}")
+        return _EFFORTS[effort]
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {"warmup": self.warmup, "repeats": self.repeats, "min_time_s": self.min_time_s}
+
+
+_EFFORTS = {
+    0: TimingBudget(warmup=2, repeats=10, min_time_s=0.0),
+    1: TimingBudget(warmup=5, repeats=30, min_time_s=0.02),
+    2: TimingBudget(warmup=10, repeats=100, min_time_s=0.1),
+}
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    device: torch.device | str,
+    warmup: int = 5,
+    repeats: int = 30,
+    flush_l2: bool = True,
+    min_time_s: float = 0.02,
+) -> Timing:
+    """Time `fn()` on `device` ('cpu' or 'cuda[:i]'); the defaults are effort level 1.
+
+    `fn` takes no arguments and, on CUDA, enqueues its work on the current stream. After `warmup` untimed
+    calls it is timed at least `repeats` times and until the timed calls add up to `min_time_s` (at most
+    10 × `repeats` calls). `flush_l2` applies to CUDA only. If `fn` raises (while warming up, while timed, or
+    in a CUDA error surfacing at synchronization), the result has `error` set and `inf` times. A CUDA error
+    that corrupts the context (an illegal address) is sticky: later candidates will fail too.
+    """
+    _check_budget(warmup, repeats, min_time_s)
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"measure(device={str(device)!r}): CUDA is not available here; time on device='cpu'")
+        timer = _time_cuda
+    elif device.type == "cpu":
+        timer = _time_cpu
+    else:
+        raise ValueError(f"measure() times on 'cpu' or 'cuda' devices, not {str(device)!r}")
+    try:
+        samples = timer(fn, device, warmup, repeats, flush_l2, min_time_s)
+    except Exception as exc:
+        return Timing.failed(f"{type(exc).__name__}: {exc}")
+    return Timing.from_samples(samples)
+
+
+def _time_cpu(
+    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int, flush_l2: bool, min_time_s: float
+) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    while _wants_more(samples, repeats, min_time_s):
+        start = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - start) / 1e6)
+    return samples
+
+
+def _time_cuda(
+    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int, flush_l2: bool, min_time_s: float
+) -> list[float]:
+    with torch.cuda.device(device):
+        flush = torch.empty(_flush_bytes(device), dtype=torch.uint8, device=device) if flush_l2 else None
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        samples: list[float] = []
+        while _wants_more(samples, repeats, min_time_s):
+            batch = min(repeats, repeats * _MAX_SAMPLES_FACTOR - len(samples))
+            events = []
+            for _ in range(batch):
+                if flush is not None:
+                    flush.zero_()
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                events.append((start, end))
+            torch.cuda.synchronize()
+            samples.extend(start.elapsed_time(end) for start, end in events)
+        return samples
+
+
+def _flush_bytes(device: torch.device) -> int:
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    return 2 * l2_bytes if l2_bytes > 0 else _FALLBACK_FLUSH_BYTES
+
+
+def _wants_more(samples: list[float], repeats: int, min_time_s: float) -> bool:
+    if len(samples) < repeats:
+        return True
+    return math.fsum(samples) < min_time_s * 1e3 and len(samples) < repeats * _MAX_SAMPLES_FACTOR
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted samples, interpolating linearly between neighbours."""
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
