@@ -177,8 +177,8 @@ def _check_layout(data: bytes, where: str) -> tuple[int, int]:
     expected = _PREAMBLE.size + header_length + weights_length + _DIGEST_SIZE
     if len(data) < expected:
         raise EngineFileError(
-            f"{where} is truncated: {expected - len(data)} bytes are missing (it has {len(data)} of {expected} "
-            f"bytes, or its length fields are damaged); copy it again or {_REBUILD}"
+            f"{where} is truncated: {expected - len(data)} bytes are missing (it has {len(data)} of the "
+            f"{expected} bytes its preamble announces); copy it again or {_REBUILD}"
         )
     if len(data) > expected:
         raise EngineFileError(
