@@ -406,3 +406,20 @@ def test_resnet50_at_224():
     example = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     plan = check_real_plan(model, example)
     assert plan.arena_bytes < 16 * 2**20  # the largest activation is 64×112×112 floats, 3 MiB
+
+
+def test_plan_graph_counts_reads_inside_subgraphs():
+    x, cond = f32("x", [4]), f32("cond", [], DType.BOOL)
+    a, b, out = f32("a", [4]), f32("b", [4]), f32("out", [4])
+    then_out, else_out = f32("then_out", [4]), f32("else_out", [4])
+    then_branch = Graph("then", [], [then_out], [Node("Identity", [a], [then_out])])
+    else_branch = Graph("else", [], [else_out], [Node("Identity", [b], [else_out])])
+    nodes = [
+        Node("Relu", [x], [a]),
+        Node("Neg", [a], [b]),  # a is read again inside the If: b may not take its place
+        Node("If", [cond], [out], {"then_branch": then_branch, "else_branch": else_branch}),
+    ]
+    plan = plan_graph(Graph("g", [x, cond], [out], nodes))
+    assert set(plan.offsets) == {"a", "b"}
+    assert plan.inplace == {}
+    assert plan.offsets["a"] != plan.offsets["b"]
