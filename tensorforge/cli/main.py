@@ -45,13 +45,20 @@ def _fail(error: Exception) -> None:
 def inspect(
     model_path: ModelArg,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+    optimize: Annotated[
+        bool, typer.Option("--optimize", help="run the graph optimizer and say what it fused, where, and why not")
+    ] = False,
 ) -> None:
     """Inputs and outputs, op histogram, parameters, opsets, and what is unsupported."""
     try:
-        summary = summarize_model(load_onnx(model_path))
+        model = load_onnx(model_path)
+        summary = summarize_model(model)
+        report = _optimize(model) if optimize else None
     except TensorforgeError as error:
         _fail(error)
     if as_json:
+        if report is not None:
+            summary["optimization"] = report.to_dict()
         print(json.dumps(summary, indent=2))
         return
     out.print(f"{model_path}  graph {summary['graph']!r}, producer {summary['producer'] or '?'}", style="bold")
@@ -80,6 +87,53 @@ def inspect(
             out.print(f"  {op} {item['reason']}: {len(nodes)} node(s): {names}")
     else:
         out.print("every op is supported", style="green")
+    if report is not None:
+        _print_optimization(report)
+
+
+def _optimize(model):
+    from ..passes.pipeline import optimize
+
+    return optimize(model)[1]
+
+
+def _names(names: list[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _print_optimization(report) -> None:
+    """Per pass: nodes removed, each rule that fired with its count and where; then declines and op counts."""
+    out.print(f"optimization: {report.nodes_before} -> {report.nodes_after} nodes", style="bold")
+    passes: dict[str, list] = {}
+    for run in report.runs:
+        passes.setdefault(run.name, []).append(run)
+    for name, runs in passes.items():
+        change = sum(run.nodes_after - run.nodes_before for run in runs)
+        events = [e for e in report.events if e.pass_name == name]
+        fired: dict[str, list[str]] = {}
+        for event in events:
+            if event.status == "fired":
+                fired.setdefault(event.rule, []).append(event.node)
+        failures = [e.detail for e in events if e.status == "failed"]
+        if not fired and not failures:
+            continue
+        out.print(f"  {name}: {change:+d} nodes")
+        for rule, nodes in fired.items():
+            out.print(f"    {rule}: {len(nodes)}x at {_names(nodes)}")
+        for detail in failures:
+            out.print(f"    FAILED and rolled back: {detail}", style="red")
+    declined: dict[tuple[str, str], list[str]] = {}
+    for event in report.declined():
+        declined.setdefault((event.rule, event.detail), []).append(event.node)
+    if declined:
+        out.print("  declined:")
+        for (rule, reason), nodes in sorted(declined.items(), key=lambda item: -len(item[1])):
+            out.print(f"    {rule}: {reason} ({len(nodes)}x at {_names(nodes, 3)})")
+    table = Table("op", "before", "after", box=None)
+    for op in dict.fromkeys([*report.ops_before, *report.ops_after]):
+        table.add_row(op, str(report.ops_before.get(op, 0)), str(report.ops_after.get(op, 0)))
+    out.print(table)
 
 
 @app.command()

