@@ -123,13 +123,13 @@ def _print_optimization(report) -> None:
             out.print(f"    {rule}: {len(nodes)}x at {_names(nodes)}")
         for detail in failures:
             out.print(f"    FAILED and rolled back: {detail}", style="red")
-    declined: dict[tuple[str, str], list[str]] = {}
+    declined: dict[tuple[str, str], dict[str, None]] = {}  # a node declined again in a later iteration counts once
     for event in report.declined():
-        declined.setdefault((event.rule, event.detail), []).append(event.node)
+        declined.setdefault((event.rule, event.detail), {})[event.node] = None
     if declined:
         out.print("  declined:")
         for (rule, reason), nodes in sorted(declined.items(), key=lambda item: -len(item[1])):
-            out.print(f"    {rule}: {reason} ({len(nodes)}x at {_names(nodes, 3)})")
+            out.print(f"    {rule}: {reason} ({len(nodes)}x at {_names(list(nodes), 3)})")
     table = Table("op", "before", "after", box=None)
     for op in dict.fromkeys([*report.ops_before, *report.ops_after]):
         table.add_row(op, str(report.ops_before.get(op, 0)), str(report.ops_after.get(op, 0)))

@@ -159,7 +159,7 @@ def test_inspect_optimize_says_what_fired_where_and_what_declined(neg_model_path
     assert "optimization: 5 -> 3 nodes" in text
     assert "drop-neg: -2 nodes" in text
     assert "double-neg: 1x at n2" in text
-    assert "declined:" in text and "'z' is a graph output" in text and "at n4" in text
+    assert "declined:" in text and "'z' is a graph output" in text and "(1x at n4)" in text
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.split()[:1] in (["Neg"], ["Relu"])}
     assert rows == {"Neg": ["4", "2"], "Relu": ["1", "1"]}  # op, before, after
 
