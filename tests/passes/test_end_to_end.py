@@ -1,0 +1,243 @@
+"""The default pipeline on whole models: the optimized graph computes what the original does, and fuses.
+
+Each model is optimized once per module (a clone of the imported model), then both graphs run on the
+reference executor, on random inputs and, for the two real models, on real ones. Counts pin down what the
+fusions must achieve: no BatchNormalization left, every Conv a FusedConv, every activation and residual
+add that follows a convolution absorbed into it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from tensorforge import realdata as rd
+from tensorforge import zoo
+from tensorforge.frontend import import_model, load_onnx
+from tensorforge.ir import Model, Node
+from tensorforge.ir.clone import clone_model
+from tensorforge.ops import Executor
+from tensorforge.passes import qualified_op
+from tensorforge.passes.pipeline import optimize
+from tests.helpers import relative_error
+
+REL_TOL = 1e-5
+FUSED_CONV = "tensorforge::FusedConv"
+FUSED_GEMM = "tensorforge::FusedGemm"
+CONV_ACTIVATIONS = ("Relu", "HardSwish", "HardSigmoid", "Clip", "LeakyRelu", "Sigmoid")
+
+
+@dataclass
+class Optimized:
+    original: Model
+    model: Model
+    report: object
+
+    def ops(self) -> Counter:
+        return Counter(qualified_op(n) for n in self.model.graph)
+
+    def nodes(self, op: str) -> list[Node]:
+        return [n for n in self.model.graph if qualified_op(n) == op]
+
+    def compare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        expected = Executor(self.original).run(feeds)
+        actual = Executor(self.model).run(feeds)
+        assert set(actual) == set(expected)
+        for name, value in expected.items():
+            got = actual[name].numpy()
+            assert got.shape == tuple(value.shape), name
+            error = relative_error(got, value.numpy())
+            assert error <= REL_TOL, f"{name}: relative error {error:.3g} > {REL_TOL:g}"
+        return {name: value.numpy() for name, value in actual.items()}
+
+
+def _optimize(model: Model) -> Optimized:
+    optimized, report = optimize(clone_model(model))
+    failures = [e for e in report.events if e.status == "failed"]
+    assert not failures, failures
+    return Optimized(model, optimized, report)
+
+
+def _zoo(name: str, **options) -> Optimized:
+    return _optimize(import_model(zoo.export(name, **options)))
+
+
+def _random(name: str, batch: int = 2) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {"input": rng.standard_normal(zoo.input_shape(name, batch)).astype(np.float32)}
+
+
+def _activation(node: Node) -> list[str]:
+    return [a for a in (node.attributes.get("pre", ""), node.attributes.get("post", "")) if a]
+
+
+def _with_residual(nodes: list[Node]) -> list[Node]:
+    return [n for n in nodes if len(n.inputs) > 3 and n.inputs[3] is not None]
+
+
+def _assert_every_conv_fused(result: Optimized, convs: int) -> None:
+    before = result.report.ops_before
+    ops = result.ops()
+    assert before.get("Conv") == convs
+    assert ops["BatchNormalization"] == 0
+    assert ops["Conv"] == 0
+    assert ops[FUSED_CONV] == convs
+
+
+# -- ResNet-50 ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+    return _zoo("resnet50", size=64)
+
+
+@pytest.mark.slow
+def test_resnet50_matches_and_fuses_every_conv_bn_relu_and_residual(resnet50):
+    resnet50.compare(_random("resnet50"))
+    before, ops = resnet50.report.ops_before, resnet50.ops()
+    assert (before["BatchNormalization"], before["Relu"], before["Add"]) == (53, 49, 16)
+    _assert_every_conv_fused(resnet50, 53)  # 49 in the main path + 4 downsample shortcuts
+    fused = resnet50.nodes(FUSED_CONV)
+    assert len(_with_residual(fused)) == 16
+    assert ops["Add"] == 0 and ops["Relu"] == 0
+    assert sum(_activation(n) == ["Relu"] for n in fused) == 49
+    assert resnet50.report.nodes_after < resnet50.report.nodes_before - 53 - 49 - 16 + 1
+
+
+# -- MobileNetV3-Large -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mobilenetv3():
+    return _zoo("mobilenetv3", size=64)
+
+
+def test_mobilenetv3_matches_and_fuses(mobilenetv3):
+    mobilenetv3.compare(_random("mobilenetv3"))
+    before, ops = mobilenetv3.report.ops_before, mobilenetv3.ops()
+    assert (before["BatchNormalization"], before["HardSwish"], before["HardSigmoid"], before["Add"]) == (46, 21, 8, 10)
+    _assert_every_conv_fused(mobilenetv3, 62)
+    fused = mobilenetv3.nodes(FUSED_CONV)
+    # 20 h-swish and 19 ReLU after convolutions (stem, expand, depthwise, last conv; SE squeeze), 8 SE gates
+    activations = Counter(a for n in fused for a in _activation(n))
+    assert activations == {"HardSwish": 20, "Relu": 19, "HardSigmoid": 8}
+    assert len(_with_residual(fused)) == 10
+    for op in ("Relu", "HardSigmoid", "Add", "Identity", "BatchNormalization"):
+        assert ops[op] == 0, op
+    assert ops["HardSwish"] == 0  # the classifier's h-swish went into its Gemm
+    assert [_activation(n) for n in mobilenetv3.nodes(FUSED_GEMM)].count(["HardSwish"]) == 1
+
+
+def test_mobilenetv3_with_relu6_formulas_matches_and_fuses_them():
+    result = _zoo("mobilenetv3_relu6", size=64)
+    result.compare(_random("mobilenetv3_relu6"))
+    _assert_every_conv_fused(result, 62)
+    ops = result.ops()
+    # x·ReLU6(x+3)/6 and ReLU6(x+3)/6 are chains of Add, Clip, Mul, Div: each became one fused node or less
+    for op in ("Clip", "Div", "Identity"):
+        assert ops[op] == 0, op
+    assert result.report.ops_before["Clip"] == 29
+
+
+# -- Inception block ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def inception():
+    return _zoo("inception", size=16)
+
+
+def test_inception_block_matches_and_merges_parallel_branches(inception):
+    inception.compare(_random("inception"))
+    ops = inception.ops()
+    assert inception.report.ops_before["Conv"] == 6
+    assert ops["BatchNormalization"] == ops["Conv"] == ops["Relu"] == 0
+    fused = inception.nodes(FUSED_CONV)
+    assert all(_activation(n) == ["Relu"] for n in fused)
+    # The three 1×1 convolutions reading the block input are one convolution now
+    readers = [n for n in fused if n.inputs[0] is inception.model.graph.inputs[0]]
+    assert len(readers) == 1
+    assert len(fused) == 4
+
+
+# -- transformer encoder -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    return _zoo("transformer", size=16)
+
+
+def test_transformer_matches_and_fuses(transformer):
+    transformer.compare(_random("transformer"))
+    before, ops = transformer.report.ops_before, transformer.ops()
+    assert (before["MatMul"], before["Erf"], before["LayerNormalization"]) == (16, 2, 5)
+    assert ops["Erf"] == 0  # GELU recognized (as a node or as the activation of its Gemm)
+    gemms = transformer.nodes(FUSED_GEMM)
+    assert ops["MatMul"] <= 4  # only Q·Kᵀ and P·V per layer are left as plain products
+    assert len(_with_residual(gemms)) == 4  # x + Attn(...) and x + MLP(...) in both layers
+    assert [a for n in gemms for a in _activation(n)].count("Gelu") + ops["tensorforge::Gelu"] == 2
+
+
+def test_transformer_with_decomposed_layernorm_recognizes_it():
+    result = _zoo("transformer", size=16, opset=16)  # LayerNormalization is opset 17: exported as its math
+    result.compare(_random("transformer"))
+    before, ops = result.report.ops_before, result.ops()
+    assert before["ReduceMean"] == 10 and before.get("LayerNormalization", 0) == 0
+    assert ops["tensorforge::LayerNormalization"] == 5
+    for op in ("ReduceMean", "Pow", "Sqrt", "Erf"):
+        assert ops[op] == 0, op
+
+
+def test_dynamic_batch_survives_optimization(transformer):
+    for batch in (1, 3):
+        transformer.compare(_random("transformer", batch))
+
+
+# -- real models -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def orientation():
+    return _optimize(load_onnx(rd.orientation_model()))
+
+
+def test_orientation_classifier_matches_on_real_pages_and_fuses(orientation):
+    pages = [item for item in rd.rotated_pages() if item.name.startswith("page_rot")]  # the four rotations
+    batch = np.concatenate([rd.orientation_input(item.image) for item in pages])
+    probabilities = orientation.compare({"x": batch})["fetch_name_0"]
+    labels = [rd.ORIENTATION_LABELS.index(item.label) for item in pages]
+    assert list(probabilities.argmax(1)) == labels
+    rng = np.random.default_rng(3)
+    orientation.compare({"x": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)})
+    before, ops = orientation.report.ops_before, orientation.ops()
+    assert (before["BatchNormalization"], before["HardSwish"]) == (27, 28)
+    _assert_every_conv_fused(orientation, 32)
+    for op in ("BatchNormalization", "HardSwish", "Relu", "HardSigmoid", "Identity"):
+        assert ops[op] == 0, op
+
+
+@pytest.fixture(scope="module")
+def recognition():
+    return _optimize(load_onnx(rd.ocr_model("rec")))
+
+
+@pytest.mark.slow
+def test_text_recognition_matches_on_rendered_lines_and_fuses(recognition):
+    characters = recognition.original.metadata["character"].splitlines()
+    for text in rd.TEXT_LINES[:2]:
+        x = rd.recognition_input(rd.render_text_line(text))
+        probabilities = recognition.compare({"x": x})["fetch_name_0"]
+        assert rd.ctc_decode(probabilities[0], characters) == text
+    rng = np.random.default_rng(5)
+    recognition.compare({"x": rng.uniform(-1, 1, (1, 3, 48, 160)).astype(np.float32)})
+    before, ops = recognition.report.ops_before, recognition.ops()
+    assert (before["Conv"], before["BatchNormalization"], before["Erf"], before["Pow"]) == (57, 3, 13, 5)
+    _assert_every_conv_fused(recognition, 57)
+    assert ops["tensorforge::LayerNormalization"] == 5  # the SVTR blocks' decomposed LayerNorms
+    for op in ("Erf", "Pow", "Sqrt", "ReduceMean", "Identity"):
+        assert ops[op] == 0, op
