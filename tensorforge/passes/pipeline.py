@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from ..ir import Model
 from .base import Pass
+from .cse import CommonSubexpressions
 from .manager import OptimizationReport, PassManager
 
 
 def default_passes() -> list[Pass]:
     """A fresh instance of each pass of the default pipeline, in order."""
-    return []
+    return [
+        CommonSubexpressions(),
+    ]
 
 
 def optimize(
