@@ -12,14 +12,22 @@ from __future__ import annotations
 
 from ..ir import Model
 from .base import Pass
+from .cleanup import Cleanup
 from .cse import CommonSubexpressions
+from .fold import ConstantFolding, DeadCodeElimination
+from .horizontal import MergeParallel
 from .manager import OptimizationReport, PassManager
 
 
 def default_passes() -> list[Pass]:
     """A fresh instance of each pass of the default pipeline, in order."""
     return [
+        ConstantFolding(),
+        Cleanup(),
+        DeadCodeElimination(),
         CommonSubexpressions(),
+        MergeParallel(),
+        DeadCodeElimination(),
     ]
 
 
