@@ -154,7 +154,9 @@ class IdenticalNodes(Rule):
         inputs = [None if v is None else id(v) for v in node.inputs]
         if node.op_type in COMMUTATIVE and _domain(node) == "" and len(inputs) == 2 and None not in inputs:
             inputs.sort()
-        return (_domain(node), node.op_type, attrs, tuple(inputs), len(node.outputs))
+        # Which optional outputs are requested changes what a node computes (an unnamed one is not produced).
+        produced = tuple(bool(v.name) for v in node.outputs)
+        return (_domain(node), node.op_type, attrs, tuple(inputs), produced)
 
     def match(self, node: Node, ctx: PassContext) -> tuple[Node, Node] | None:
         key = self.key(node)

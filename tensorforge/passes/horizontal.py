@@ -20,7 +20,7 @@ import torch
 from ..ir import DType, Graph, Node, Value
 from .base import PassContext, Rule, RulePass, qualified_op
 from .cse import attribute_key
-from .utils import add_initializer, bypass, is_graph_output
+from .utils import add_initializer, bypass
 
 Signature = dict[str, Any]
 
@@ -161,7 +161,9 @@ class _ParallelLayers(Rule):
             name = weight_value.name if weight_value is not None else ""
             return f"weight {name!r} is not constant"
         assert weight_value is not None
-        if len(weight_value.uses()) > 1 or is_graph_output(weight_value) or weight_value in graph.outputs:
+        if weight_value in graph.outputs:
+            return f"weight {weight_value.name!r} is a graph output"
+        if len(weight_value.uses()) > 1:
             return f"weight {weight_value.name!r} is shared with another node"
         if self.residual_index is not None and len(inputs) > self.residual_index and inputs[self.residual_index]:
             return "it adds a residual input Z"
@@ -205,7 +207,8 @@ class _ParallelLayers(Rule):
         out_axis = self.output_axis(leader, ctx)
         widths = [b.width for b in group]
         like = leader.outputs[0]
-        merged_out = ctx.new_value(f"{like.name or 'parallel'}_merged", like=like)
+        hint = like.name or "parallel"
+        merged_out = ctx.new_value(f"{hint}_merged", like=like)
         if like.shape is not None and -len(like.shape) <= out_axis < len(like.shape):
             shape = list(like.shape)
             shape[out_axis] = sum(widths)
@@ -219,7 +222,7 @@ class _ParallelLayers(Rule):
             name=ctx.fresh_name(leader.name or f"{leader.op_type}_merged"),
         )
         pieces = [ctx.new_value(b.node.outputs[0].name or "branch", like=b.node.outputs[0]) for b in group]
-        split = self._split(graph, ctx, merged_out, pieces, out_axis, widths)
+        split = self._split(graph, ctx, hint, merged_out, pieces, out_axis, widths)
         graph.append(merged)
         graph.append(split)
         for branch, piece in zip(group, pieces, strict=True):
@@ -238,11 +241,18 @@ class _ParallelLayers(Rule):
         return value
 
     def _split(
-        self, graph: Graph, ctx: PassContext, source: Value, pieces: list[Value], axis: int, widths: list[int]
+        self,
+        graph: Graph,
+        ctx: PassContext,
+        hint: str,
+        source: Value,
+        pieces: list[Value],
+        axis: int,
+        widths: list[int],
     ) -> Node:
-        name = ctx.fresh_name(f"{source.name}_split")
+        name = ctx.fresh_name(f"{hint}_split")
         if ctx.opset() >= 13:  # the sizes became an input in opset 13
-            sizes = ctx.new_value(f"{source.name}_split_sizes")
+            sizes = ctx.new_value(f"{hint}_split_sizes")
             add_initializer(graph, sizes, torch.tensor(widths, dtype=torch.int64))
             return Node("Split", [source, sizes], pieces, {"axis": axis}, name=name)
         return Node("Split", [source], pieces, {"axis": axis, "split": list(widths)}, name=name)

@@ -210,3 +210,17 @@ def test_float_constants_compare_by_bytes_and_dtype():
     _, optimized, report = _optimize(proto)
     assert len(optimized.graph.initializers) == 3
     assert not report.fired("identical-constants")
+
+
+def test_nodes_requesting_other_optional_outputs_are_not_merged():
+    pool = {"kernel_shape": [2], "strides": [2]}
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["p1", ""], **pool),
+        helper.make_node("MaxPool", ["x"], ["p2", "indices"], **pool),
+        helper.make_node("Add", ["p1", "p2"], ["y"]),
+    ]
+    outputs = [tensor_info("y", [1, 1, 2]), tensor_info("indices", [1, 1, 2], TensorProto.INT64)]
+    proto = make_model(nodes, [tensor_info("x", [1, 1, 4])], outputs)
+    original, optimized, _ = _optimize(proto)
+    assert _ops(optimized).count("MaxPool") == 2
+    _assert_same(original, optimized, {"x": RNG.standard_normal((1, 1, 4)).astype(np.float32)})

@@ -289,3 +289,21 @@ def test_cse_then_merge_parallel():
     assert len(report.fired("merge-parallel-conv")) == 1
     assert _ops(optimized).count("Conv") == 1
     _assert_same(original, optimized, _feeds(model))
+
+
+def test_declines_a_bias_that_is_not_constant_and_a_weight_that_is_an_output():
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["y0"], kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["x", "w1"], ["y1"], kernel_shape=[1, 1]),
+    ]
+    inputs = [tensor_info("x", [1, 4, 6, 6]), tensor_info("b0", [3])]
+    outputs = [tensor_info("y0", None), tensor_info("y1", None), tensor_info("w1", [2, 4, 1, 1])]
+    inits = [_init("w0", _randn(3, 4, 1, 1)), _init("w1", _randn(2, 4, 1, 1))]
+    _, optimized, report = _optimize(import_model(make_model(nodes, inputs, outputs, initializers=inits)))
+    assert _ops(optimized) == ["Conv", "Conv"]
+    (event,) = report.declined("merge-parallel-conv")
+    assert "bias 'b0' is not constant" in event.detail
+    nodes[0] = helper.make_node("Conv", ["x", "w0"], ["y0"], kernel_shape=[1, 1])
+    _, optimized, report = _optimize(import_model(make_model(nodes, inputs[:1], outputs, initializers=inits)))
+    (event,) = report.declined("merge-parallel-conv")
+    assert "weight 'w1' is a graph output" in event.detail
