@@ -14,6 +14,7 @@ initializers; nodes with subgraphs are black boxes (kept or removed whole).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,15 +53,21 @@ def folded_constant(value: Value | None, graph: Graph) -> torch.Tensor | None:
     return tensor
 
 
-def replace_with_constant(ctx: PassContext, node: Node, tensors: list[torch.Tensor | None]) -> None:
+def replace_with_constant(ctx: PassContext, node: Node, tensors: Sequence[torch.Tensor | Value | None]) -> None:
     """Remove `node`; each of its outputs becomes an initializer holding its tensor, under the same name and
-    element type (users and graph outputs read the initializer)."""
+    element type (users and graph outputs read the initializer). An output given as a `Value` (a constant
+    it equals) is read from that value instead, unless it is a graph output: no weight is copied."""
     graph = node.graph
     assert graph is not None
     renames = []
     for old, tensor in zip(node.outputs, tensors, strict=True):
         if not old.name or tensor is None:
             continue
+        if isinstance(tensor, Value):
+            if old not in graph.outputs:
+                old.replace_all_uses_with(tensor)
+                continue
+            tensor = tensor.const.clone()
         new = ctx.new_value(old.name, like=old)
         old.replace_all_uses_with(new)
         graph.outputs = [new if v is old else v for v in graph.outputs]
@@ -78,7 +85,7 @@ def replace_with_constant(ctx: PassContext, node: Node, tensors: list[torch.Tens
 class _Fold:
     node: Node
     inputs: list[Any]
-    results: list[torch.Tensor | None] = field(default_factory=list)
+    results: list[torch.Tensor | Value | None] = field(default_factory=list)
 
 
 class FoldConstant(Rule):
@@ -146,7 +153,7 @@ class FoldConstant(Rule):
         except Exception as err:  # the op fails on these constants: leave it for run time to report
             return f"evaluation failed: {type(err).__name__}: {err}", []
         outputs = list(result) if isinstance(result, tuple) else [result]
-        results: list[torch.Tensor | None] = []
+        results: list[torch.Tensor | Value | None] = []
         for index, value in enumerate(node.outputs):
             tensor = outputs[index] if index < len(outputs) else None
             if not value.name:
@@ -156,15 +163,25 @@ class FoldConstant(Rule):
                 return f"output {value.name!r} is not a tensor ({type(tensor).__name__})", []
             if value.dtype != DType.UNDEFINED and value.dtype.has_torch and value.dtype.torch != tensor.dtype:
                 return f"output {value.name!r} evaluates to {tensor.dtype}, the graph declares {value.dtype}", []
+            same = _same_tensor(tensor, match.node.inputs, match.inputs)
+            if same is not None:
+                results.append(same)  # Identity, an inference Dropout, a no-op Reshape of a weight
+                continue
             # Own the memory: a result may be a view of an input constant or a stride-0 broadcast.
             results.append(tensor.detach().cpu().contiguous().clone())
-        reason = _size_reason(sum(t.numel() for t in results if t is not None), input_elements, node.op_type)
+        elements = sum(t.numel() for t in results if isinstance(t, torch.Tensor))
+        reason = _size_reason(elements, input_elements, node.op_type)
         return reason, results
 
     def rewrite(self, match: _Fold, ctx: PassContext) -> str:
         replace_with_constant(ctx, match.node, match.results)
-        shapes = ", ".join(str(list(t.shape)) for t in match.results if t is not None)
-        return f"folded {match.node.op_type} into a constant {shapes}"
+        made = [str(list(t.shape)) for t in match.results if isinstance(t, torch.Tensor)]
+        kept = [v.name for v in match.results if isinstance(v, Value)]
+        return (
+            f"folded {match.node.op_type}"
+            + (f" into constants {', '.join(made)}" if made else "")
+            + (f" (reads the constants {kept})" if kept else "")
+        )
 
 
 class FoldShape(Rule):
@@ -288,6 +305,21 @@ def _dims_reason(dims: list[Any] | None) -> str | None:
     if dynamic:
         shown = ", ".join("?" if d is None else repr(d) for d in dynamic)
         return f"dims {shown} are dynamic"
+    return None
+
+
+def _same_tensor(result: torch.Tensor, values: Sequence[Value | None], tensors: list[Any]) -> Value | None:
+    """The input value whose constant `result` is (the same tensor, or a view of all of it), or None."""
+    for value, tensor in zip(values, tensors, strict=True):
+        if tensor is None:
+            continue
+        if result is tensor or (
+            result.dtype == tensor.dtype
+            and result.shape == tensor.shape
+            and result.stride() == tensor.stride()
+            and result.data_ptr() == tensor.data_ptr()
+        ):
+            return value
     return None
 
 

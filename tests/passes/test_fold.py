@@ -88,6 +88,25 @@ def test_multiple_outputs_and_zero_input_nodes_fold():
     assert len(report.fired("fold-constant")) == 2  # Constant, then Split (two outputs)
 
 
+def test_folding_an_identity_of_a_weight_copies_nothing(rng):
+    nodes = [
+        helper.make_node("Identity", ["w"], ["w2"]),
+        helper.make_node("Reshape", ["w", "same"], ["w3"]),
+        helper.make_node("Mul", ["x", "w2"], ["m"]),
+        helper.make_node("Add", ["m", "w3"], ["y"]),
+        helper.make_node("Identity", ["w"], ["z"]),
+    ]
+    inits = [_init("w", rng.random(4, np.float32)), _init("same", np.array([4], np.int64))]
+    outputs = [tensor_info("y", [4]), tensor_info("z", [4])]
+    proto = make_model(nodes, [tensor_info("x", [4])], outputs, initializers=inits)
+    model, report = _optimize(proto, [{"x": rng.standard_normal(4).astype(np.float32)}])
+    assert _ops(model) == ["Mul", "Add"]
+    mul, add = model.graph.nodes
+    assert mul.inputs[1].name == "w" and add.inputs[1].name == "w"
+    assert set(model.graph.initializers) == {"w", "z"}  # the graph output z needs its own copy
+    assert len(report.fired("fold-constant")) == 3
+
+
 def test_random_ops_are_not_folded():
     nodes = [
         helper.make_node("RandomUniformLike", ["c"], ["r"]),
