@@ -40,6 +40,9 @@ GROWTH = 4
 RANDOM_OPS = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
 )
+# Ops kept even on constants: a DequantizeLinear of a weight carries the scale the precision stage builds
+# its int8/fp8 layer from (folding it would leave only a float weight).
+KEPT_OPS = frozenset({"DequantizeLinear"})
 # Ops whose output size is set by the values (not the sizes) of their inputs: estimated before running.
 _GENERATORS = frozenset({"ConstantOfShape", "Expand", "Tile", "Range"})
 
@@ -125,6 +128,8 @@ class FoldConstant(Rule):
         node = match.node
         if node.op_type in RANDOM_OPS:
             return f"{node.op_type} is random", []
+        if node.op_type in KEPT_OPS and node.domain in ("", "ai.onnx"):
+            return f"{node.op_type} keeps its quantization scale for the precision stage", []
         if node.op_type == "Dropout" and node.domain in ("", "ai.onnx"):
             training = dropout_training_reason(node, ctx.opset(node.domain))
             if training is not None:

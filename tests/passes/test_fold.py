@@ -121,6 +121,15 @@ def test_random_ops_are_not_folded():
     assert "random" in event.detail
 
 
+def test_dequantize_of_a_weight_is_kept():
+    nodes = [helper.make_node("DequantizeLinear", ["q", "scale"], ["w"]), helper.make_node("Mul", ["x", "w"], ["y"])]
+    inits = [_init("q", np.array([1, -2, 3], np.int8)), _init("scale", np.array(0.5, np.float32))]
+    proto = make_model(nodes, [tensor_info("x", [3])], [tensor_info("y", [3])], initializers=inits)
+    model, report = _optimize(proto, [{"x": np.ones(3, np.float32)}])
+    assert _ops(model) == ["DequantizeLinear", "Mul"]
+    assert "quantization scale" in report.declined("fold-constant")[0].detail
+
+
 def test_training_dropout_is_not_folded():
     nodes = [helper.make_node("Dropout", ["c", "", "t"], ["d"]), helper.make_node("Add", ["x", "d"], ["y"])]
     inits = [_init("c", np.ones(4, np.float32)), _init("t", np.array(True))]
