@@ -17,6 +17,7 @@ at least float32 and rounded once to the output type).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..ir import DType, Node, Value
 from .registry import REGISTRY, OpContext, register
 
 DOMAIN = "tensorforge"
@@ -162,10 +164,28 @@ def fused_pointwise(ctx: OpContext, *inputs, program: str, outputs=None):
         op_def = REGISTRY.lookup(op_type, "", _POINTWISE_OPSET)
         if op_def is None:
             raise ValueError(f"FusedPointwise step {op_type} is not a known op")
-        values.append(op_def.impl(ctx, *[values[i] for i in operands], **attrs))
+        step_ctx = _step_context(ctx, op_type, operands, values)
+        values.append(op_def.impl(step_ctx, *[values[i] for i in operands], **attrs))
     wanted = outputs if outputs else [len(values) - 1]
     results = tuple(values[i] for i in wanted)
     return results if len(results) > 1 else results[0]
+
+
+def _step_context(ctx: OpContext, op_type: str, operands: Sequence[int], values: Sequence[Any]) -> OpContext:
+    """The context of one step: its node's inputs carry the operands' element types (Cast reads them)."""
+    inputs = ctx.node.inputs
+    step_inputs = [
+        Value(f"operand{i}", inputs[i].dtype if i < len(inputs) else _dtype_of(values[i])) for i in operands
+    ]
+    node = Node(op_type, step_inputs, [Value("result")])
+    return dataclasses.replace(ctx, node=node, output_dtypes=())
+
+
+def _dtype_of(value: Any) -> DType:
+    try:
+        return DType.from_torch(value.dtype)
+    except (AttributeError, TypeError):
+        return DType.UNDEFINED
 
 
 # -- ONNX ops re-exported into the tensorforge domain ---------------------------------------------------
