@@ -174,9 +174,7 @@ def fused_pointwise(ctx: OpContext, *inputs, program: str, outputs=None):
 def _step_context(ctx: OpContext, op_type: str, operands: Sequence[int], values: Sequence[Any]) -> OpContext:
     """The context of one step: its node's inputs carry the operands' element types (Cast reads them)."""
     inputs = ctx.node.inputs
-    step_inputs = [
-        Value(f"operand{i}", inputs[i].dtype if i < len(inputs) else _dtype_of(values[i])) for i in operands
-    ]
+    step_inputs = [Value(f"operand{i}", inputs[i].dtype if i < len(inputs) else _dtype_of(values[i])) for i in operands]
     node = Node(op_type, step_inputs, [Value("result")])
     return dataclasses.replace(ctx, node=node, output_dtypes=())
 
