@@ -17,6 +17,8 @@ from .cse import CommonSubexpressions
 from .fold import ConstantFolding, DeadCodeElimination
 from .horizontal import MergeParallel
 from .manager import OptimizationReport, PassManager
+from .patterns import RecognizePatterns
+from .pointwise import FusePointwise
 
 
 def default_passes() -> list[Pass]:
@@ -26,7 +28,9 @@ def default_passes() -> list[Pass]:
         Cleanup(),
         DeadCodeElimination(),
         CommonSubexpressions(),
+        RecognizePatterns(),
         MergeParallel(),
+        FusePointwise(),
         DeadCodeElimination(),
     ]
 
