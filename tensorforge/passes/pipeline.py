@@ -14,7 +14,9 @@ from ..ir import Model
 from .base import Pass
 from .cleanup import Cleanup
 from .cse import CommonSubexpressions
+from .epilogue import FuseEpilogue
 from .fold import ConstantFolding, DeadCodeElimination
+from .fold_bn import FoldBatchNorm
 from .horizontal import MergeParallel
 from .manager import OptimizationReport, PassManager
 from .patterns import RecognizePatterns
@@ -29,6 +31,8 @@ def default_passes() -> list[Pass]:
         DeadCodeElimination(),
         CommonSubexpressions(),
         RecognizePatterns(),
+        FoldBatchNorm(),
+        FuseEpilogue(),
         MergeParallel(),
         FusePointwise(),
         DeadCodeElimination(),
