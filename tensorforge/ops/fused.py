@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType, Node, Value
+from .activations import gelu_exact
 from .registry import REGISTRY, OpContext, register
 
 DOMAIN = "tensorforge"
@@ -44,8 +45,8 @@ ACTIVATIONS: dict[str, Activation] = {
     "HardSigmoid": lambda x, p: torch.clamp(x * (p[0] if p else 0.2) + (p[1] if len(p) > 1 else 0.5), 0, 1),
     "HardSwish": lambda x, p: x * torch.clamp(x / 6 + 0.5, 0, 1),
     "SiLU": lambda x, p: x * torch.sigmoid(x),
-    "Gelu": lambda x, p: F.gelu(x),
-    "GeluTanh": lambda x, p: F.gelu(x, approximate="tanh"),
+    "Gelu": lambda x, p: gelu_exact(x),
+    "GeluTanh": lambda x, p: gelu_exact(x, "tanh"),
     "Tanh": lambda x, p: torch.tanh(x),
     "Mish": lambda x, p: x * torch.tanh(F.softplus(x)),
     "Elu": lambda x, p: F.elu(x, p[0] if p else 1.0),

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import torch
 
 from tensorforge import realdata as rd
 from tensorforge import zoo
 from tensorforge.frontend import import_model, load_onnx
-from tensorforge.ir import Model, Node
+from tensorforge.ir import DType, Model, Node
 from tensorforge.ir.clone import clone_model
 from tensorforge.ops import Executor
 from tensorforge.passes import qualified_op
@@ -52,6 +53,29 @@ class Optimized:
             error = relative_error(got, value.numpy())
             assert error <= REL_TOL, f"{name}: relative error {error:.3g} > {REL_TOL:g}"
         return {name: value.numpy() for name, value in actual.items()}
+
+
+def _as_float64(model: Model) -> Model:
+    """A copy of `model` computing in float64 throughout (float32 weights, values and Casts widened)."""
+    copy = clone_model(model)
+    graph = copy.graph
+    for value in graph.initializers.values():
+        if isinstance(value.const, torch.Tensor) and value.const.dtype == torch.float32:
+            value.const = value.const.double()
+    for value in [*graph.inputs, *graph.outputs, *(v for n in graph.all_nodes() for v in n.outputs)]:
+        if value.dtype == DType.FLOAT:
+            value.dtype = DType.DOUBLE
+    for node in graph.all_nodes():
+        if node.op_type == "Cast" and node.attributes.get("to") == DType.FLOAT:
+            node.attributes["to"] = int(DType.DOUBLE)
+    return copy
+
+
+# Inputs on which the float32 graph itself is further than this from its float64 evaluation are
+# ill-conditioned in float32: two float32 evaluations of the same maths cannot agree to REL_TOL there.
+ILL_CONDITIONED = REL_TOL / 2
+# On those inputs the optimized graph must stay within this factor of the original's own float64 error.
+ERROR_GROWTH = 3.0
 
 
 def _optimize(model: Model) -> Optimized:
@@ -232,15 +256,19 @@ def recognition():
 @pytest.mark.slow
 def test_text_recognition_matches_on_rendered_lines_and_fuses(recognition):
     characters = recognition.original.metadata["character"].splitlines()
-    for text in (rd.TEXT_LINES[0], rd.TEXT_LINES[2]):
+    reference = _as_float64(recognition.original)
+    for text in rd.TEXT_LINES:
         x = rd.recognition_input(rd.render_text_line(text))
-        probabilities = recognition.compare({"x": x})["fetch_name_0"]
+        exact = Executor(reference).run({"x": x.astype(np.float64)})["fetch_name_0"].numpy()
+        original = Executor(recognition.original).run({"x": x})["fetch_name_0"].numpy()
+        conditioning = relative_error(original, exact)
+        if conditioning <= ILL_CONDITIONED:
+            probabilities = recognition.compare({"x": x})["fetch_name_0"]
+        else:
+            probabilities = Executor(recognition.model).run({"x": x})["fetch_name_0"].numpy()
+            error = relative_error(probabilities, exact)
+            assert error <= ERROR_GROWTH * conditioning, (text, error, conditioning)
         assert rd.ctc_decode(probabilities[0], characters) == text
-    # On TEXT_LINES[1] the model is ill-conditioned in float32: the unoptimized graph itself is 1.8e-5 from
-    # a float64 run of it, so two float32 graphs cannot agree to 1e-5 there. Check only that it still reads.
-    x = rd.recognition_input(rd.render_text_line(rd.TEXT_LINES[1]))
-    probabilities = Executor(recognition.model).run({"x": x})["fetch_name_0"].numpy()
-    assert rd.ctc_decode(probabilities[0], characters) == rd.TEXT_LINES[1]
     rng = np.random.default_rng(5)
     recognition.compare({"x": rng.uniform(-1, 1, (1, 3, 48, 160)).astype(np.float32)})
     before, ops = recognition.report.ops_before, recognition.ops()
