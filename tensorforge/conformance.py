@@ -98,7 +98,6 @@ def _alarm(signum, frame):
 
 
 def run_case(case, device: str = "CPU", timeout_s: int = 60) -> CaseResult:
-    from onnx.backend.test.runner import Runner
 
     from .backend import TensorforgeBackend
 
@@ -196,9 +195,7 @@ def write_report(results: list[CaseResult], out_dir: Path, device: str) -> None:
         "|---|---:|---:|---:|",
     ]
     for op, counts in summary["per_op"].items():
-        lines.append(
-            f"| {op} | {counts.get('passed', 0)} | {counts.get('failed', 0)} | {counts.get('skipped', 0)} |"
-        )
+        lines.append(f"| {op} | {counts.get('passed', 0)} | {counts.get('failed', 0)} | {counts.get('skipped', 0)} |")
     lines += ["", "## Cases not passing", "", "| case | op | status | reason |", "|---|---|---|---|"]
     for r in results:
         if r.status != "passed":

@@ -42,9 +42,7 @@ def resolve_shape(value: Value, given: tuple[int, ...] | None) -> tuple[int, ...
     if given is not None:
         return given
     if value.shape is None:
-        raise InputError(
-            f"input {value.name!r} has no declared shape: give one with --shape {value.name}=1x3x224x224"
-        )
+        raise InputError(f"input {value.name!r} has no declared shape: give one with --shape {value.name}=1x3x224x224")
     dynamic = [d for d in value.shape if not isinstance(d, int)]
     if dynamic:
         raise InputError(
@@ -95,6 +93,4 @@ def _load_npy(path: str | Path, name: str) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except (ValueError, OSError) as err:
-        raise InputError(
-            f"input file {str(path)!r} for {name!r} is not a readable .npy array: {err}"
-        ) from None
+        raise InputError(f"input file {str(path)!r} for {name!r} is not a readable .npy array: {err}") from None

@@ -14,9 +14,7 @@ from .ops.executor import find_unsupported
 
 def summarize_model(model: Model) -> dict[str, Any]:
     graph = model.graph
-    ops = Counter(
-        node.op_type if not node.domain else f"{node.domain}::{node.op_type}" for node in graph.all_nodes()
-    )
+    ops = Counter(node.op_type if not node.domain else f"{node.domain}::{node.op_type}" for node in graph.all_nodes())
     param_bytes = sum(
         v.const.numel() * v.const.element_size()
         for v in graph.initializers.values()

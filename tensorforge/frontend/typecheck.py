@@ -33,11 +33,7 @@ def _check_node(node: Node, opset: int) -> list[str]:
     bound: dict[str, tuple[DType, int]] = {}
     problems = []
     for index, value in enumerate(node.inputs):
-        if (
-            value is None
-            or value.dtype == DType.UNDEFINED
-            or (index >= len(formals) and not _variadic(formals))
-        ):
+        if value is None or value.dtype == DType.UNDEFINED or (index >= len(formals) and not _variadic(formals)):
             continue
         formal = formals[min(index, len(formals) - 1)]
         type_var = formal.type_str
@@ -51,9 +47,7 @@ def _check_node(node: Node, opset: int) -> list[str]:
                 f"which {node.op_type}-{schema.since_version} does not accept for {type_var}"
             )
             continue
-        homogeneous = (
-            formal.option != onnx.defs.OpSchema.FormalParameterOption.Variadic or formal.is_homogeneous
-        )
+        homogeneous = formal.option != onnx.defs.OpSchema.FormalParameterOption.Variadic or formal.is_homogeneous
         if type_var in constraints and homogeneous:
             previous = bound.setdefault(type_var, (value.dtype, index))
             if previous[0] != value.dtype:

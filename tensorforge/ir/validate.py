@@ -46,11 +46,7 @@ def _dependencies(node: Node) -> set[Node]:
     for sub in node.subgraphs():
         for inner in sub.all_nodes():
             for value in inner.inputs:
-                if (
-                    value is not None
-                    and value.producer() is not None
-                    and value.producer().graph is node.graph
-                ):
+                if value is not None and value.producer() is not None and value.producer().graph is node.graph:
                     deps.add(value.producer())
     return deps
 

@@ -84,9 +84,7 @@ def scan(
 
 
 @register("Scan", since=8)
-def scan8(
-    ctx: OpContext, sequence_lens=None, *initial_state_and_scan_inputs, body, num_scan_inputs, directions=None
-):
+def scan8(ctx: OpContext, sequence_lens=None, *initial_state_and_scan_inputs, body, num_scan_inputs, directions=None):
     """Scan with a batch axis 0 and the scan axis 1 on every input: each batch entry is scanned on its
     own, over its first `sequence_lens[b]` steps; scan outputs are zero-padded to the longest length."""
     num_states = len(initial_state_and_scan_inputs) - num_scan_inputs

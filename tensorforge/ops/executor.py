@@ -146,9 +146,7 @@ class Executor:
             raise OpError(f"{node.label} ({_op_name(node)}) failed on inputs ({shapes}): {err}") from err
         outputs = result if isinstance(result, tuple) else (result,)
         if len(outputs) < len(node.outputs) and any(v.name for v in node.outputs[len(outputs) :]):
-            raise OpError(
-                f"{node.label} produced {len(outputs)} outputs, the graph expects {len(node.outputs)}"
-            )
+            raise OpError(f"{node.label} produced {len(outputs)} outputs, the graph expects {len(node.outputs)}")
         for value, output in zip(node.outputs, outputs, strict=False):
             if value.name:
                 env.maps[0][value] = output
@@ -199,9 +197,7 @@ def check_supported(model: Model) -> None:
     for (domain, op_type, opset, reason), names in sorted(grouped.items()):
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
         lines.append(f"{domain}::{op_type} (opset {opset}) {reason}: nodes {', '.join(names[:5])}{more}")
-    raise UnsupportedError(
-        f"the model uses {len(grouped)} unsupported op(s) or attribute(s):\n  " + "\n  ".join(lines)
-    )
+    raise UnsupportedError(f"the model uses {len(grouped)} unsupported op(s) or attribute(s):\n  " + "\n  ".join(lines))
 
 
 @contextlib.contextmanager
@@ -223,7 +219,7 @@ def _full_float32():
 
 
 def _suggest(name: str, candidates: list[str]) -> str:
-    """"; did you mean 'x'?" for the candidate closest to `name` (ignoring case), or ""."""
+    """ "; did you mean 'x'?" for the candidate closest to `name` (ignoring case), or ""."""
     lowered = {c.lower(): c for c in candidates}
     close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
     return f"; did you mean {lowered[close[0]]!r}?" if close else ""
@@ -255,12 +251,7 @@ def _check_feed(value: Value, tensor: Any, symbols: dict[str, tuple[int, str]]) 
     problems = []
     actual = DType.STRING if isinstance(tensor, np.ndarray) else DType.from_torch(tensor.dtype)
     expected = value.dtype
-    if (
-        expected != DType.UNDEFINED
-        and expected.has_torch
-        and actual != expected
-        and expected.torch != tensor.dtype
-    ):
+    if expected != DType.UNDEFINED and expected.has_torch and actual != expected and expected.torch != tensor.dtype:
         problems.append(f"input {value.name!r} has dtype {actual}, the model expects {expected}")
     if value.shape is not None:
         shape = tuple(tensor.shape)

@@ -101,9 +101,7 @@ def _merge(value: Value, dtype: DType, shape: Shape | None, node: Node, check: b
         if declared == DType.UNDEFINED:
             value.dtype, changed = dtype, 1
         elif check and declared.has_torch and declared.torch != dtype.torch:
-            raise GraphError(
-                f"{node.label}: output {value.name!r} is declared {declared} but the op produces {dtype}"
-            )
+            raise GraphError(f"{node.label}: output {value.name!r} is declared {declared} but the op produces {dtype}")
     if shape is not None and (value.shape is None or not value.is_static):
         if value.shape is None or len(value.shape) == len(shape):
             value.shape, changed = shape, 1

@@ -30,16 +30,12 @@ def _nll(log_prob, target, weight, ignore_index: int | None, reduction: str) -> 
 
 
 @register("NegativeLogLikelihoodLoss", since=12)
-def negative_log_likelihood_loss(
-    ctx: OpContext, input, target, weight=None, *, ignore_index=None, reduction="mean"
-):
+def negative_log_likelihood_loss(ctx: OpContext, input, target, weight=None, *, ignore_index=None, reduction="mean"):
     return _nll(upcast(input), target, weight, ignore_index, reduction).to(input.dtype)
 
 
 @register("SoftmaxCrossEntropyLoss", since=12)
-def softmax_cross_entropy_loss(
-    ctx: OpContext, scores, labels, weights=None, *, ignore_index=None, reduction="mean"
-):
+def softmax_cross_entropy_loss(ctx: OpContext, scores, labels, weights=None, *, ignore_index=None, reduction="mean"):
     """NegativeLogLikelihoodLoss of LogSoftmax(scores) over the class axis 1; the second output is that
     log-probability."""
     log_prob = torch.log_softmax(upcast(scores), dim=1)

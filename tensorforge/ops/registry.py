@@ -100,9 +100,7 @@ class OpRegistry:
 REGISTRY = OpRegistry()
 
 
-def register(
-    op_type: str, since: int = 1, *, domain: str = "", infer: InferFn | None = None
-) -> Callable[[Impl], Impl]:
+def register(op_type: str, since: int = 1, *, domain: str = "", infer: InferFn | None = None) -> Callable[[Impl], Impl]:
     """Register `fn` as the reference implementation of `op_type` from opset `since`."""
 
     def decorate(fn: Impl) -> Impl:

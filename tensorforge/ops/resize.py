@@ -132,9 +132,7 @@ def _resample_axis(data, axis: int, index: torch.Tensor, weight: torch.Tensor | 
     if weight is None:
         return picked
     picked = picked.reshape(*data.shape[:axis], out, taps, *data.shape[axis + 1 :])
-    weight = weight.to(device=data.device, dtype=data.dtype).reshape(
-        out, taps, *[1] * (data.dim() - axis - 1)
-    )
+    weight = weight.to(device=data.device, dtype=data.dtype).reshape(out, taps, *[1] * (data.dim() - axis - 1))
     return (picked * weight).sum(dim=axis + 1)
 
 
@@ -178,9 +176,7 @@ def _geometry(
         ]
     ratios = [size / length for size, length in zip(sizes, lengths, strict=True)]
     if keep_aspect_ratio_policy == "stretch":
-        return [
-            (size, ratio * length, ratio) for size, length, ratio in zip(sizes, lengths, ratios, strict=True)
-        ]
+        return [(size, ratio * length, ratio) for size, length, ratio in zip(sizes, lengths, ratios, strict=True)]
     if keep_aspect_ratio_policy == "not_larger":
         common = min(ratios)
     elif keep_aspect_ratio_policy == "not_smaller":

@@ -106,9 +106,7 @@ def _recurrent(
         if sequence_lens is None
         else sequence_lens.to(device=x.device, dtype=torch.int64)
     )
-    functions = _activations(
-        activations, default_activations, activation_alpha, activation_beta, num_directions
-    )
+    functions = _activations(activations, default_activations, activation_alpha, activation_beta, num_directions)
     steps = torch.arange(seq_length, device=x.device).unsqueeze(1)  # [seq, 1]
     valid = steps < lengths  # [seq, batch]
     ys, finals = [], []
@@ -119,9 +117,7 @@ def _recurrent(
         index = order.unsqueeze(-1)
         xd = x.gather(0, index.expand(-1, -1, x.shape[-1]))
         x_gates = xd @ w[d].T + b[d, : num_gates * hidden]
-        states = tuple(
-            x.new_zeros((batch, hidden)) if s is None else upcast(s[d]).to(x.dtype) for s in initial_states
-        )
+        states = tuple(x.new_zeros((batch, hidden)) if s is None else upcast(s[d]).to(x.dtype) for s in initial_states)
         recurrent_bias = b[d, num_gates * hidden :]
         peepholes = None if extra is None else upcast(extra[d])
         outputs = []
