@@ -280,3 +280,15 @@ def test_text_recognition_matches_on_rendered_lines_and_fuses(recognition):
     assert ops["ReduceMean"] == before["ReduceMean"] - 2 * 5  # the others are not normalizations
     for op in ("Erf", "Pow", "Sqrt", "Identity"):
         assert ops[op] == 0, op
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["resnet50", "mobilenetv3", "inception", "transformer"])
+def test_optimized_graphs_match_on_cuda(name, request):
+    optimized = request.getfixturevalue(name)
+    feeds = _random(name)
+    expected = Executor(optimized.original, "cuda").run(feeds)
+    actual = Executor(optimized.model, "cuda").run(feeds)
+    for output, value in expected.items():
+        error = relative_error(actual[output].cpu().numpy(), value.cpu().numpy())
+        assert error <= REL_TOL, f"{name} {output}: relative error {error:.3g} on CUDA"
