@@ -43,7 +43,8 @@ def tensor_key(tensor: torch.Tensor | np.ndarray) -> tuple[Hashable, ...]:
         else:
             payload = np.ascontiguousarray(tensor).tobytes()
         return ("ndarray", tensor.dtype.str, tensor.shape, hashlib.blake2b(payload, digest_size=20).digest())
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    # A fresh dense copy: broadcast results (stride 0) and size-1 views cannot be viewed as bytes directly.
+    flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.detach().cpu().reshape(-1))
     raw = flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
     digest = hashlib.blake2b(raw.numpy().tobytes(), digest_size=20).digest()
     return ("tensor", str(tensor.dtype), tuple(tensor.shape), digest)

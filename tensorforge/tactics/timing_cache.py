@@ -495,8 +495,10 @@ def _tensor_digest(value: torch.Tensor | np.ndarray, where: str) -> dict[str, An
         array = value.astype(value.dtype.newbyteorder("<"), order="C", copy=False)
         data = array.tobytes()
         return {"dtype": str(array.dtype), "shape": list(array.shape), "sha256": hashlib.sha256(data).hexdigest()}
-    tensor = value.detach().to("cpu").contiguous()
-    data = tensor.reshape(-1).view(torch.uint8).numpy()
+    tensor = value.detach().to("cpu")
+    # A fresh dense copy: broadcast tensors (stride 0) and size-1 views cannot be viewed as bytes directly.
+    dense = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.reshape(-1))
+    data = dense.view(torch.uint8).numpy()
     return {
         "dtype": str(tensor.dtype).removeprefix("torch."),
         "shape": list(tensor.shape),

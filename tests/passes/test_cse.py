@@ -1,4 +1,5 @@
 import numpy as np
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from tensorforge.frontend import import_model
@@ -224,3 +225,14 @@ def test_nodes_requesting_other_optional_outputs_are_not_merged():
     original, optimized, _ = _optimize(proto)
     assert _ops(optimized).count("MaxPool") == 2
     _assert_same(original, optimized, {"x": RNG.standard_normal((1, 1, 4)).astype(np.float32)})
+
+
+def test_tensor_keys_of_broadcast_views_equal_their_dense_copies():
+    # Folded Expand/ConstantOfShape results can be stride-0 views; their bytes must still be keyed.
+    from tensorforge.passes.cse import tensor_key
+
+    scalar_view = torch.tensor(2.0).expand(1)
+    assert scalar_view.stride() == (0,)
+    assert tensor_key(scalar_view) == tensor_key(torch.tensor([2.0]))
+    assert tensor_key(torch.ones(3, 1).expand(3, 4)) == tensor_key(torch.ones(3, 4))
+    assert tensor_key(torch.tensor(2.0).expand(1)) != tensor_key(torch.tensor([3.0]))

@@ -282,6 +282,18 @@ def test_text_recognition_matches_on_rendered_lines_and_fuses(recognition):
         assert ops[op] == 0, op
 
 
+@pytest.mark.slow
+def test_text_detection_matches_and_fuses():
+    detection = _optimize(load_onnx(rd.ocr_model("det")))
+    x = rd.detection_input(np.concatenate([rd.render_text_line(t)[:, :400] for t in rd.TEXT_LINES[:3]]))
+    detection.compare({"x": x})
+    before, ops = detection.report.ops_before, detection.ops()
+    assert (before["Erf"], before["Identity"]) == (13, 147)
+    _assert_every_conv_fused(detection, 83)
+    for op in ("Erf", "Identity", "HardSigmoid", "Add", "Div"):
+        assert ops[op] == 0, op
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["resnet50", "mobilenetv3", "inception", "transformer"])
 def test_optimized_graphs_match_on_cuda(name, request):

@@ -455,3 +455,10 @@ def test_unreadable_path_is_reported(tmp_path):
     (tmp_path / "timing.json").mkdir()
     with pytest.raises(TimingCacheError, match="cannot read the timing cache"):
         TimingCache.load(tmp_path / "timing.json")
+
+
+def test_signature_of_a_broadcast_view_equals_its_dense_copy():
+    view = torch.tensor(1.5).expand(1)
+    assert view.stride() == (0,)
+    args = ("cpu", {}, "Add", [[1]], [torch.float32], "NCHW")
+    assert signature(*args, {"t": view}) == signature(*args, {"t": torch.tensor([1.5])})
