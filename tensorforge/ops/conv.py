@@ -42,11 +42,17 @@ def _per_channel(t: torch.Tensor, trailing: int) -> torch.Tensor:
 
 
 def _conv(x, w, b, auto_pad, dilations, group, pads, strides) -> torch.Tensor:
+    return convolution(x, w, b, auto_pad, dilations, group, pads, strides)
+
+
+def convolution(x, w, b, auto_pad, dilations, group, pads, strides, *, algorithm: str = "auto") -> torch.Tensor:
+    """ONNX Conv. `algorithm` "auto" picks im2col + GEMM for dense 2-D float convolutions on the CPU (see
+    `_use_gemm`) and torch's own convolution otherwise; "direct" always uses torch's (oneDNN, cuDNN)."""
     rank = x.ndim - 2
     strides = list(strides or [1] * rank)
     dilations = list(dilations or [1] * rank)
     begin, end, _ = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
-    if _use_gemm(x, rank, group):
+    if algorithm == "auto" and _use_gemm(x, rank, group):
         return _conv2d_gemm(F.pad(x, _pad_widths(begin, end)) if any(begin + end) else x, w, b, strides, dilations)
     padding = begin
     if begin != end:

@@ -66,7 +66,9 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.is_floating_point() and x.element_size() < 4 else x
 
 
-def _epilogue(y, bias, residual, pre, pre_params, post, post_params, bias_shape) -> torch.Tensor:
+def epilogue(y, bias, residual, pre, pre_params, post, post_params, bias_shape) -> torch.Tensor:
+    """`post(pre(y + bias) + residual)` in at least float32, rounded once to y's type; `bias_shape(bias)` is the
+    shape that broadcasts the bias against y."""
     out_dtype = y.dtype
     y = _wide(y)
     if bias is not None:
@@ -110,7 +112,7 @@ def fused_conv(
         strides=strides,
     )
     spatial = y.dim() - 2
-    return _epilogue(y, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
+    return epilogue(y, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
 
 
 @register("FusedGemm", since=OPSET, domain=DOMAIN)
@@ -137,7 +139,7 @@ def fused_gemm(
         y = y * alpha
     if c is not None and beta != 1.0:
         c = c * beta
-    return _epilogue(y, c, z, pre, pre_params, post, post_params, lambda t: t.shape)
+    return epilogue(y, c, z, pre, pre_params, post, post_params, lambda t: t.shape)
 
 
 # -- FusedPointwise ---------------------------------------------------------------------------------------

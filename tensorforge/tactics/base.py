@@ -1,0 +1,61 @@
+"""Tactics: interchangeable implementations of one layer, and the registry that lists them per op.
+
+A tactic is a kernel family × a configuration. `supports` says why it cannot run a node (or None), `space`
+lists its configurations for an effort level, and `build` returns a `Kernel`: a callable from the layer's
+input tensors to its output tensors. The autotuner times every supported candidate; one that fails to build
+or run scores inf and never aborts the build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from ..ir import Node
+
+Kernel = Callable[[Sequence[torch.Tensor | None]], tuple[torch.Tensor, ...]]
+
+
+def qualified_op(node: Node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+class Tactic:
+    family: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    op_types: ClassVar[tuple[str, ...]] = ()  # qualified op types; empty: any op
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}.{self.name}"
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        """Why this tactic cannot run `node` on `device`, or None."""
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        """The configurations worth timing at `effort` (0 fastest build, 2 widest search)."""
+        return [{}]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        raise NotImplementedError
+
+
+_TACTICS: list[Tactic] = []
+
+
+def register_tactic(cls: type[Tactic]) -> type[Tactic]:
+    if any(t.key == cls().key for t in _TACTICS):
+        raise ValueError(f"tactic {cls.family}.{cls.name} is registered twice")
+    _TACTICS.append(cls())
+    return cls
+
+
+def tactics_for(node: Node, families: Sequence[str] | None = None) -> Iterator[Tactic]:
+    """Registered tactics that claim `node`'s op type, restricted to `families` when given."""
+    op = qualified_op(node)
+    for tactic in _TACTICS:
+        if (not tactic.op_types or op in tactic.op_types) and (families is None or tactic.family in families):
+            yield tactic

@@ -1,0 +1,140 @@
+"""The reference and vendor tactic families.
+
+- `reference.registry`: any op, through the op registry's torch reference implementation (the fallback every
+  layer has, and the ground truth the autotuner checks other candidates against).
+- `vendor.torch-direct`: FusedConv through torch's own convolution (oneDNN on the CPU, cuDNN on CUDA) with the
+  epilogue applied after it; faster than the reference's im2col + GEMM on the CPU, less accurate there.
+- `vendor.cudnn-fused`: FusedConv as one cuDNN call with bias, residual and ReLU inside
+  (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..ir import Node
+from ..ops import load_all
+from ..ops.conv import convolution
+from ..ops.fused import DOMAIN, epilogue
+from ..ops.pool import window_geometry
+from ..ops.registry import REGISTRY, OpContext
+from .base import Kernel, Tactic, register_tactic
+
+_FUSED_CONV = f"{DOMAIN}::FusedConv"
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def _context(node: Node, opset: int, device: torch.device) -> OpContext:
+    return OpContext(node=node, opset=opset, device=device, output_dtypes=tuple(v.dtype for v in node.outputs))
+
+
+@register_tactic
+class ReferenceTactic(Tactic):
+    family = "reference"
+    name = "registry"
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        load_all()
+        if REGISTRY.lookup(node.op_type, node.domain, opset) is None:
+            return "the registry has no implementation"
+        if any(True for _ in node.subgraphs()):
+            return "control flow runs on the executor, not as a kernel"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        impl = REGISTRY.lookup(node.op_type, node.domain, opset).impl
+        ctx = _context(node, opset, device)
+        attributes = dict(node.attributes)
+
+        def kernel(inputs):
+            result = impl(ctx, *inputs, **attributes)
+            return result if isinstance(result, tuple) else (result,)
+
+        return kernel
+
+
+def _conv_attributes(node: Node) -> dict[str, Any]:
+    return {k: node.attributes.get(k) for k in _CONV_ATTRS if k in node.attributes}
+
+
+def _epilogue_attributes(node: Node) -> tuple[str, list[float], str, list[float]]:
+    a = node.attributes
+    return a.get("pre", ""), list(a.get("pre_params", ())), a.get("post", ""), list(a.get("post_params", ()))
+
+
+@register_tactic
+class TorchDirectConvTactic(Tactic):
+    family = "vendor"
+    name = "torch-direct"
+    op_types = (_FUSED_CONV,)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        conv = _conv_attributes(node)
+        pre, pre_params, post, post_params = _epilogue_attributes(node)
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            y = convolution(
+                x,
+                w,
+                None,
+                conv.get("auto_pad", "NOTSET"),
+                conv.get("dilations"),
+                conv.get("group", 1),
+                conv.get("pads"),
+                conv.get("strides"),
+                algorithm="direct",
+            )
+            spatial = y.dim() - 2
+            return (epilogue(y, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial)),)
+
+        return kernel
+
+
+@register_tactic
+class CudnnFusedConvTactic(Tactic):
+    family = "vendor"
+    name = "cudnn-fused"
+    op_types = (_FUSED_CONV,)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA"
+        pre, _, post, _ = _epilogue_attributes(node)
+        residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        if residual and not (pre == "" and post == "Relu"):
+            return f"cuDNN fuses a residual only as relu(conv + bias + z); this layer has pre={pre!r}, post={post!r}"
+        if not residual and not (post == "" and pre in ("", "Relu")):
+            return f"cuDNN fuses only ReLU; this layer has pre={pre!r}, post={post!r}"
+        if len(node.inputs[1].shape or ()) != 4:
+            return "cuDNN's fused call here is 2-D only"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        conv = _conv_attributes(node)
+        pre, _, _, _ = _epilogue_attributes(node)
+        strides = list(conv.get("strides") or [1, 1])
+        dilations = list(conv.get("dilations") or [1, 1])
+        group = conv.get("group", 1)
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            begin, end, _ = window_geometry(
+                x.shape[2:], w.shape[2:], strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
+            )
+            if begin != end:
+                x = F.pad(x, [p for i in (1, 0) for p in (begin[i], end[i])])
+                begin = [0, 0]
+            bias = b if b is not None else torch.zeros(w.shape[0], dtype=x.dtype, device=x.device)
+            if z is not None:
+                y = torch.cudnn_convolution_add_relu(x, w, z, 1.0, bias, strides, begin, dilations, group)
+            elif pre == "Relu":
+                y = torch.cudnn_convolution_relu(x, w, bias, strides, begin, dilations, group)
+            else:
+                y = F.conv2d(x, w, bias, strides, begin, dilations, group)
+            return (y,)
+
+        return kernel

@@ -1,0 +1,95 @@
+import math
+
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+from tensorforge.frontend import import_model
+from tensorforge.passes.pipeline import optimize
+from tensorforge.tactics import autotune as autotune_module
+from tensorforge.tactics import base
+from tensorforge.tactics.autotune import autotune
+from tensorforge.tactics.base import Tactic
+from tensorforge.tactics.timing_cache import TimingCache
+from tests.helpers import make_model, tensor_info
+
+
+def _fused_conv_layer(residual: bool = False):
+    """A Conv + bias + ReLU (+ residual) model optimized into one FusedConv node, with its inputs."""
+    generator = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 4, 3, 3, generator=generator)
+    b = torch.randn(8, generator=generator)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    inputs = [tensor_info("x", [2, 4, 16, 16])]
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        inputs.append(tensor_info("r", [2, 8, 16, 16]))
+    nodes.append(helper.make_node("Relu", ["s" if residual else "c"], ["y"]))
+    inits = [numpy_helper.from_array(w.numpy(), "w"), numpy_helper.from_array(b.numpy(), "b")]
+    model, _ = optimize(import_model(make_model(nodes, inputs, [tensor_info("y", None)], 17, inits)))
+    (node,) = model.graph.nodes
+    assert node.op_type == "FusedConv"
+    x = torch.randn(2, 4, 16, 16, generator=generator)
+    feeds = [x, w, b] + ([torch.randn(2, 8, 16, 16, generator=generator)] if residual else [])
+    return node, feeds
+
+
+def test_every_supported_candidate_is_timed_and_the_fastest_wins():
+    node, inputs = _fused_conv_layer()
+    choice = autotune(node, 1, inputs, "cpu", effort=0)
+    timed = {c.tactic: c for c in choice.candidates}
+    assert math.isfinite(timed["reference.registry"].median_ms)
+    assert math.isfinite(timed["vendor.torch-direct"].median_ms)
+    assert timed["vendor.cudnn-fused"].note == "unsupported: needs CUDA"
+    assert choice.median_ms == min(c.median_ms for c in choice.candidates)
+    table = choice.table("conv")
+    assert "*" in table and "100.0%" in table
+
+
+class _WrongTactic(Tactic):
+    family, name, op_types = "test", "wrong", ("tensorforge::FusedConv",)
+
+    def build(self, node, opset, device, config):
+        return lambda inputs: (torch.zeros(2, 8, 16, 16),)
+
+
+class _RaisingTactic(Tactic):
+    family, name, op_types = "test", "raising", ("tensorforge::FusedConv",)
+
+    def build(self, node, opset, device, config):
+        raise RuntimeError("cannot compile")
+
+
+@pytest.fixture
+def broken_tactics(monkeypatch):
+    monkeypatch.setattr(base, "_TACTICS", [*base._TACTICS, _WrongTactic(), _RaisingTactic()])
+
+
+def test_wrong_and_failing_candidates_score_inf_and_the_build_goes_on(broken_tactics):
+    node, inputs = _fused_conv_layer(residual=True)
+    choice = autotune(node, 1, inputs, "cpu", effort=0)
+    notes = {c.tactic: c for c in choice.candidates}
+    assert notes["test.wrong"].median_ms == math.inf and "wrong result" in notes["test.wrong"].note
+    assert notes["test.raising"].median_ms == math.inf and "cannot compile" in notes["test.raising"].note
+    assert choice.tactic in ("reference.registry", "vendor.torch-direct")
+
+
+def test_a_warm_timing_cache_re_times_nothing(monkeypatch):
+    node, inputs = _fused_conv_layer()
+    cache = TimingCache()
+    first = autotune(node, 1, inputs, "cpu", effort=0, cache=cache)
+    calls = []
+    monkeypatch.setattr(autotune_module, "measure", lambda *a, **k: calls.append(1))
+    second = autotune(node, 1, inputs, "cpu", effort=0, cache=cache)
+    assert calls == []
+    assert second.from_cache and (second.tactic, second.median_ms) == (first.tactic, first.median_ms)
+
+
+@pytest.mark.gpu
+def test_cudnn_fused_convolution_is_a_correct_candidate_on_cuda():
+    for residual in (False, True):
+        node, inputs = _fused_conv_layer(residual)
+        inputs = [t.cuda() for t in inputs]
+        choice = autotune(node, 1, inputs, "cuda", effort=0)
+        cudnn = next(c for c in choice.candidates if c.tactic == "vendor.cudnn-fused")
+        assert math.isfinite(cudnn.median_ms), cudnn.note
