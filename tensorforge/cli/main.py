@@ -53,7 +53,7 @@ def inspect(
     try:
         model = load_onnx(model_path)
         summary = summarize_model(model)
-        report = _optimize(model) if optimize else None
+        report = _optimize(model)[1] if optimize else None
     except TensorforgeError as error:
         _fail(error)
     if as_json:
@@ -92,9 +92,10 @@ def inspect(
 
 
 def _optimize(model):
+    """The optimized model (a pass that failed was rolled back, so use this one) and the report."""
     from ..passes.pipeline import optimize
 
-    return optimize(model)[1]
+    return optimize(model)
 
 
 def _names(names: list[str], limit: int = 6) -> str:
@@ -153,6 +154,9 @@ def run(
     runs: Annotated[int, typer.Option(min=1, help="timed runs (the median is reported)")] = 1,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
     force: Annotated[bool, typer.Option(help="overwrite existing output files")] = False,
+    optimized: Annotated[
+        bool, typer.Option("--optimize", help="run the graph after the default optimization passes")
+    ] = False,
 ) -> None:
     """Run a model on given or random inputs; print output shapes and timing."""
     try:
@@ -164,6 +168,9 @@ def run(
             {k: parse_shape(v) for k, v in parse_assignments(shapes or [], "--shape").items()},
             seed=seed,
         )
+        if optimized:
+            model, report = _optimize(model)
+            out.print(f"optimized: {report.nodes_before} -> {report.nodes_after} nodes")
         executor = Executor(model, device)
         paths = _output_paths(model, output_dir, force)
         times, results = [], {}

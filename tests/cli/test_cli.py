@@ -190,3 +190,17 @@ def test_inspect_optimize_with_the_default_pipeline(tmp_path):
     assert not [e for e in report["events"] if e["status"] == "failed"]
     text = runner.invoke(app, ["inspect", str(path), "--optimize"]).output
     assert f"optimization: 20 -> {report['nodes_after']} nodes" in text
+
+
+def test_run_optimized_graph_gives_the_same_outputs(model_path, tmp_path):
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.save(tmp_path / "x.npy", x)
+    outputs = {}
+    for flag in ([], ["--optimize"]):
+        out_dir = tmp_path / ("opt" if flag else "plain")
+        args = ["run", str(model_path), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(out_dir), *flag]
+        result = runner.invoke(app, [*args, "--device", "cpu"])
+        assert result.exit_code == 0, result.output
+        outputs[bool(flag)] = np.load(out_dir / "out_0.npy")
+    assert "optimized: 2 -> 1 nodes" in result.output
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-6)
