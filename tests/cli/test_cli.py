@@ -7,9 +7,9 @@ from onnx import helper, numpy_helper
 from typer.testing import CliRunner
 
 from tensorforge.cli.main import app
-from tensorforge.passes import Rule, RulePass, pipeline
-from tensorforge.passes.utils import bypass, rewire_problem
+from tensorforge.passes import pipeline
 from tests.helpers import make_model, tensor_info
+from tests.passes.support import DropNegPass
 
 runner = CliRunner()
 
@@ -108,37 +108,10 @@ def test_commands_fail_cleanly_on_a_non_onnx_file(tmp_path):
         assert "not" in result.output and "Traceback" not in result.output
 
 
-class _DropNeg(Rule):
-    """Neg(Neg(x)) = x."""
-
-    name = "double-neg"
-    op_types = ("Neg",)
-
-    def match(self, node, ctx):
-        inner = node.inputs[0].producer()
-        return (node, inner) if inner is not None and inner.op_type == "Neg" else None
-
-    def check(self, match, ctx):
-        node, inner = match
-        return rewire_problem(node.outputs[0], inner.inputs[0])
-
-    def rewrite(self, match, ctx):
-        node, inner = match
-        bypass(node, node.outputs[0], inner.inputs[0])
-        if not inner.outputs[0].uses():
-            ctx.model.graph.remove(inner)
-        return "removed a Neg pair"
-
-
-class _DropNegPass(RulePass):
-    name = "drop-neg"
-    rules = (_DropNeg,)
-
-
 @pytest.fixture
 def neg_model_path(tmp_path, monkeypatch):
     """Neg pairs: one removable (n1, n2), one whose outer Neg writes the graph output from the input (n4)."""
-    monkeypatch.setattr(pipeline, "default_passes", lambda: [_DropNegPass()])
+    monkeypatch.setattr(pipeline, "default_passes", lambda: [DropNegPass()])
     nodes = [
         helper.make_node("Neg", ["x"], ["a"], name="n1"),
         helper.make_node("Neg", ["a"], ["b"], name="n2"),

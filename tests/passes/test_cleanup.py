@@ -2,45 +2,22 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from tensorforge.frontend import import_model
-from tensorforge.ops import Executor
 from tensorforge.passes import PassManager
 from tensorforge.passes.cleanup import Cleanup, reshape_is_noop
-from tests.helpers import make_model, relative_error, tensor_info
-
-
-def _init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
+from tests.helpers import make_model, tensor_info
+from tests.passes.support import init, ops, optimize_and_compare
 
 
 def _ints(name, values):
-    return _init(name, np.array(values, np.int64))
+    return init(name, np.array(values, np.int64))
 
 
 def _optimize(proto: onnx.ModelProto, feeds_list):
     """Run Cleanup on an import of `proto`; compare with an unoptimized import on every feeds dict."""
-    model, report = PassManager([Cleanup()]).run(import_model(proto))
-    reference = Executor(import_model(proto))
-    optimized = Executor(model)
-    for feeds in feeds_list:
-        expected = reference.run(feeds)
-        actual = optimized.run(feeds)
-        assert list(actual) == list(expected)
-        for name, want in expected.items():
-            got = actual[name]
-            assert got.dtype == want.dtype and got.shape == want.shape, name
-            if want.dtype.is_floating_point:
-                assert relative_error(got.numpy(), want.numpy()) <= 1e-5, name
-            else:
-                assert torch.equal(got, want), name
-    assert not [e for e in report.events if e.status == "failed"], report.format()
-    return model, report
-
-
-def _ops(model):
-    return [n.op_type for n in model.graph]
+    return optimize_and_compare(proto, feeds_list, [Cleanup()])
 
 
 def _feeds(rng, shape, batches=None):
@@ -65,7 +42,7 @@ NOOPS = {
     "dropout-false": (
         helper.make_node("Dropout", ["r", "ratio", "mode"], ["n"]),
         [2, 3],
-        (_init("ratio", np.array(0.3, np.float32)), _init("mode", np.array(False))),
+        (init("ratio", np.array(0.3, np.float32)), init("mode", np.array(False))),
         "remove-dropout",
     ),
     "reshape": (helper.make_node("Reshape", ["r", "s"], ["n"]), [2, 3, 4], (_ints("s", [2, -1, 4]),), None),
@@ -82,7 +59,7 @@ NOOPS = {
     "castlike": (
         helper.make_node("CastLike", ["r", "like"], ["n"]),
         [2, 3],
-        (_init("like", np.zeros(1, np.float32)),),
+        (init("like", np.zeros(1, np.float32)),),
         "remove-noop-cast",
     ),
     "pad": (
@@ -109,7 +86,7 @@ def test_noop_nodes_are_removed(case, rng):
     proto = _chain(node, shape, inits=inits)
     batches = (1, 3) if isinstance(shape[0], str) else None
     model, report = _optimize(proto, _feeds(rng, [2 if isinstance(d, str) else d for d in shape], batches))
-    assert _ops(model) == ["Relu", "Neg"]
+    assert ops(model) == ["Relu", "Neg"]
     rule = rule or f"remove-noop-{node.op_type.lower()}"
     assert len(report.fired(rule)) == 1
 
@@ -150,7 +127,7 @@ def test_nodes_that_do_something_stay(case, rng):
     concrete = [1 if isinstance(d, str) else d for d in shape]
     batches = (1, 2) if isinstance(shape[0], str) else None
     model, report = _optimize(proto, _feeds(rng, concrete, batches))
-    assert _ops(model) == ["Relu", node.op_type, "Neg"]
+    assert ops(model) == ["Relu", node.op_type, "Neg"]
     assert not report.fired() and not report.declined()
 
 
@@ -166,9 +143,9 @@ def test_reshape_noop_predicate():
 def test_a_graph_output_does_not_become_an_input():
     nodes = [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Cast", ["w"], ["z"], to=TensorProto.FLOAT)]
     outputs = [tensor_info("y", [2]), tensor_info("z", [2])]
-    proto = make_model(nodes, [tensor_info("x", [2])], outputs, initializers=[_init("w", np.ones(2, np.float32))])
+    proto = make_model(nodes, [tensor_info("x", [2])], outputs, initializers=[init("w", np.ones(2, np.float32))])
     model, report = _optimize(proto, [{"x": np.array([1, 2], np.float32)}])
-    assert _ops(model) == ["Identity", "Cast"]
+    assert ops(model) == ["Identity", "Cast"]
     details = [e.detail for e in report.declined()]
     assert len(details) == 2 and all("is a graph output" in d for d in details)
 
@@ -177,7 +154,7 @@ def test_a_graph_output_keeps_its_name_when_its_producer_is_removed(rng):
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])]
     proto = make_model(nodes, [tensor_info("x", [3])], [tensor_info("y", [3])])
     model, report = _optimize(proto, _feeds(rng, [3]))
-    assert _ops(model) == ["Relu"] and model.graph.outputs[0].name == "y"
+    assert ops(model) == ["Relu"] and model.graph.outputs[0].name == "y"
 
 
 def test_dropout_declines():
@@ -190,9 +167,9 @@ def test_dropout_declines():
     ]
     inputs = [tensor_info("x", [4]), tensor_info("mode", [], TensorProto.BOOL)]
     outputs = [tensor_info("y", [4]), tensor_info("b", [4]), tensor_info("c", [4])]
-    proto = make_model(nodes, inputs, outputs, initializers=[_init("on", np.array(True))])
+    proto = make_model(nodes, inputs, outputs, initializers=[init("on", np.array(True))])
     model, report = PassManager([Cleanup()]).run(import_model(proto))
-    assert _ops(model).count("Dropout") == 3
+    assert ops(model).count("Dropout") == 3
     reasons = sorted(e.detail for e in report.declined("remove-dropout"))
     assert reasons == ["its mask output is used", "training_mode is not a constant", "training_mode is true"]
 
@@ -202,7 +179,7 @@ def test_old_dropout_in_training_mode_stays(rng):
     nodes = [helper.make_node("Relu", ["x"], ["r"]), *nodes, helper.make_node("Neg", ["t"], ["y"])]
     proto = make_model(nodes, [tensor_info("x", [4])], [tensor_info("y", [4])], opset=6)
     model, report = PassManager([Cleanup()]).run(import_model(proto))
-    assert _ops(model) == ["Relu", "Dropout", "Neg"]
+    assert ops(model) == ["Relu", "Dropout", "Neg"]
     assert "is_test=0" in report.declined("remove-dropout")[0].detail
 
 
@@ -222,7 +199,7 @@ def test_cancelling_transposes_vanish(rng):
         [2, 3, 4],
     )
     model, report = _optimize(proto, _feeds(rng, [2, 3, 4]))
-    assert _ops(model) == ["Relu", "Neg"] and len(report.fired("cancel-transposes")) == 1
+    assert ops(model) == ["Relu", "Neg"] and len(report.fired("cancel-transposes")) == 1
 
 
 def test_cancelling_transposes_keep_a_shared_intermediate(rng):
@@ -235,7 +212,7 @@ def test_cancelling_transposes_keep_a_shared_intermediate(rng):
         extra=extra,
     )
     model, report = _optimize(proto, _feeds(rng, [2, 3, 4]))
-    assert sorted(_ops(model)) == ["Abs", "Neg", "Relu", "Transpose"]
+    assert sorted(ops(model)) == ["Abs", "Neg", "Relu", "Transpose"]
     (neg,) = [n for n in model.graph if n.op_type == "Neg"]
     assert neg.inputs[0].name == "r" and len(report.fired("cancel-transposes")) == 1
 
@@ -247,7 +224,7 @@ def test_consecutive_transposes_merge(rng):
         [2, 3, 4, 5],
     )
     model, report = _optimize(proto, _feeds(rng, [2, 3, 4, 5]))
-    assert _ops(model) == ["Relu", "Transpose", "Neg"]
+    assert ops(model) == ["Relu", "Transpose", "Neg"]
     assert model.graph.nodes[1].attributes["perm"] == [1, 2, 3, 0]
     assert len(report.fired("merge-transposes")) == 1
 
@@ -257,11 +234,11 @@ def test_merging_transposes_declines_for_a_shared_or_output_intermediate(rng):
     second = helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1])
     shared = _pair(first, second, [2, 3, 4], outputs=("y", "z"), extra=[helper.make_node("Abs", ["a"], ["z"])])
     model, report = _optimize(shared, _feeds(rng, [2, 3, 4]))
-    assert _ops(model).count("Transpose") == 2
+    assert ops(model).count("Transpose") == 2
     assert "'a' is used by another node" in report.declined("merge-transposes")[0].detail
     output = _pair(first, second, [2, 3, 4], outputs=("y", "a"))
     model, report = _optimize(output, _feeds(rng, [2, 3, 4]))
-    assert _ops(model).count("Transpose") == 2
+    assert ops(model).count("Transpose") == 2
     assert "'a' is a graph output" in report.declined("merge-transposes")[0].detail
 
 
@@ -273,7 +250,7 @@ def test_consecutive_reshapes_merge(rng):
         inits=[_ints("s1", [6, 4]), _ints("s2", [-1, 12])],
     )
     model, report = _optimize(proto, _feeds(rng, [2, 3, 4]))
-    assert _ops(model) == ["Relu", "Reshape", "Neg"]
+    assert ops(model) == ["Relu", "Reshape", "Neg"]
     assert model.graph.nodes[1].inputs[0].name == "r"
     assert len(report.fired("merge-reshapes")) == 1
 
@@ -287,7 +264,7 @@ def test_merged_reshapes_resolve_copied_dims(rng):
         inits=[_ints("s1", [6, 4]), _ints("s2", [0, 2, 2])],
     )
     model, report = _optimize(proto, _feeds(rng, [2, 3, 4]))
-    assert _ops(model) == ["Relu", "Reshape", "Neg"]
+    assert ops(model) == ["Relu", "Reshape", "Neg"]
     assert model.graph.nodes[1].inputs[1].const.tolist() == [6, 2, 2]
 
 
@@ -297,14 +274,14 @@ def test_merging_reshapes_declines(rng):
     # A 0 that copies a dynamic dim of the intermediate cannot be resolved.
     dynamic = _pair(first, second, ["N", 3, 4], inits=[_ints("s1", [-1, 4]), _ints("s2", [0, 2, 2])])
     model, report = _optimize(dynamic, _feeds(rng, [2, 3, 4], batches=(1, 2)))
-    assert _ops(model).count("Reshape") == 2
+    assert ops(model).count("Reshape") == 2
     assert "not static" in report.declined("merge-reshapes")[0].detail
     inits = [_ints("s1", [6, 4]), _ints("s2", [4, 6])]
     shared = _pair(
         first, second, [2, 3, 4], inits=inits, outputs=("y", "z"), extra=[helper.make_node("Abs", ["a"], ["z"])]
     )
     model, report = _optimize(shared, _feeds(rng, [2, 3, 4]))
-    assert _ops(model).count("Reshape") == 2
+    assert ops(model).count("Reshape") == 2
     assert "used by another node" in report.declined("merge-reshapes")[0].detail
     output = _pair(first, second, [2, 3, 4], inits=inits, outputs=("y", "a"))
     model, report = _optimize(output, _feeds(rng, [2, 3, 4]))
@@ -332,7 +309,7 @@ def test_an_exported_reshape_chain_merges(rng):
 
     proto = _export(Net(), torch.randn(2, 3, 2, 2))
     model, report = _optimize(proto, _feeds(rng, [2, 3, 2, 2]))
-    assert _ops(model) == ["Reshape", "Mul"]  # the exporter already cancelled the transposes
+    assert ops(model) == ["Reshape", "Mul"]  # the exporter already cancelled the transposes
     assert len(report.fired("merge-reshapes")) == 1
 
 

@@ -1,6 +1,6 @@
 import numpy as np
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from tensorforge.frontend import import_model
 from tensorforge.ir.clone import clone_model
@@ -8,6 +8,7 @@ from tensorforge.ops import Executor
 from tensorforge.passes import PassManager
 from tensorforge.passes.cse import CommonSubexpressions, attribute_key
 from tests.helpers import make_model, relative_error, tensor_info
+from tests.passes.support import init, ops
 
 RNG = np.random.default_rng(0)
 
@@ -27,14 +28,6 @@ def _assert_same(original, optimized, feeds):
         assert relative_error(actual[name].numpy(), value.numpy()) <= 1e-5, name
 
 
-def _ops(model):
-    return [n.op_type for n in model.graph]
-
-
-def _init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
-
-
 def test_duplicated_subgraph_and_constants_merge():
     scale = RNG.standard_normal(4).astype(np.float32)
     nodes = [
@@ -48,10 +41,10 @@ def test_duplicated_subgraph_and_constants_merge():
         nodes,
         [tensor_info("x", [2, 4])],
         [tensor_info("y", [2, 4])],
-        initializers=[_init("s1", scale), _init("s2", scale.copy())],
+        initializers=[init("s1", scale), init("s2", scale.copy())],
     )
     original, optimized, report = _optimize(proto)
-    assert sorted(_ops(optimized)) == ["Add", "Mul", "Relu"]
+    assert sorted(ops(optimized)) == ["Add", "Mul", "Relu"]
     assert list(optimized.graph.initializers) == ["s1"]
     assert len(report.fired("identical-constants")) == 1
     assert len(report.fired("cse")) == 2
@@ -70,11 +63,11 @@ def test_identical_layers_merge_through_their_copied_weights():
         helper.make_node("Add", ["c1", "c2"], ["s"]),
         helper.make_node("Add", ["s", "c3"], ["y"]),
     ]
-    inits = [_init("w1", weight), _init("w2", weight.copy()), _init("w3", other)]
-    inits += [_init("b1", bias), _init("b2", bias.copy())]
+    inits = [init("w1", weight), init("w2", weight.copy()), init("w3", other)]
+    inits += [init("b1", bias), init("b2", bias.copy())]
     proto = make_model(nodes, [tensor_info("x", [1, 3, 6, 6])], [tensor_info("y", [1, 8, 6, 6])], initializers=inits)
     original, optimized, report = _optimize(proto)
-    assert _ops(optimized).count("Conv") == 2
+    assert ops(optimized).count("Conv") == 2
     assert len(report.fired("identical-constants")) == 2
     assert len(report.fired("cse")) == 1
     _assert_same(original, optimized, {"x": RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)})
@@ -92,8 +85,8 @@ def test_commutative_operands_are_one_but_subtraction_is_not():
     ]
     proto = make_model(nodes, [tensor_info("a", [3]), tensor_info("b", [3])], [tensor_info("y", [3])])
     original, optimized, report = _optimize(proto)
-    assert _ops(optimized).count("Add") == 1
-    assert _ops(optimized).count("Sub") == 2
+    assert ops(optimized).count("Add") == 1
+    assert ops(optimized).count("Sub") == 2
     feeds = {"a": RNG.standard_normal(3).astype(np.float32), "b": RNG.standard_normal(3).astype(np.float32)}
     _assert_same(original, optimized, feeds)
 
@@ -111,8 +104,8 @@ def test_attributes_are_compared_exactly():
     ]
     proto = make_model(nodes, [tensor_info("x", [4])], [tensor_info("y", [4])])
     original, optimized, report = _optimize(proto)
-    assert _ops(optimized).count("LeakyRelu") == 2
-    assert _ops(optimized).count("ConstantOfShape") == 2
+    assert ops(optimized).count("LeakyRelu") == 2
+    assert ops(optimized).count("ConstantOfShape") == 2
     _assert_same(original, optimized, {"x": RNG.standard_normal(4).astype(np.float32)})
 
 
@@ -131,7 +124,7 @@ def test_a_duplicate_graph_output_keeps_its_name():
     ]
     proto = make_model(nodes, [tensor_info("x", [3])], [tensor_info("y", [3]), tensor_info("e2", [3])])
     original, optimized, report = _optimize(proto)
-    assert _ops(optimized).count("Exp") == 1
+    assert ops(optimized).count("Exp") == 1
     assert [v.name for v in optimized.graph.outputs] == ["y", "e2"]
     _assert_same(original, optimized, {"x": RNG.standard_normal(3).astype(np.float32)})
 
@@ -140,7 +133,7 @@ def test_declines_when_both_are_graph_outputs():
     nodes = [helper.make_node("Exp", ["x"], ["e1"]), helper.make_node("Exp", ["x"], ["e2"])]
     proto = make_model(nodes, [tensor_info("x", [3])], [tensor_info("e1", [3]), tensor_info("e2", [3])])
     original, optimized, report = _optimize(proto)
-    assert _ops(optimized) == ["Exp", "Exp"]
+    assert ops(optimized) == ["Exp", "Exp"]
     events = report.declined("cse")
     assert events and "both 'e1' and 'e2' are graph outputs" in events[0].detail
     _assert_same(original, optimized, {"x": RNG.standard_normal(3).astype(np.float32)})
@@ -154,7 +147,7 @@ def test_random_ops_are_never_merged():
     ]
     proto = make_model(nodes, [tensor_info("x", [3])], [tensor_info("y", [3])])
     _, optimized, report = _optimize(proto)
-    assert _ops(optimized).count("RandomUniformLike") == 2
+    assert ops(optimized).count("RandomUniformLike") == 2
     assert not report.fired() and not report.declined()
 
 
@@ -165,13 +158,13 @@ def test_training_dropout_is_not_merged_but_inference_dropout_is():
             helper.make_node("Dropout", ["x", "ratio", "mode"], ["d2"]),
             helper.make_node("Add", ["d1", "d2"], ["y"]),
         ]
-        inits = [_init("ratio", np.float32(0.5)), _init("mode", np.bool_(training))]
+        inits = [init("ratio", np.float32(0.5)), init("mode", np.bool_(training))]
         return make_model(nodes, [tensor_info("x", [3])], [tensor_info("y", [3])], initializers=inits)
 
     _, optimized, _ = _optimize(model(True))
-    assert _ops(optimized).count("Dropout") == 2
+    assert ops(optimized).count("Dropout") == 2
     original, optimized, _ = _optimize(model(False))
-    assert _ops(optimized).count("Dropout") == 1
+    assert ops(optimized).count("Dropout") == 1
     _assert_same(original, optimized, {"x": RNG.standard_normal(3).astype(np.float32)})
 
 
@@ -181,7 +174,7 @@ def test_constants_that_are_graph_inputs_or_outputs():
         helper.make_node("Add", ["x", "c_in"], ["a"]),
         helper.make_node("Add", ["a", "c1"], ["y"]),
     ]
-    inits = [_init("c_in", value), _init("c1", value), _init("c2", value.copy())]
+    inits = [init("c_in", value), init("c1", value), init("c2", value.copy())]
     proto = make_model(
         nodes,
         [tensor_info("x", [3]), tensor_info("c_in", [3])],  # an overridable initializer
@@ -203,9 +196,9 @@ def test_float_constants_compare_by_bytes_and_dtype():
         helper.make_node("Add", ["b", "z3f"], ["y"]),
     ]
     inits = [
-        _init("z1", np.array([0.0], np.float32)),
-        _init("z2", np.array([-0.0], np.float32)),  # equal value, other bytes
-        _init("z3", np.array([0.0], np.float64)),  # other dtype
+        init("z1", np.array([0.0], np.float32)),
+        init("z2", np.array([-0.0], np.float32)),  # equal value, other bytes
+        init("z3", np.array([0.0], np.float64)),  # other dtype
     ]
     proto = make_model(nodes, [tensor_info("x", [1])], [tensor_info("y", [1])], initializers=inits)
     _, optimized, report = _optimize(proto)
@@ -223,7 +216,7 @@ def test_nodes_requesting_other_optional_outputs_are_not_merged():
     outputs = [tensor_info("y", [1, 1, 2]), tensor_info("indices", [1, 1, 2], TensorProto.INT64)]
     proto = make_model(nodes, [tensor_info("x", [1, 1, 4])], outputs)
     original, optimized, _ = _optimize(proto)
-    assert _ops(optimized).count("MaxPool") == 2
+    assert ops(optimized).count("MaxPool") == 2
     _assert_same(original, optimized, {"x": RNG.standard_normal((1, 1, 4)).astype(np.float32)})
 
 

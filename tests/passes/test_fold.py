@@ -11,36 +11,14 @@ from tensorforge.ops import Executor
 from tensorforge.passes import PassManager, fold
 from tensorforge.passes.fold import ConstantFolding, DeadCodeElimination
 from tests.helpers import make_model, relative_error, tensor_info
+from tests.passes.support import init, ops, optimize_and_compare
 
 PASSES = (ConstantFolding(), DeadCodeElimination())
 
 
-def _init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
-
-
 def _optimize(proto: onnx.ModelProto, feeds_list, passes=PASSES):
     """Optimize an import of `proto` and compare it with an unoptimized import on every feeds dict."""
-    model, report = PassManager(list(passes)).run(import_model(proto))
-    reference = Executor(import_model(proto))
-    optimized = Executor(model)
-    for feeds in feeds_list:
-        expected = reference.run(feeds)
-        actual = optimized.run(feeds)
-        assert list(actual) == list(expected)  # same output names, same order
-        for name, want in expected.items():
-            got = actual[name]
-            assert got.dtype == want.dtype and got.shape == want.shape, name
-            if want.dtype.is_floating_point:
-                assert relative_error(got.numpy(), want.numpy()) <= 1e-5, name
-            else:
-                assert torch.equal(got, want), name
-    assert not [e for e in report.events if e.status == "failed"], report.format()
-    return model, report
-
-
-def _ops(model):
-    return [n.op_type for n in model.graph]
+    return optimize_and_compare(proto, feeds_list, passes)
 
 
 def test_folds_a_constant_subgraph(rng):
@@ -49,11 +27,11 @@ def test_folds_a_constant_subgraph(rng):
         helper.make_node("Sqrt", ["c"], ["d"]),
         helper.make_node("Mul", ["x", "d"], ["y"]),
     ]
-    inits = [_init("a", rng.random((3, 4), np.float32)), _init("b", rng.random((3, 4), np.float32))]
+    inits = [init("a", rng.random((3, 4), np.float32)), init("b", rng.random((3, 4), np.float32))]
     proto = make_model(nodes, [tensor_info("x", [3, 4])], [tensor_info("y", [3, 4])], initializers=inits)
     feeds = {"x": rng.standard_normal((3, 4)).astype(np.float32)}
     model, report = _optimize(proto, [feeds])
-    assert _ops(model) == ["Mul"]
+    assert ops(model) == ["Mul"]
     assert len(report.fired("fold-constant")) == 2
     assert set(model.graph.initializers) == {"d"}  # a, b and c are gone: dead-code elimination
     assert model.graph.initializers["d"].shape == (3, 4)
@@ -65,14 +43,14 @@ def test_a_folded_graph_output_keeps_its_name_and_type():
         helper.make_node("Cast", ["c"], ["y"], to=TensorProto.FLOAT16),
         helper.make_node("Neg", ["x"], ["z"]),
     ]
-    inits = [_init("a", np.arange(6, dtype=np.float32)), _init("b", np.ones(6, np.float32))]
+    inits = [init("a", np.arange(6, dtype=np.float32)), init("b", np.ones(6, np.float32))]
     outputs = [tensor_info("y", [6], TensorProto.FLOAT16), tensor_info("z", [2])]
     proto = make_model(nodes, [tensor_info("x", [2])], outputs, initializers=inits)
     model, report = _optimize(proto, [{"x": np.array([1, -2], np.float32)}])
     assert [v.name for v in model.graph.outputs] == ["y", "z"]
     y = model.graph.outputs[0]
     assert y.dtype == DType.FLOAT16 and y.const is not None and y.producer() is None
-    assert _ops(model) == ["Neg"]
+    assert ops(model) == ["Neg"]
 
 
 def test_multiple_outputs_and_zero_input_nodes_fold():
@@ -84,7 +62,7 @@ def test_multiple_outputs_and_zero_input_nodes_fold():
     ]
     proto = make_model(nodes, [tensor_info("x", [1], TensorProto.INT64)], [tensor_info("y", [1], TensorProto.INT64)])
     model, report = _optimize(proto, [{"x": np.array([3], np.int64)}])
-    assert _ops(model) == ["Add", "Mul"]
+    assert ops(model) == ["Add", "Mul"]
     assert len(report.fired("fold-constant")) == 2  # Constant, then Split (two outputs)
 
 
@@ -96,11 +74,11 @@ def test_folding_an_identity_of_a_weight_copies_nothing(rng):
         helper.make_node("Add", ["m", "w3"], ["y"]),
         helper.make_node("Identity", ["w"], ["z"]),
     ]
-    inits = [_init("w", rng.random(4, np.float32)), _init("same", np.array([4], np.int64))]
+    inits = [init("w", rng.random(4, np.float32)), init("same", np.array([4], np.int64))]
     outputs = [tensor_info("y", [4]), tensor_info("z", [4])]
     proto = make_model(nodes, [tensor_info("x", [4])], outputs, initializers=inits)
     model, report = _optimize(proto, [{"x": rng.standard_normal(4).astype(np.float32)}])
-    assert _ops(model) == ["Mul", "Add"]
+    assert ops(model) == ["Mul", "Add"]
     mul, add = model.graph.nodes
     assert mul.inputs[1].name == "w" and add.inputs[1].name == "w"
     assert set(model.graph.initializers) == {"w", "z"}  # the graph output z needs its own copy
@@ -113,29 +91,29 @@ def test_random_ops_are_not_folded():
         helper.make_node("Add", ["x", "r"], ["y"]),
     ]
     proto = make_model(
-        nodes, [tensor_info("x", [4])], [tensor_info("y", [4])], initializers=[_init("c", np.zeros(4, np.float32))]
+        nodes, [tensor_info("x", [4])], [tensor_info("y", [4])], initializers=[init("c", np.zeros(4, np.float32))]
     )
     model, report = PassManager(list(PASSES)).run(import_model(proto))
-    assert _ops(model) == ["RandomUniformLike", "Add"]
+    assert ops(model) == ["RandomUniformLike", "Add"]
     (event,) = report.declined("fold-constant")
     assert "random" in event.detail
 
 
 def test_dequantize_of_a_weight_is_kept():
     nodes = [helper.make_node("DequantizeLinear", ["q", "scale"], ["w"]), helper.make_node("Mul", ["x", "w"], ["y"])]
-    inits = [_init("q", np.array([1, -2, 3], np.int8)), _init("scale", np.array(0.5, np.float32))]
+    inits = [init("q", np.array([1, -2, 3], np.int8)), init("scale", np.array(0.5, np.float32))]
     proto = make_model(nodes, [tensor_info("x", [3])], [tensor_info("y", [3])], initializers=inits)
     model, report = _optimize(proto, [{"x": np.ones(3, np.float32)}])
-    assert _ops(model) == ["DequantizeLinear", "Mul"]
+    assert ops(model) == ["DequantizeLinear", "Mul"]
     assert "quantization scale" in report.declined("fold-constant")[0].detail
 
 
 def test_training_dropout_is_not_folded():
     nodes = [helper.make_node("Dropout", ["c", "", "t"], ["d"]), helper.make_node("Add", ["x", "d"], ["y"])]
-    inits = [_init("c", np.ones(4, np.float32)), _init("t", np.array(True))]
+    inits = [init("c", np.ones(4, np.float32)), init("t", np.array(True))]
     proto = make_model(nodes, [tensor_info("x", [4])], [tensor_info("y", [4])], initializers=inits)
     model, report = PassManager(list(PASSES)).run(import_model(proto))
-    assert "Dropout" in _ops(model)
+    assert "Dropout" in ops(model)
     assert "training_mode is true" in report.declined("fold-constant")[0].detail
 
 
@@ -146,10 +124,10 @@ def test_broadcast_fills_stay_lazy(rng):
         helper.make_node("Add", ["big", "wide"], ["s"]),
         helper.make_node("ReduceSum", ["s"], ["y"], keepdims=0),
     ]
-    inits = [_init("shape", np.array([1024, 1025], np.int64)), _init("one", np.ones((1, 1), np.float32))]
+    inits = [init("shape", np.array([1024, 1025], np.int64)), init("one", np.ones((1, 1), np.float32))]
     proto = make_model(nodes, [], [tensor_info("y", [])], initializers=inits)
     model, report = PassManager(list(PASSES)).run(import_model(proto))
-    assert _ops(model) == ["ConstantOfShape", "Expand", "Add", "ReduceSum"]
+    assert ops(model) == ["ConstantOfShape", "Expand", "Add", "ReduceSum"]
     reasons = [e.detail for e in report.declined("fold-constant")]
     assert len(reasons) == 2 and all("stays lazy" in r for r in reasons)
     assert Executor(model).run({})["y"].item() == 2 * 1024 * 1025
@@ -158,29 +136,29 @@ def test_broadcast_fills_stay_lazy(rng):
 def test_huge_results_are_not_folded(monkeypatch, rng):
     monkeypatch.setattr(fold, "MAX_ELEMENTS", 10)
     nodes = [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Mul", ["x", "c"], ["y"])]
-    inits = [_init("a", np.ones((4, 4), np.float32)), _init("b", np.ones((4, 4), np.float32))]
+    inits = [init("a", np.ones((4, 4), np.float32)), init("b", np.ones((4, 4), np.float32))]
     proto = make_model(nodes, [tensor_info("x", [4, 4])], [tensor_info("y", [4, 4])], initializers=inits)
     model, report = PassManager(list(PASSES)).run(import_model(proto))
-    assert _ops(model) == ["Add", "Mul"]
+    assert ops(model) == ["Add", "Mul"]
     assert "16 elements (more than 10)" in report.declined("fold-constant")[0].detail
 
 
 def test_an_op_that_fails_is_left_alone():
     nodes = [helper.make_node("Reshape", ["a", "s"], ["c"]), helper.make_node("Add", ["x", "c"], ["y"])]
-    inits = [_init("a", np.ones(6, np.float32)), _init("s", np.array([4, 2], np.int64))]
+    inits = [init("a", np.ones(6, np.float32)), init("s", np.array([4, 2], np.int64))]
     proto = make_model(nodes, [tensor_info("x", [4, 2])], [tensor_info("y", [4, 2])], initializers=inits)
     model, report = PassManager(list(PASSES)).run(import_model(proto))
-    assert _ops(model) == ["Reshape", "Add"]
+    assert ops(model) == ["Reshape", "Add"]
     assert report.declined("fold-constant")[0].detail.startswith("evaluation failed")
 
 
 def test_an_initializer_that_is_also_an_input_is_not_a_constant():
     nodes = [helper.make_node("Neg", ["a"], ["b"]), helper.make_node("Add", ["x", "b"], ["y"])]
     inputs = [tensor_info("x", [2]), tensor_info("a", [2])]
-    proto = make_model(nodes, inputs, [tensor_info("y", [2])], initializers=[_init("a", np.ones(2, np.float32))])
+    proto = make_model(nodes, inputs, [tensor_info("y", [2])], initializers=[init("a", np.ones(2, np.float32))])
     x = np.array([1, 2], np.float32)
     model, report = _optimize(proto, [{"x": x}, {"x": x, "a": np.array([5, 7], np.float32)}])
-    assert _ops(model) == ["Neg", "Add"]
+    assert ops(model) == ["Neg", "Add"]
     assert "a" in model.graph.initializers
 
 
@@ -195,9 +173,9 @@ def _shape_chain(shape, extra_nodes=()):
         *extra_nodes,
     ]
     inits = [
-        _init("zero", np.array(0, np.int64)),
-        _init("axes", np.array([0], np.int64)),
-        _init("minus_one", np.array([-1], np.int64)),
+        init("zero", np.array(0, np.int64)),
+        init("axes", np.array([0], np.int64)),
+        init("minus_one", np.array([-1], np.int64)),
     ]
     return make_model(nodes, [tensor_info("x", shape)], [tensor_info("y", None)], initializers=inits)
 
@@ -205,7 +183,7 @@ def _shape_chain(shape, extra_nodes=()):
 def test_static_shape_chains_fold_away(rng):
     proto = _shape_chain([2, 3, 4])
     model, report = _optimize(proto, [{"x": rng.standard_normal((2, 3, 4)).astype(np.float32)}])
-    assert _ops(model) == ["Reshape"]
+    assert ops(model) == ["Reshape"]
     assert len(report.fired("fold-shape")) == 1 and len(report.fired("fold-constant")) == 3
     target = model.graph.nodes[0].inputs[1]
     assert target.const.tolist() == [2, -1]
@@ -215,7 +193,7 @@ def test_dynamic_dims_do_not_fold(rng):
     proto = _shape_chain(["N", 3, 4])
     feeds = [{"x": rng.standard_normal((n, 3, 4)).astype(np.float32)} for n in (1, 2, 5)]
     model, report = _optimize(proto, feeds)
-    assert _ops(model) == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"]
+    assert ops(model) == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"]
     assert not report.fired()
     assert "dims 'N' are dynamic" in report.declined("fold-shape")[0].detail
     assert "dims 'N' are dynamic" in report.declined("fold-shape-element")[0].detail
@@ -229,11 +207,11 @@ def test_a_static_dim_of_a_dynamic_shape_folds(rng):
         helper.make_node("Concat", ["minus_one", "cols"], ["target"], axis=0),
         helper.make_node("Reshape", ["x", "target"], ["y"]),
     ]
-    inits = [_init("index", np.array([1, -1], np.int64)), _init("minus_one", np.array([-1], np.int64))]
+    inits = [init("index", np.array([1, -1], np.int64)), init("minus_one", np.array([-1], np.int64))]
     proto = make_model(nodes, [tensor_info("x", ["N", 3, 4])], [tensor_info("y", None)], initializers=inits)
     feeds = [{"x": rng.standard_normal((n, 3, 4)).astype(np.float32)} for n in (1, 2, 5)]
     model, report = _optimize(proto, feeds)
-    assert _ops(model) == ["Reshape"]
+    assert ops(model) == ["Reshape"]
     assert report.fired("fold-shape-element")[0].detail == "dims [3, 4]"
     assert model.graph.nodes[0].inputs[1].const.tolist() == [-1, 12]
 
@@ -247,10 +225,10 @@ def test_an_out_of_range_shape_index_is_left_alone():
         nodes,
         [tensor_info("x", ["N", 3])],
         [tensor_info("y", None, TensorProto.INT64)],
-        initializers=[_init("index", np.array(5, np.int64))],
+        initializers=[init("index", np.array(5, np.int64))],
     )
     model, report = PassManager(list(PASSES)).run(import_model(proto))
-    assert _ops(model) == ["Shape", "Gather"]
+    assert ops(model) == ["Shape", "Gather"]
     assert "out of range" in report.declined("fold-shape-element")[0].detail
 
 
@@ -265,11 +243,11 @@ def test_shape_with_start_end_folds_its_static_part(rng):
     outputs = [tensor_info("y", [3], TensorProto.INT64), tensor_info("z", [2], TensorProto.INT64)]
     outputs.append(tensor_info("size", [], TensorProto.INT64))
     proto = make_model(
-        nodes, [tensor_info("x", ["N", 3, 4])], outputs, opset=15, initializers=[_init("one", np.ones(1, np.int64))]
+        nodes, [tensor_info("x", ["N", 3, 4])], outputs, opset=15, initializers=[init("one", np.ones(1, np.int64))]
     )
     feeds = [{"x": rng.standard_normal((n, 3, 4)).astype(np.float32)} for n in (1, 3)]
     model, report = _optimize(proto, feeds)
-    assert sorted(_ops(model)) == ["Concat", "Shape", "Size"]  # head and size stay, tail and z fold
+    assert sorted(ops(model)) == ["Concat", "Shape", "Size"]  # head and size stay, tail and z fold
     assert model.graph.outputs[1].const.tolist() == [4, 5]
     assert "dims 'N' are dynamic" in report.declined("fold-size")[0].detail
 
@@ -279,7 +257,7 @@ def test_static_size_folds():
     nodes.append(helper.make_node("Div", ["x", "f"], ["y"]))
     proto = make_model(nodes, [tensor_info("x", [2, 5])], [tensor_info("y", [2, 5])])
     model, report = _optimize(proto, [{"x": np.ones((2, 5), np.float32)}])
-    assert _ops(model) == ["Div"] and report.fired("fold-size")
+    assert ops(model) == ["Div"] and report.fired("fold-size")
 
 
 class _Flatten(torch.nn.Module):
@@ -304,7 +282,7 @@ def test_torch_export_with_a_dynamic_batch_keeps_working(rng):
     feeds = [{"x": rng.standard_normal((n, 3, 5, 5)).astype(np.float32)} for n in (1, 2, 7)]
     model, report = _optimize(proto, feeds)
     assert any("dynamic" in e.detail for e in report.declined())  # x.size(0) stays a Shape computation
-    assert "Shape" in _ops(model)
+    assert "Shape" in ops(model)
     assert report.fired("fold-shape-element")  # y.size(1) * y.size(2) * y.size(3) is static
     with torch.no_grad():
         for feed in feeds:
@@ -322,11 +300,11 @@ def test_dead_nodes_and_initializers_are_removed(rng):
         helper.make_node("Neg", ["dead1"], ["dead2"]),
         helper.make_node("Add", ["r", "b"], ["y"]),
     ]
-    inits = [_init("w", rng.random(3, np.float32)), _init("b", rng.random(3, np.float32))]
+    inits = [init("w", rng.random(3, np.float32)), init("b", rng.random(3, np.float32))]
     proto = make_model(nodes, [tensor_info("x", [3])], [tensor_info("y", [3])], initializers=inits)
     feeds = {"x": rng.standard_normal(3).astype(np.float32)}
     model, report = _optimize(proto, [feeds], passes=[DeadCodeElimination()])
-    assert _ops(model) == ["Relu", "Add"]
+    assert ops(model) == ["Relu", "Add"]
     assert set(model.graph.initializers) == {"b"}
     assert len(report.fired("dead-code-elimination")) == 3  # two nodes and the initializers
 
@@ -347,13 +325,13 @@ def test_subgraphs_are_black_boxes(rng):
             else_branch=dead_branch,
         ),
     ]
-    inits = [_init("w", rng.random(3, np.float32)), _init("v", rng.random(3, np.float32))]
+    inits = [init("w", rng.random(3, np.float32)), init("v", rng.random(3, np.float32))]
     inputs = [tensor_info("x", [3]), tensor_info("c", [], TensorProto.BOOL)]
     proto = make_model(nodes, inputs, [tensor_info("y", [3])], initializers=inits)
     x = rng.standard_normal(3).astype(np.float32)
     feeds = [{"x": x, "c": np.array(True)}, {"x": x, "c": np.array(False)}]
     model, report = _optimize(proto, feeds, passes=[DeadCodeElimination()])
-    assert _ops(model) == ["Relu", "If"]
+    assert ops(model) == ["Relu", "If"]
     assert set(model.graph.initializers) == {"w"}  # read inside the live If; v only by the dead one
 
 
@@ -362,7 +340,7 @@ def test_a_subgraph_output_that_is_an_outer_initializer_is_kept(rng):
     other = helper.make_graph([helper.make_node("Neg", ["x"], ["n"])], "o", [], [tensor_info("n", [3])])
     nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)]
     inputs = [tensor_info("x", [3]), tensor_info("c", [], TensorProto.BOOL)]
-    proto = make_model(nodes, inputs, [tensor_info("y", [3])], initializers=[_init("w", rng.random(3, np.float32))])
+    proto = make_model(nodes, inputs, [tensor_info("y", [3])], initializers=[init("w", rng.random(3, np.float32))])
     x = rng.standard_normal(3).astype(np.float32)
     model, report = _optimize(proto, [{"x": x, "c": np.array(True)}], passes=[DeadCodeElimination()])
     assert "w" in model.graph.initializers and not report.fired()

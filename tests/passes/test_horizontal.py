@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import tensorforge
 from tensorforge.frontend import import_model
@@ -12,6 +12,7 @@ from tensorforge.passes import PassManager
 from tensorforge.passes.cse import CommonSubexpressions
 from tensorforge.passes.horizontal import MergeParallel
 from tests.helpers import make_model, relative_error, tensor_info
+from tests.passes.support import init, ops
 
 RNG = np.random.default_rng(0)
 
@@ -30,16 +31,8 @@ def _assert_same(original, optimized, feeds):
         assert relative_error(actual[name].numpy(), value.numpy()) <= 1e-5, name
 
 
-def _ops(model):
-    return [n.op_type for n in model.graph]
-
-
 def _randn(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
-
-
-def _init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
 
 
 class Inception(torch.nn.Module):
@@ -61,7 +54,7 @@ class Inception(torch.nn.Module):
 def test_inception_1x1_branches_become_one_conv_and_a_split(opset):
     model = tensorforge.from_torch(Inception(), torch.randn(1, 8, 7, 7), opset=opset)
     original, optimized, report = _optimize(model)
-    assert _ops(optimized).count("Conv") == 4  # 1×1 merged, 3×3, 5×5, pool branch
+    assert ops(optimized).count("Conv") == 4  # 1×1 merged, 3×3, 5×5, pool branch
     (fired,) = report.fired("merge-parallel-conv")
     assert "width 13" in fired.detail and "[6, 4, 3]" in fired.detail
     (split,) = [n for n in optimized.graph if n.op_type == "Split"]
@@ -89,7 +82,7 @@ class Projections(torch.nn.Module):
 def test_qkv_matmul_projections_merge():
     model = tensorforge.from_torch(Projections(), torch.randn(2, 5, 16), output_names=["qk", "v"])
     original, optimized, report = _optimize(model)
-    assert _ops(optimized).count("MatMul") == 1
+    assert ops(optimized).count("MatMul") == 1
     (fired,) = report.fired("merge-parallel-matmul")
     assert "width 40" in fired.detail
     (split,) = [n for n in optimized.graph if n.op_type == "Split"]
@@ -101,7 +94,7 @@ def test_qkv_matmul_projections_merge():
 def test_qkv_gemm_projections_merge_with_transposed_weights():
     model = tensorforge.from_torch(Projections(), torch.randn(5, 16))
     original, optimized, report = _optimize(model)
-    assert _ops(optimized).count("Gemm") == 1  # q and k; v is a MatMul of its own
+    assert ops(optimized).count("Gemm") == 1  # q and k; v is a MatMul of its own
     (gemm,) = [n for n in optimized.graph if n.op_type == "Gemm"]
     assert gemm.attributes["transB"] == 1 and gemm.inputs[1].const.shape == (32, 16)
     assert len(report.fired("merge-parallel-gemm")) == 1
@@ -116,10 +109,10 @@ def _gemm_model(biases, trans_b=0, extra=None):
     for i, bias in enumerate(biases):
         width = 3 + i
         weight = _randn(width, 6) if trans_b else _randn(6, width)
-        inits.append(_init(f"w{i}", weight))
+        inits.append(init(f"w{i}", weight))
         inputs = ["a", f"w{i}"]
         if bias is not None:
-            inits.append(_init(f"c{i}", _randn(*bias) if bias != "width" else _randn(width)))
+            inits.append(init(f"c{i}", _randn(*bias) if bias != "width" else _randn(width)))
             inputs.append(f"c{i}")
         nodes.append(helper.make_node("Gemm", inputs, [f"y{i}"], transB=trans_b, alpha=0.5, beta=2.0))
         outputs.append(tensor_info(f"y{i}", [4, width]))
@@ -130,7 +123,7 @@ def _gemm_model(biases, trans_b=0, extra=None):
 def test_gemm_biases_of_every_broadcast_shape_merge(trans_b):
     proto = _gemm_model(["width", None, (4, 1), (1,), (4, 7)], trans_b=trans_b)
     original, optimized, report = _optimize(import_model(proto))
-    assert _ops(optimized) == ["Gemm", "Split"]
+    assert ops(optimized) == ["Gemm", "Split"]
     assert optimized.graph.nodes[0].inputs[2].const.shape == (4, 3 + 4 + 5 + 6 + 7)
     _assert_same(original, optimized, {"a": _randn(4, 6)})
 
@@ -142,10 +135,10 @@ def _fused_conv_model(specs, opset=17):
     for i, spec in enumerate(specs):
         spec = dict(spec)
         width = spec.pop("width", 3)
-        inits.append(_init(f"w{i}", _randn(width, 4, 3, 3)))
+        inits.append(init(f"w{i}", _randn(width, 4, 3, 3)))
         inputs = ["x", f"w{i}"]
         if spec.pop("bias", True):
-            inits.append(_init(f"b{i}", _randn(width)))
+            inits.append(init(f"b{i}", _randn(width)))
             inputs.append(f"b{i}")
         else:
             inputs.append("")
@@ -185,7 +178,7 @@ def test_fused_convs_with_the_same_activation_merge_and_keep_it():
 def test_fused_gemm_siblings_merge():
     nodes, inits, outputs = [], [], []
     for i, width in enumerate([4, 6]):
-        inits += [_init(f"w{i}", _randn(width, 8)), _init(f"c{i}", _randn(width))]
+        inits += [init(f"w{i}", _randn(width, 8)), init(f"c{i}", _randn(width))]
         attrs = {"transB": 1, "pre": "Gelu"}
         nodes.append(helper.make_node("FusedGemm", ["a", f"w{i}", f"c{i}"], [f"y{i}"], domain="tensorforge", **attrs))
         outputs.append(tensor_info(f"y{i}", [2, 3, width]))
@@ -193,7 +186,7 @@ def test_fused_gemm_siblings_merge():
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("tensorforge", 1)])
     proto.ir_version = 10
     original, optimized, report = _optimize(import_model(proto))
-    assert [qualified for qualified in _ops(optimized)] == ["FusedGemm", "Split"]
+    assert [qualified for qualified in ops(optimized)] == ["FusedGemm", "Split"]
     assert optimized.graph.nodes[0].attributes["pre"] == "Gelu"
     assert optimized.graph.nodes[1].attributes["axis"] == 2
     _assert_same(original, optimized, {"a": _randn(2, 3, 8)})
@@ -210,7 +203,7 @@ def _conv_pair(second=None, weight_as_input=False, share_weight=False):
         helper.make_node("Conv", ["x", "w0" if share_weight else "w1"], ["y1"], **{**attrs, **second}),
     ]
     inputs = [tensor_info("x", [1, 4, 6, 6])]
-    inits = [_init("w0", _randn(3, 4, 1, 1)), _init("w1", _randn(2, 4, 1, 1))]
+    inits = [init("w0", _randn(3, 4, 1, 1)), init("w1", _randn(2, 4, 1, 1))]
     if weight_as_input:
         inputs.append(tensor_info("w1", [2, 4, 1, 1]))
         inits = inits[:1]
@@ -229,7 +222,7 @@ def _conv_pair(second=None, weight_as_input=False, share_weight=False):
 )
 def test_declines(model, reason):
     original, optimized, report = _optimize(model())
-    assert _ops(optimized) == ["Conv", "Conv"]
+    assert ops(optimized) == ["Conv", "Conv"]
     assert not report.fired()
     assert any(reason in e.detail for e in report.declined("merge-parallel-conv")), report.declined()
 
@@ -239,7 +232,7 @@ def test_declines_a_dtype_mismatch():
     weight = model.graph.initializers["w1"]
     weight.const, weight.dtype = weight.const.half(), DType.FLOAT16
     _, optimized, report = _optimize(model)
-    assert _ops(optimized) == ["Conv", "Conv"]
+    assert ops(optimized) == ["Conv", "Conv"]
     (event,) = report.declined("merge-parallel-conv")
     assert "dtype mismatch: weight dtype float32 vs float16" in event.detail
 
@@ -247,9 +240,9 @@ def test_declines_a_dtype_mismatch():
 def test_declines_a_lone_layer():
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1])]
     inputs, outputs = [tensor_info("x", [1, 4, 6, 6])], [tensor_info("y", None)]
-    proto = make_model(nodes, inputs, outputs, initializers=[_init("w", _randn(3, 4, 1, 1))])
+    proto = make_model(nodes, inputs, outputs, initializers=[init("w", _randn(3, 4, 1, 1))])
     _, optimized, report = _optimize(import_model(proto))
-    assert _ops(optimized) == ["Conv"]
+    assert ops(optimized) == ["Conv"]
     (event,) = report.declined("merge-parallel-conv")
     assert event.detail == "only one sibling: no other Conv reads its input"
 
@@ -264,7 +257,7 @@ def test_declines_a_matmul_of_activations_silently():
 def test_declines_a_residual_input_and_keeps_the_others():
     model = import_model(_fused_conv_model([{"pre": "Relu"}, {"pre": "Relu", "z": True}]))
     original, optimized, report = _optimize(model)
-    assert _ops(optimized) == ["FusedConv", "FusedConv"]
+    assert ops(optimized) == ["FusedConv", "FusedConv"]
     (event,) = report.declined("merge-parallel-conv")
     assert "only one sibling can merge" in event.detail and "residual input Z" in event.detail
     _assert_same(original, optimized, _feeds(model))
@@ -280,14 +273,14 @@ def test_cse_then_merge_parallel():
         helper.make_node("Conv", ["x", "w2", "b2"], ["y2"], kernel_shape=[1, 1]),  # a copy of the first
         helper.make_node("Add", ["y0", "y2"], ["s"]),
     ]
-    inits = [_init("w0", weights[0]), _init("w1", weights[1]), _init("w2", weights[0].copy())]
-    inits += [_init(f"b{i}", np.zeros(3, np.float32)) for i in range(3)]
+    inits = [init("w0", weights[0]), init("w1", weights[1]), init("w2", weights[0].copy())]
+    inits += [init(f"b{i}", np.zeros(3, np.float32)) for i in range(3)]
     outputs = [tensor_info("s", None), tensor_info("y1", None)]
     model = import_model(make_model(nodes, [tensor_info("x", [1, 4, 6, 6])], outputs, initializers=inits))
     original, optimized, report = _optimize(model, [CommonSubexpressions(), MergeParallel()])
     assert len(report.fired("identical-constants")) == 3 and len(report.fired("cse")) == 1
     assert len(report.fired("merge-parallel-conv")) == 1
-    assert _ops(optimized).count("Conv") == 1
+    assert ops(optimized).count("Conv") == 1
     _assert_same(original, optimized, _feeds(model))
 
 
@@ -298,9 +291,9 @@ def test_declines_a_bias_that_is_not_constant_and_a_weight_that_is_an_output():
     ]
     inputs = [tensor_info("x", [1, 4, 6, 6]), tensor_info("b0", [3])]
     outputs = [tensor_info("y0", None), tensor_info("y1", None), tensor_info("w1", [2, 4, 1, 1])]
-    inits = [_init("w0", _randn(3, 4, 1, 1)), _init("w1", _randn(2, 4, 1, 1))]
+    inits = [init("w0", _randn(3, 4, 1, 1)), init("w1", _randn(2, 4, 1, 1))]
     _, optimized, report = _optimize(import_model(make_model(nodes, inputs, outputs, initializers=inits)))
-    assert _ops(optimized) == ["Conv", "Conv"]
+    assert ops(optimized) == ["Conv", "Conv"]
     (event,) = report.declined("merge-parallel-conv")
     assert "bias 'b0' is not constant" in event.detail
     nodes[0] = helper.make_node("Conv", ["x", "w0"], ["y0"], kernel_shape=[1, 1])

@@ -4,36 +4,9 @@ from onnx import helper
 from tensorforge.frontend import import_model
 from tensorforge.ir import Node, Value
 from tensorforge.ops import Executor
-from tensorforge.passes import Pass, PassManager, Rule, RulePass
-from tensorforge.passes.utils import bypass, is_graph_output, rewire_problem
+from tensorforge.passes import Pass, PassManager
 from tests.helpers import make_model, tensor_info
-
-
-class _DropNeg(Rule):
-    """Neg(Neg(x)) = x."""
-
-    name = "double-neg"
-    op_types = ("Neg",)
-
-    def match(self, node, ctx):
-        inner = node.inputs[0].producer()
-        return (node, inner) if inner is not None and inner.op_type == "Neg" else None
-
-    def check(self, match, ctx):
-        node, inner = match
-        return rewire_problem(node.outputs[0], inner.inputs[0])
-
-    def rewrite(self, match, ctx):
-        node, inner = match
-        bypass(node, node.outputs[0], inner.inputs[0])
-        if not inner.outputs[0].uses() and not is_graph_output(inner.outputs[0]):
-            ctx.model.graph.remove(inner)
-        return "removed a Neg pair"
-
-
-class _DropNegPass(RulePass):
-    name = "drop-neg"
-    rules = (_DropNeg,)
+from tests.passes.support import DropNegPass
 
 
 class _Vandal(Pass):
@@ -60,7 +33,7 @@ def _model():
 
 
 def test_rules_fire_to_a_fixed_point_and_are_recorded():
-    model, report = PassManager([_DropNegPass()]).run(import_model(_model()))
+    model, report = PassManager([DropNegPass()]).run(import_model(_model()))
     assert [n.op_type for n in model.graph] == ["Relu"]
     assert model.graph.outputs[0].name == "y"  # the graph output keeps its name
     assert report.nodes_before == 5 and report.nodes_after == 1
@@ -72,7 +45,7 @@ def test_rules_fire_to_a_fixed_point_and_are_recorded():
 def test_a_rule_declines_with_its_reason():
     nodes = [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])]
     model = import_model(make_model(nodes, [tensor_info("x", [4])], [tensor_info("y", [4])]))
-    model, report = PassManager([_DropNegPass()]).run(model)
+    model, report = PassManager([DropNegPass()]).run(model)
     assert len(model.graph) == 2
     (event,) = report.declined("double-neg")
     assert "'y' is a graph output" in event.detail
@@ -80,7 +53,7 @@ def test_a_rule_declines_with_its_reason():
 
 def test_a_broken_pass_is_rolled_back_and_reported():
     original = import_model(_model())
-    model, report = PassManager([_Vandal(), _DropNegPass()]).run(original)
+    model, report = PassManager([_Vandal(), DropNegPass()]).run(original)
     assert [n.op_type for n in model.graph] == ["Relu"]
     failures = [e for e in report.events if e.status == "failed"]
     assert failures and "left an invalid graph" in failures[0].detail

@@ -9,6 +9,7 @@ from tensorforge.ops import Executor
 from tensorforge.passes import PassManager
 from tensorforge.passes.pointwise import FusePointwise, program_of
 from tests.helpers import make_model, relative_error, tensor_info
+from tests.passes.support import ops
 
 
 def _optimize(model):
@@ -28,10 +29,6 @@ def _assert_same(original, optimized, feeds, tol=1e-5):
             assert torch.equal(actual[name], value), name
 
 
-def _ops(model):
-    return [n.op_type for n in model.graph]
-
-
 def _fused(model):
     return [n for n in model.graph if n.op_type == "FusedPointwise"]
 
@@ -47,7 +44,7 @@ def test_swish_and_mish_chains_from_torch(module):
     x = torch.randn(2, 16)
     original = from_torch(module, x)
     model, report = _optimize(from_torch(module, x))
-    assert _ops(model) == ["FusedPointwise"]
+    assert ops(model) == ["FusedPointwise"]
     assert len(report.fired("fuse-pointwise")) == 1
     assert model.graph.outputs[0].name == original.graph.outputs[0].name
     _assert_same(original, model, {"input": _random(2, 16)})
@@ -94,7 +91,7 @@ def _cycle_model():
 
 def test_fusion_never_creates_a_cycle():
     model, report = _optimize(import_model(_cycle_model()))
-    assert _ops(model) == ["FusedPointwise", "ReduceSum", "FusedPointwise"]
+    assert ops(model) == ["FusedPointwise", "ReduceSum", "FusedPointwise"]
     first, second = _fused(model)
     assert [s[0] for s in program_of(first)] == ["Relu", "Exp"]
     assert [s[0] for s in program_of(second)] == ["Add", "Sigmoid"]
@@ -116,7 +113,7 @@ def _cast_model():
 
 def test_casts_fuse_across_element_types():
     model, _ = _optimize(import_model(_cast_model()))
-    assert _ops(model) == ["FusedPointwise"]
+    assert ops(model) == ["FusedPointwise"]
     _assert_same(import_model(_cast_model()), model, {"x": _random(8)}, tol=0)
 
 
@@ -134,7 +131,7 @@ def _mixed_dtype_model():
 
 def test_an_element_type_change_outside_a_cast_stops_the_group():
     model, report = _optimize(import_model(_mixed_dtype_model()))
-    assert _ops(model) == ["FusedPointwise", "FusedPointwise"]
+    assert ops(model) == ["FusedPointwise", "FusedPointwise"]
     (event,) = report.declined("fuse-pointwise")
     assert event.detail.startswith("'q' is i64 but Pow computes f32")
     assert "not a Cast" in event.detail
@@ -158,7 +155,7 @@ def _masked_model(opset=17):
 
 def test_masks_and_constant_clip_bounds_fuse():
     model, _ = _optimize(import_model(_masked_model()))
-    assert _ops(model) == ["FusedPointwise"]
+    assert ops(model) == ["FusedPointwise"]
     assert [s[0] for s in program_of(model.graph.nodes[0])] == ["Greater", "Mul", "Where", "Clip"]
     _assert_same(import_model(_masked_model()), model, {"x": _random(4, 4)})
 
@@ -174,7 +171,7 @@ def _clip6_model():
 
 def test_opset_6_clip_attributes_become_constant_inputs():
     model, _ = _optimize(import_model(_clip6_model()))
-    assert _ops(model) == ["FusedPointwise"]
+    assert ops(model) == ["FusedPointwise"]
     _assert_same(import_model(_clip6_model()), model, {"x": _random(10)})
 
 
@@ -186,7 +183,7 @@ def test_clip_with_a_computed_bound_is_not_fused():
     ]
     inputs = [tensor_info("x", [5]), tensor_info("low", [])]
     model, report = _optimize(import_model(make_model(nodes, inputs, [tensor_info("y", [5])])))
-    assert _ops(model) == ["Neg", "Clip", "Relu"]
+    assert ops(model) == ["Neg", "Clip", "Relu"]
     assert [e.detail for e in report.declined("fuse-pointwise")] == ["Clip bounds are not constant"]
     assert not report.fired()
 
@@ -194,7 +191,7 @@ def test_clip_with_a_computed_bound_is_not_fused():
 def test_a_single_op_is_left_alone():
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceMax", ["r"], ["y"], keepdims=1)]
     model, report = _optimize(import_model(make_model(nodes, [tensor_info("x", [5])], [tensor_info("y", [1])])))
-    assert _ops(model) == ["Relu", "ReduceMax"]
+    assert ops(model) == ["Relu", "ReduceMax"]
     assert not report.fired()
 
 
