@@ -253,6 +253,11 @@ class Model:
         return total
 
 
+def qualified_op(node: Node) -> str:
+    """ "Conv" for an ONNX-domain node, "domain::Op" otherwise."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
 def format_shape(shape: Shape | None) -> str:
     if shape is None:
         return "?"

@@ -41,10 +41,6 @@ def _per_channel(t: torch.Tensor, trailing: int) -> torch.Tensor:
 # -- Conv -----------------------------------------------------------------------------------------------
 
 
-def _conv(x, w, b, auto_pad, dilations, group, pads, strides) -> torch.Tensor:
-    return convolution(x, w, b, auto_pad, dilations, group, pads, strides)
-
-
 def convolution(x, w, b, auto_pad, dilations, group, pads, strides, *, algorithm: str = "auto") -> torch.Tensor:
     """ONNX Conv. `algorithm` "auto" picks im2col + GEMM for dense 2-D float convolutions on the CPU (see
     `_use_gemm`) and torch's own convolution otherwise; "direct" always uses torch's (oneDNN, cuDNN)."""
@@ -117,7 +113,7 @@ def conv(
     strides=None,
 ):
     """N-d cross-correlation; the kernel shape is taken from `w`."""
-    return _conv(x, w, b, auto_pad, dilations, group, pads, strides)
+    return convolution(x, w, b, auto_pad, dilations, group, pads, strides)
 
 
 # -- ConvTranspose --------------------------------------------------------------------------------------
@@ -208,7 +204,7 @@ def _integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, 
     wf = w.to(torch.float64)
     if w_zero_point is not None:
         wf = wf - _per_channel(w_zero_point.to(torch.float64), w.ndim - 1)
-    return _conv(xf, wf, None, auto_pad, dilations, group, pads, strides).round()
+    return convolution(xf, wf, None, auto_pad, dilations, group, pads, strides).round()
 
 
 @register("ConvInteger", since=10)

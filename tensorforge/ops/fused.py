@@ -18,6 +18,7 @@ at least float32 and rounded once to the output type).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,11 +28,11 @@ import torch.nn.functional as F
 
 from ..ir import DType, Node, Value
 from .activations import gelu_exact
+from .conv import convolution
 from .registry import REGISTRY, OpContext, register
 
 DOMAIN = "tensorforge"
 OPSET = 1
-_CONV_OPSET = 22
 _POINTWISE_OPSET = 22
 
 Activation = Callable[[torch.Tensor, Sequence[float]], torch.Tensor]
@@ -98,19 +99,7 @@ def fused_conv(
     post="",
     post_params=(),
 ):
-    conv = REGISTRY.lookup("Conv", "", _CONV_OPSET).impl
-    y = conv(
-        ctx,
-        x,
-        w,
-        None,
-        auto_pad=auto_pad,
-        dilations=dilations,
-        group=group,
-        kernel_shape=kernel_shape,
-        pads=pads,
-        strides=strides,
-    )
+    y = convolution(x, w, None, auto_pad, dilations, group, pads, strides)
     spatial = y.dim() - 2
     return epilogue(y, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
 
@@ -159,16 +148,25 @@ def parse_program(program: str) -> list[tuple[str, list[int], dict[str, Any]]]:
     return [(op, list(args), dict(attrs)) for op, args, attrs in json.loads(program)]
 
 
-@register("FusedPointwise", since=OPSET, domain=DOMAIN)
-def fused_pointwise(ctx: OpContext, *inputs, program: str, outputs=None):
-    """Evaluate the program step by step with the registry's elementwise ops (ONNX semantics)."""
-    values: list[Any] = list(inputs)
+@functools.lru_cache(maxsize=4096)
+def _compiled(program: str) -> tuple[tuple[str, Any, list[int], dict[str, Any]], ...]:
+    """The program's steps with their implementations looked up: parsed once per program, not per run."""
+    steps = []
     for op_type, operands, attrs in parse_program(program):
         op_def = REGISTRY.lookup(op_type, "", _POINTWISE_OPSET)
         if op_def is None:
             raise ValueError(f"FusedPointwise step {op_type} is not a known op")
+        steps.append((op_type, op_def.impl, operands, attrs))
+    return tuple(steps)
+
+
+@register("FusedPointwise", since=OPSET, domain=DOMAIN)
+def fused_pointwise(ctx: OpContext, *inputs, program: str, outputs=None):
+    """Evaluate the program step by step with the registry's elementwise ops (ONNX semantics)."""
+    values: list[Any] = list(inputs)
+    for op_type, impl, operands, attrs in _compiled(program):
         step_ctx = _step_context(ctx, op_type, operands, values)
-        values.append(op_def.impl(step_ctx, *[values[i] for i in operands], **attrs))
+        values.append(impl(step_ctx, *[values[i] for i in operands], **attrs))
     wanted = outputs if outputs else [len(values) - 1]
     results = tuple(values[i] for i in wanted)
     return results if len(results) > 1 else results[0]

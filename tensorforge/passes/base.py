@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..ir import Graph, Model, Node, Value
+from ..ir import Graph, Model, Node, Value, qualified_op
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +134,6 @@ class RulePass(Pass):
             if not fired:
                 break
         return changed
-
-
-def qualified_op(node: Node) -> str:
-    """ "Conv" for an ONNX-domain node, "domain::Op" otherwise."""
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
 def _label(node: Node | str) -> str:

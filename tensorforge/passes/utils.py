@@ -9,14 +9,6 @@ import torch
 from ..ir import Graph, Node, Value
 
 
-def single_user(value: Value) -> Node | None:
-    """The only node reading `value`, or None when it has none, several, or is a graph output."""
-    uses = value.uses()
-    if len(uses) != 1 or is_graph_output(value):
-        return None
-    return uses[0][0]
-
-
 def is_graph_output(value: Value) -> bool:
     producer = value.producer()
     graph = producer.graph if producer is not None else None

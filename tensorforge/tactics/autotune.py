@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..ir import DType, Node
+from ..ir import DType, Node, qualified_op
 from . import vendor  # noqa: F401 - registers the reference and vendor families
-from .base import Tactic, qualified_op, tactics_for
+from .base import Tactic, tactics_for
 from .timing import Timing, TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
 
@@ -55,9 +55,8 @@ class Choice:
 def layer_signature(node: Node, inputs: Sequence[torch.Tensor | None], device: torch.device) -> tuple[str, str]:
     shapes = [None if t is None else list(t.shape) for t in inputs]
     dtypes = [None if t is None else t.dtype for t in inputs]
-    attributes = {k: v for k, v in node.attributes.items()}
     op = qualified_op(node)
-    key = signature(device_key(device), software_versions(), op, shapes, dtypes, "NCHW", attributes)
+    key = signature(device_key(device), software_versions(), op, shapes, dtypes, "NCHW", dict(node.attributes))
     return key, describe(op, shapes, dtypes, "NCHW")
 
 

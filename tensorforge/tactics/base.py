@@ -13,13 +13,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..ir import Node
+from ..ir import Node, qualified_op
 
 Kernel = Callable[[Sequence[torch.Tensor | None]], tuple[torch.Tensor, ...]]
-
-
-def qualified_op(node: Node) -> str:
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
 class Tactic:

@@ -23,7 +23,7 @@ def test_gemm_convolution_matches_direct(monkeypatch, shape, kernel, stride, dil
     x = torch.randn(shape, generator=generator, dtype=torch.float64)
     w = torch.randn((6, shape[1], *kernel), generator=generator, dtype=torch.float64)
     b = torch.randn(6, generator=generator, dtype=torch.float64)
-    y = conv._conv(x, w, b, "NOTSET", list(dilation), 1, list(pads), list(stride))
+    y = conv.convolution(x, w, b, "NOTSET", list(dilation), 1, list(pads), list(stride))
     padded = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
     expected = F.conv2d(padded, w, b, stride, 0, dilation)
     torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
@@ -31,4 +31,4 @@ def test_gemm_convolution_matches_direct(monkeypatch, shape, kernel, stride, dil
 
 def test_kernel_larger_than_input_is_an_error():
     with pytest.raises(ValueError, match="exceeds the padded input"):
-        conv._conv(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 3, 3), None, "NOTSET", None, 1, None, None)
+        conv.convolution(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 3, 3), None, "NOTSET", None, 1, None, None)
