@@ -320,6 +320,16 @@ def _compose(first: list[int], second: list[int]) -> list[int] | None:
     return [first[i] for i in second]
 
 
+def _transpose_pair(node: Node) -> _Pair | None:
+    """Transpose(Transpose(x)) with the composed permutation, when both permutations are known."""
+    inner = _inner(node, "Transpose") if _onnx(node) else None
+    if inner is None:
+        return None
+    first, second = transpose_perm(inner), transpose_perm(node)
+    composed = None if first is None or second is None else _compose(first, second)
+    return None if composed is None else _Pair(node, inner, composed)
+
+
 class CancelTransposes(Rule):
     """Transpose(Transpose(x, p), q) = x when p∘q is the identity (q[i] indexes p: p[q[i]] = i).
 
@@ -329,14 +339,8 @@ class CancelTransposes(Rule):
     op_types = ("Transpose",)
 
     def match(self, node: Node, ctx: PassContext) -> _Pair | None:
-        inner = _inner(node, "Transpose") if _onnx(node) else None
-        if inner is None:
-            return None
-        first, second = transpose_perm(inner), transpose_perm(node)
-        composed = None if first is None or second is None else _compose(first, second)
-        if composed is None or composed != list(range(len(composed))):
-            return None
-        return _Pair(node, inner)
+        pair = _transpose_pair(node)
+        return pair if pair is not None and pair.data == list(range(len(pair.data))) else None
 
     def check(self, match: _Pair, ctx: PassContext) -> str | None:
         return rewire_problem(match.outer.outputs[0], match.inner.inputs[0])
@@ -354,14 +358,10 @@ class MergeTransposes(Rule):
     op_types = ("Transpose",)
 
     def match(self, node: Node, ctx: PassContext) -> _Pair | None:
-        inner = _inner(node, "Transpose") if _onnx(node) else None
-        if inner is None:
-            return None
-        first, second = transpose_perm(inner), transpose_perm(node)
-        composed = None if first is None or second is None else _compose(first, second)
-        if composed is None or composed == list(range(len(composed))):
+        pair = _transpose_pair(node)
+        if pair is None or pair.data == list(range(len(pair.data))):
             return None  # an identity is for cancel-transposes
-        return _Pair(node, inner, composed)
+        return pair
 
     def check(self, match: _Pair, ctx: PassContext) -> str | None:
         return _intermediate_reason(match.inner)
