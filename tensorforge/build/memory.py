@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GraphError
-from ..ir import Graph, Value
+from ..ir import DType, Graph, Value
 from ..ops.fused import DOMAIN as FUSED_DOMAIN
 
 DEFAULT_ALIGNMENT = 256
@@ -238,17 +238,20 @@ def plan_memory(lives: Iterable[TensorLife], alignment: int = DEFAULT_ALIGNMENT)
 # -- from an IR graph ---------------------------------------------------------------------------------------
 
 
-def _size_bytes(value: Value, shapes: Mapping[str, tuple[int, ...]]) -> tuple[tuple[int, ...], int]:
+def _size_bytes(
+    value: Value, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, DType]
+) -> tuple[tuple[int, ...], DType, int]:
     shape = shapes.get(value.name, value.shape)
+    dtype = dtypes.get(value.name, value.dtype)
     if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
         shown = "unknown" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
         raise GraphError(
             f"cannot plan memory for value {value.name!r}: its shape is {shown}, not static; run shape "
             "inference for a fixed input shape or pass its shape in `shapes`"
         )
-    if not value.dtype.has_torch:
-        raise GraphError(f"cannot plan memory for value {value.name!r}: element type {value.dtype.name} has no size")
-    return tuple(shape), -(-math.prod(shape) * value.dtype.bits // 8)
+    if not dtype.has_torch:
+        raise GraphError(f"cannot plan memory for value {value.name!r}: element type {dtype.name} has no size")
+    return tuple(shape), dtype, -(-math.prod(shape) * dtype.bits // 8)
 
 
 def plan_graph(
@@ -256,17 +259,23 @@ def plan_graph(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     exclude_outputs: bool = True,
     *,
+    dtypes: Mapping[str, DType] | None = None,
+    exclude: Iterable[str] = (),
     include_inputs: bool = False,
     alignment: int = DEFAULT_ALIGNMENT,
 ) -> MemoryPlan:
     """Plan the arena for the node outputs of `graph`, one step per node in node order.
 
-    `shapes` gives static shapes by value name and overrides the graph's own. Constants never go in the
+    `shapes` gives static shapes by value name and overrides the graph's own; `dtypes` does the same for
+    element types (a layer built in fp16 writes its float32 values in half the bytes). Values named in
+    `exclude` (sequences, strings: not tensors of fixed size) stay out of the arena. Constants never go in the
     arena; graph inputs only with `include_inputs`; graph outputs only with `exclude_outputs=False` (they
     then live to the last step). An output of an `INPLACE_OPS` node may take over the storage of an input
     with its shape and dtype that this node reads last.
     """
     shapes = shapes or {}
+    dtypes = dtypes or {}
+    excluded = set(exclude)
     nodes = graph.nodes
     step_of = {}
     for step, node in enumerate(nodes):
@@ -276,7 +285,7 @@ def plan_graph(
     outputs = {value.name for value in graph.outputs}
 
     def in_arena(value: Value) -> bool:
-        if value.is_const or value.name in graph.initializers or not value.name:
+        if value.is_const or value.name in graph.initializers or not value.name or value.name in excluded:
             return False
         if value.name in outputs and exclude_outputs:
             return False
@@ -291,14 +300,14 @@ def plan_graph(
     for value in candidates:
         if value.name in lives or not in_arena(value):
             continue
-        shape, size = _size_bytes(value, shapes)
+        shape, dtype, size = _size_bytes(value, shapes, dtypes)
         producer = value.producer()
         first = 0 if producer is None else step_of[producer]
         last = max([first] + [step_of[user] for user, _ in value.uses() if user in step_of])
         if value.name in outputs:
             last = max(last, len(nodes) - 1)
         lives[value.name] = TensorLife(value.name, size, first, last)
-        typed[value.name] = (shape, value.dtype)
+        typed[value.name] = (shape, dtype)
 
     taken: set[str] = set()
     for step, node in enumerate(nodes):

@@ -12,33 +12,21 @@ from typing import Annotated
 import numpy as np
 import torch
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import InputError, TensorforgeError
 from ..feeds import build_feeds, parse_assignments, parse_shape
 from ..frontend import load_onnx
 from ..ops import Executor
+from ..runtime.engine import Engine
+from ..runtime.engine_file import MAGIC
 from ..summary import summarize_model
 from ..tensors import to_numpy
-
-app = typer.Typer(
-    name="tensorforge",
-    help="Inference optimizer and runtime for ONNX models.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-# Markup off: model, tensor and file names often contain brackets that rich would take for tags.
-out = Console(markup=False, highlight=False, soft_wrap=True)
-err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+from . import build_command  # noqa: F401 - registers `tensorforge build`
+from .common import app, choose_device, fail, out
 
 ModelArg = Annotated[Path, typer.Argument(help="an ONNX model file", show_default=False)]
-
-
-def _fail(error: Exception) -> None:
-    err.print(f"error: {error}", style="red")
-    raise typer.Exit(1)
+ModelOrEngineArg = Annotated[Path, typer.Argument(help="an engine file or an ONNX model", show_default=False)]
 
 
 @app.command()
@@ -55,7 +43,7 @@ def inspect(
         summary = summarize_model(model)
         report = _optimize(model)[1] if optimize else None
     except TensorforgeError as error:
-        _fail(error)
+        fail(error)
     if as_json:
         if report is not None:
             summary["optimization"] = report.to_dict()
@@ -139,7 +127,7 @@ def _print_optimization(report) -> None:
 
 @app.command()
 def run(
-    model_path: ModelArg,
+    model_path: ModelOrEngineArg,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="NAME=file.npy (repeatable)", show_default=False)
     ] = None,
@@ -158,30 +146,29 @@ def run(
         bool, typer.Option("--optimize", help="run the graph after the default optimization passes")
     ] = False,
 ) -> None:
-    """Run a model on given or random inputs; print output shapes and timing."""
+    """Run an engine file or an ONNX model on given or random inputs; print output shapes and timing."""
     try:
-        device = _device(device)
-        model = load_onnx(model_path)
-        feeds = build_feeds(
-            model,
-            parse_assignments(inputs or [], "--input"),
-            {k: parse_shape(v) for k, v in parse_assignments(shapes or [], "--shape").items()},
-            seed=seed,
-        )
-        if optimized:
+        engine = _load_engine(model_path, None if device == "auto" else choose_device(device))
+        device = choose_device(device)
+        model = engine.model if engine is not None else load_onnx(model_path)
+        given = {k: parse_shape(v) for k, v in parse_assignments(shapes or [], "--shape").items()}
+        if engine is not None:
+            given = {**{n: r.opt for n, r in engine.plans[0].profile.ranges.items()}, **given}
+        feeds = build_feeds(model, parse_assignments(inputs or [], "--input"), given, seed=seed)
+        if optimized and engine is None:
             model, report = _optimize(model)
             out.print(f"optimized: {report.nodes_before} -> {report.nodes_after} nodes")
-        executor = Executor(model, device)
+        runner = engine.create_context() if engine is not None else Executor(model, device)
         paths = _output_paths(model, output_dir, force)
         times, results = [], {}
         for _ in range(runs):
             start = time.perf_counter()
-            results = executor.run(feeds)
-            if executor.device.type == "cuda":
-                torch.cuda.synchronize(executor.device)
+            results = runner.run(feeds)
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
             times.append(time.perf_counter() - start)
     except TensorforgeError as error:
-        _fail(error)
+        fail(error)
     table = Table("output", "type", "shape", "mean", "min", "max", box=None)
     by_name = {v.name: v for v in model.graph.outputs}
     for name, result in results.items():
@@ -198,19 +185,25 @@ def run(
             np.save(paths[name], array, allow_pickle=False)
     out.print(table)
     median = statistics.median(times) * 1e3
-    out.print(f"{executor.device} reference executor: median {median:.3f} ms over {runs} run(s)")
+    what = (
+        "engine" + (" (CUDA graphs)" if getattr(runner, "cuda_graphs", False) else "")
+        if engine
+        else "reference executor"
+    )
+    out.print(f"{runner.device} {what}: median {median:.3f} ms over {runs} run(s)")
     if paths:
         out.print(f"wrote {len(paths)} output(s) to {output_dir}")
 
 
-def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {name!r} was asked for but CUDA is not available here; use --device cpu")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
-        raise InputError(f"unknown device {name!r}: use cpu, cuda, cuda:N or auto")
-    return name
+def _load_engine(path: Path, device: str | None) -> Engine | None:
+    """The engine in `path` if it is an engine file (by its magic bytes), else None (an ONNX model); with no
+    `device`, on the device it was built for."""
+    if not path.is_file():
+        return None
+    with path.open("rb") as file:
+        if file.read(len(MAGIC)) != MAGIC:
+            return None
+    return Engine.load(path, device=device)
 
 
 def _output_paths(model, output_dir: Path | None, force: bool) -> dict[str, Path]:

@@ -89,29 +89,7 @@ class Executor:
 
     def bind_inputs(self, feeds: Mapping[str, Any]) -> dict[Value, Any]:
         """Check `feeds` against the graph inputs and convert them to tensors on the device."""
-        graph = self.model.graph
-        required = [v for v in graph.inputs if v.name not in graph.initializers]
-        by_name = {v.name: v for v in graph.inputs}
-        problems = []
-        for name in feeds:
-            if name not in by_name:
-                hint = _suggest(name, [v.name for v in required if v.name not in feeds] or list(by_name))
-                problems.append(f"unknown input {name!r}{hint} (inputs are {sorted(by_name)})")
-        for value in required:
-            if value.name not in feeds:
-                problems.append(f"missing input {value.name!r} ({format_type(value.dtype, value.shape)})")
-        env: dict[Value, Any] = {}
-        symbols: dict[str, tuple[int, str]] = {}
-        for name, data in feeds.items():
-            value = by_name.get(name)
-            if value is None:
-                continue
-            tensor = _feed_to_device(data, self.device)
-            problems.extend(_check_feed(value, tensor, symbols))
-            env[value] = tensor
-        if problems:
-            raise InputError("bad inputs:\n  " + "\n  ".join(problems))
-        return env
+        return bind_feeds(self.model.graph, feeds, self.device)
 
     def _run_graph(self, graph: Graph, bound: dict[Value, Any], outer: ChainMap) -> list[Any]:
         env = outer.new_child(bound)
@@ -152,6 +130,33 @@ class Executor:
                 env.maps[0][value] = output
         for value in step.release:
             env.maps[0].pop(value, None)
+
+
+def bind_feeds(graph: Graph, feeds: Mapping[str, Any], device: torch.device) -> dict[Value, Any]:
+    """`feeds` checked against `graph`'s inputs (names, dtypes, shapes, symbolic dims that must agree) and
+    converted to tensors on `device`; every problem is reported at once in one `InputError`."""
+    required = [v for v in graph.inputs if v.name not in graph.initializers]
+    by_name = {v.name: v for v in graph.inputs}
+    problems = []
+    for name in feeds:
+        if name not in by_name:
+            hint = _suggest(name, [v.name for v in required if v.name not in feeds] or list(by_name))
+            problems.append(f"unknown input {name!r}{hint} (inputs are {sorted(by_name)})")
+    for value in required:
+        if value.name not in feeds:
+            problems.append(f"missing input {value.name!r} ({format_type(value.dtype, value.shape)})")
+    env: dict[Value, Any] = {}
+    symbols: dict[str, tuple[int, str]] = {}
+    for name, data in feeds.items():
+        value = by_name.get(name)
+        if value is None:
+            continue
+        tensor = _feed_to_device(data, device)
+        problems.extend(_check_feed(value, tensor, symbols))
+        env[value] = tensor
+    if problems:
+        raise InputError("bad inputs:\n  " + "\n  ".join(problems))
+    return env
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,15 +98,20 @@ def load_engine_file(
     header_end = _PREAMBLE.size + header_length
     header = _decode_header(data[_PREAMBLE.size : header_end], where)
     if check_environment:
-        problems = compatibility_problems(header["environment"], Environment.current(device))
-        if problems:
-            lines = "".join(f"\n  - {problem}" for problem in problems)
-            raise EngineFileError(f"the engine {where} cannot run here:{lines}\n{_REBUILD}")
+        check_runs_here(header["environment"], device, where)
     try:
         tensors = safetensors.torch.load(data[header_end : header_end + weights_length])
     except Exception as err:  # safetensors raises its own SafetensorError, and others for odd dtypes
         raise EngineFileError(f"the weights of {where} do not parse as safetensors ({err}); {_REBUILD}") from None
     return header, {name: tensor.to(device) for name, tensor in tensors.items()}
+
+
+def check_runs_here(built: Environment, device: str | torch.device, where: str) -> None:
+    """Refuse an engine built for another device or software stack, listing every difference."""
+    problems = compatibility_problems(built, Environment.current(device))
+    if problems:
+        lines = "".join(f"\n  - {problem}" for problem in problems)
+        raise EngineFileError(f"the engine {where} cannot run here:{lines}\n{_REBUILD}")
 
 
 def _encode_header(header: Mapping[str, Any], path: Path) -> bytes:

@@ -1,9 +1,10 @@
 """Tactics: interchangeable implementations of one layer, and the registry that lists them per op.
 
 A tactic is a kernel family × a configuration. `supports` says why it cannot run a node (or None), `space`
-lists its configurations for an effort level, and `build` returns a `Kernel`: a callable from the layer's
-input tensors to its output tensors. The autotuner times every supported candidate; one that fails to build
-or run scores inf and never aborts the build.
+lists its configurations for an effort level, `precisions` and `layouts` the variants it runs in (see
+`variant.py`; the autotuner crosses them with `space`), and `build` returns a `Kernel`: a callable from the
+layer's input tensors (constants first converted to the variant) to its output tensors. The autotuner
+times every supported candidate; one that fails to build or run scores inf and never aborts the build.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class Tactic:
     family: ClassVar[str] = ""
     name: ClassVar[str] = ""
     op_types: ClassVar[tuple[str, ...]] = ()  # qualified op types; empty: any op
+    precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32", "fp16", "bf16")
+    layouts: ClassVar[tuple[str, ...]] = ("any",)  # "any": 4-D tensors in the memory format they come in
 
     @property
     def key(self) -> str:
@@ -55,3 +58,8 @@ def tactics_for(node: Node, families: Sequence[str] | None = None) -> Iterator[T
     for tactic in _TACTICS:
         if (not tactic.op_types or op in tactic.op_types) and (families is None or tactic.family in families):
             yield tactic
+
+
+def tactic_by_key(key: str) -> Tactic | None:
+    """The registered tactic named `key` ("family.name"), or None."""
+    return next((tactic for tactic in _TACTICS if tactic.key == key), None)

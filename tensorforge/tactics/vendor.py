@@ -70,6 +70,7 @@ class TorchDirectConvTactic(Tactic):
     family = "vendor"
     name = "torch-direct"
     op_types = (_FUSED_CONV,)
+    layouts = ("NCHW", "NHWC")
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         conv = _conv_attributes(node)
@@ -99,6 +100,7 @@ class CudnnFusedConvTactic(Tactic):
     family = "vendor"
     name = "cudnn-fused"
     op_types = (_FUSED_CONV,)
+    layouts = ("NCHW", "NHWC")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":

@@ -1,0 +1,286 @@
+"""The `Builder`: ONNX model → optimized graph → a tuned plan per optimization profile → `Engine`.
+
+1. Profiles are completed: an input the config does not mention keeps its declared shape, a dynamic dim
+   of it is fixed at 1 (said in the report). Dims equal in every profile become static in the graph, so
+   constant folding can evaluate the shape arithmetic that depends on them.
+2. The graph optimizer runs (`passes.pipeline.optimize`), then registry inference.
+3. Per profile, the layers are tuned in schedule order on random inputs of the profile's opt shapes: each
+   layer's candidates (tactic × config × precision × layout) are timed on the real outputs of the layers
+   already chosen, so a cast or a layout change a candidate needs is part of its measured cost (a greedy
+   choice along the schedule). Timings go to the timing cache; a warm cache re-times nothing.
+4. The memory plan is made at the profile's max shapes, with the dtypes the chosen layers write.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError, UnsupportedError
+from ..feeds import random_tensor
+from ..frontend import load_onnx
+from ..ir import DType, Model, Node, Value, format_type
+from ..ir.clone import clone_model
+from ..ops.executor import check_supported
+from ..ops.infer import infer_model
+from ..passes.pipeline import optimize
+from ..runtime.engine import Engine
+from ..runtime.environment import Environment
+from ..runtime.plan import Layer, Plan
+from ..runtime.schedule import Schedule
+from ..tactics.autotune import Choice, autotune, build_layer_kernel
+from ..tactics.base import tactic_by_key
+from ..tactics.timing_cache import TimingCache
+from ..tactics.variant import Variant, math_mode
+from .config import BuildConfig, Profile
+from .memory import plan_graph
+
+LayerCallback = Callable[[int, int, Node, Choice], None]
+
+
+@dataclass
+class _Tuning:
+    """What tuning one profile recorded: the layers and every value's shape and dtype at the opt shapes."""
+
+    layers: list[Layer] = field(default_factory=list)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[str, DType] = field(default_factory=dict)
+    others: set[str] = field(default_factory=set)  # values that are not tensors
+
+
+class Builder:
+    """Builds engines for one `BuildConfig`. `on_layer(index, count, node, choice)` is called as each layer is
+    tuned (for progress bars and build logs)."""
+
+    def __init__(self, config: BuildConfig, *, on_layer: LayerCallback | None = None) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.on_layer = on_layer
+
+    def build(self, model: Model | str | os.PathLike[str]) -> Engine:
+        """Optimize and tune `model` (an imported `Model` or an ONNX file, which is left untouched)."""
+        started = time.perf_counter()
+        environment = Environment.current(self.device)
+        model = load_onnx(model) if isinstance(model, str | os.PathLike) else clone_model(model)
+        check_supported(model)
+        _refuse_control_flow(model)
+        profiles, notes = complete_profiles(model, self.config.profiles)
+        precisions = self.config.precisions
+        if self.device.type == "cpu" and precisions != ("fp32",):
+            notes.append(
+                f"{', '.join(p for p in precisions if p != 'fp32')} not tried on the CPU: half-precision math is "
+                "emulated there (slower than fp32) and TF32 is a GPU mode; the engine is fp32"
+            )
+            precisions = ("fp32",)
+        _specialize(model, profiles)
+        model, optimization = optimize(model)
+        infer_model(model, check=False)
+        model.graph.sort()
+        cache = self._load_cache()
+        cached_keys = len(cache)
+        constants: dict[tuple[str, str, str], torch.Tensor] = {}
+        plans = []
+        tuning_started = time.perf_counter()
+        for profile in profiles:
+            tuning = self._tune(model, profile, precisions, cache, constants)
+            max_shapes = {name: r.max for name, r in profile.ranges.items()}
+            if any(r.max != r.opt for r in profile.ranges.values()):
+                tuning = self._observe(model, tuning, max_shapes, constants)
+            memory = plan_graph(model.graph, tuning.shapes, dtypes=tuning.dtypes, exclude=tuning.others)
+            tuned = {name: r.opt for name, r in profile.ranges.items()}
+            plans.append(Plan(profile, tuple(tuning.layers), memory, tuned))
+        tuning_seconds = time.perf_counter() - tuning_started
+        if self.config.timing_cache:
+            cache.save(self.config.timing_cache)
+        report = {
+            "notes": notes,
+            "optimizer": {
+                "nodes_before": optimization.nodes_before,
+                "nodes_after": optimization.nodes_after,
+                "fired": _count(event.rule for event in optimization.fired()),
+            },
+            "tuning_seconds": round(tuning_seconds, 3),
+            "timing_cache": {"path": self.config.timing_cache, "entries_before": cached_keys, "entries": len(cache)},
+            "build_seconds": round(time.perf_counter() - started, 3),
+        }
+        return Engine(model, self.config, plans, environment, report, device=self.device)
+
+    def _load_cache(self) -> TimingCache:
+        path = self.config.timing_cache
+        return TimingCache.load(path) if path and Path(path).exists() else TimingCache()
+
+    def _tune(self, model: Model, profile: Profile, precisions, cache: TimingCache, constants) -> _Tuning:
+        graph = model.graph
+        nodes = graph.nodes
+        env: dict[Value, Any] = dict(_random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device))
+        last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
+        kept = set(graph.outputs)
+        tuning = _Tuning()
+        for value, tensor in env.items():
+            _record(tuning, value, tensor)
+        for index, node in enumerate(nodes):
+            inputs = [None if v is None or v.is_const else env[v] for v in node.inputs]
+            opset = model.opset(node.domain)
+            choice = autotune(
+                node,
+                opset,
+                inputs,
+                self.device,
+                effort=self.config.effort,
+                precisions=precisions,
+                families=self.config.tactic_families,
+                cache=cache,
+                constants=constants,
+            )
+            kernel = build_layer_kernel(
+                tactic_by_key(choice.tactic), node, opset, self.device, choice.config, constants
+            )
+            with torch.inference_mode(), math_mode(Variant("fp32")):
+                outputs = kernel(
+                    [t for v, t in zip(node.inputs, inputs, strict=True) if v is not None and not v.is_const]
+                )
+            for value, output in zip(node.outputs, outputs, strict=False):
+                if value.name:
+                    env[value] = output
+                    _record(tuning, value, output)
+            for value in [v for v in node.inputs if v is not None] + list(node.outputs):
+                if last_reader.get(value, index) <= index and value not in kept:
+                    env.pop(value, None)
+            candidates = tuple(choice.candidates)
+            tuning.layers.append(
+                Layer(index, choice.tactic, choice.config, choice.median_ms, candidates, choice.from_cache)
+            )
+            if self.on_layer is not None:
+                self.on_layer(index, len(nodes), node, choice)
+        return tuning
+
+    def _observe(self, model: Model, tuning: _Tuning, shapes, constants) -> _Tuning:
+        """Run the tuned layers once at `shapes` (the profile's max) and record what every value becomes."""
+        schedule = Schedule(model, tuning.layers, self.device, constants)
+        observed = _Tuning(layers=tuning.layers)
+        feeds = _random_inputs(model, shapes, self.device)
+        for value, tensor in feeds.items():
+            _record(observed, value, tensor)
+        schedule.execute({v.name: t for v, t in feeds.items()}, observe=lambda v, t: _record(observed, v, t))
+        return observed
+
+
+def complete_profiles(model: Model, profiles: tuple[Profile, ...]) -> tuple[list[Profile], list[str]]:
+    """Every profile with a range for every input; the notes say which dynamic dims were fixed at 1."""
+    graph = model.graph
+    inputs = [v for v in graph.inputs if v.name not in graph.initializers]
+    names = {v.name for v in inputs}
+    notes: list[str] = []
+    completed = []
+    for index, profile in enumerate(profiles or (Profile(),)):
+        unknown = sorted(set(profile.ranges) - names)
+        if unknown:
+            raise InputError(f"profile {index} names {unknown}, which are not inputs of the model ({sorted(names)})")
+        for value in inputs:
+            shape_range = profile.ranges.get(value.name)
+            if shape_range is None:
+                fixed = _default_shape(value, notes)
+                profile = profile.add(value.name, fixed, fixed, fixed)
+            else:
+                _check_declared(value, shape_range.min, shape_range.max)
+        completed.append(profile)
+    return completed, sorted(set(notes))
+
+
+def _default_shape(value: Value, notes: list[str]) -> tuple[int, ...]:
+    if value.shape is None:
+        raise InputError(
+            f"input {value.name!r} has no declared shape: give its shapes with --profile {value.name}=MIN:OPT:MAX "
+            "(e.g. 1x3x224x224:8x3x224x224:32x3x224x224)"
+        )
+    if not value.dtype.has_torch or not (value.dtype.is_float or value.dtype.is_integer or value.dtype == DType.BOOL):
+        raise UnsupportedError(f"input {value.name!r} is {value.dtype}: engines take numeric tensor inputs only")
+    dynamic = [axis for axis, d in enumerate(value.shape) if not isinstance(d, int)]
+    if dynamic:
+        notes.append(
+            f"input {value.name!r} ({format_type(value.dtype, value.shape)}): dynamic axes {dynamic} fixed at 1; "
+            f"give --profile {value.name}=MIN:OPT:MAX for other sizes"
+        )
+    return tuple(d if isinstance(d, int) else 1 for d in value.shape)
+
+
+def _check_declared(value: Value, low: tuple[int, ...], high: tuple[int, ...]) -> None:
+    if value.shape is None:
+        return
+    if len(value.shape) != len(low):
+        raise InputError(
+            f"the profile for {value.name!r} has rank {len(low)}, the model declares "
+            f"{format_type(value.dtype, value.shape)} (rank {len(value.shape)})"
+        )
+    for axis, declared in enumerate(value.shape):
+        if isinstance(declared, int) and not low[axis] == high[axis] == declared:
+            raise InputError(
+                f"the profile for {value.name!r} gives axis {axis} the range {low[axis]}..{high[axis]}, but the "
+                f"model fixes it at {declared} ({format_type(value.dtype, value.shape)}); export the model with "
+                "that axis dynamic to vary it"
+            )
+
+
+def _specialize(model: Model, profiles: list[Profile]) -> None:
+    """Make static every input dim that all profiles fix to one size, then re-infer shapes."""
+    for value in model.graph.inputs:
+        ranges = [p.ranges[value.name] for p in profiles if value.name in p.ranges]
+        if not ranges:
+            continue
+        rank = len(ranges[0].min)
+        dims = []
+        for axis in range(rank):
+            sizes = {r.min[axis] for r in ranges} | {r.max[axis] for r in ranges}
+            declared = value.shape[axis] if value.shape is not None and len(value.shape) == rank else None
+            dims.append(sizes.pop() if len(sizes) == 1 else declared or f"{value.name}_{axis}")
+        value.shape = tuple(dims)
+    infer_model(model, check=False)
+
+
+def _refuse_control_flow(model: Model) -> None:
+    nodes = [node for node in model.graph.nodes if any(True for _ in node.subgraphs())]
+    if nodes:
+        shown = ", ".join(node.label for node in nodes[:5])
+        raise UnsupportedError(
+            f"engines do not run control flow yet; the model has {len(nodes)} node(s) with subgraphs ({shown}). "
+            "Run it with the executor (`tensorforge run model.onnx`) instead."
+        )
+
+
+def _random_inputs(model: Model, shapes: Mapping[str, tuple[int, ...]], device: torch.device) -> dict[Value, Any]:
+    rng = np.random.default_rng(0)
+    graph = model.graph
+    return {
+        v: random_tensor(v.dtype, tuple(shapes[v.name]), rng).to(device)
+        for v in graph.inputs
+        if v.name not in graph.initializers
+    }
+
+
+def _record(tuning: _Tuning, value: Value, tensor: Any) -> None:
+    if not value.name:
+        return
+    if isinstance(tensor, torch.Tensor):
+        tuning.shapes[value.name] = tuple(tensor.shape)
+        tuning.dtypes[value.name] = DType.from_torch(tensor.dtype)
+    else:
+        tuning.others.add(value.name)
+
+
+def _count(items) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def build_engine(model: Model | str | os.PathLike[str], config: BuildConfig | None = None, **options: Any) -> Engine:
+    """`Builder(config or BuildConfig(**options)).build(model)`."""
+    return Builder(config if config is not None else BuildConfig(**options)).build(model)

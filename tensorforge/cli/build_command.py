@@ -1,0 +1,128 @@
+"""`tensorforge build`: optimize and tune a model for this machine's device, write the engine file."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..build.builder import Builder
+from ..build.config import BuildConfig, Profile, parse_profile
+from ..errors import InputError, TensorforgeError
+from ..feeds import parse_assignments, parse_shape
+from ..ir import qualified_op
+from ..runtime.engine import Engine
+from .common import app, choose_device, err, fail, out
+
+
+@app.command()
+def build(
+    model_path: Annotated[Path, typer.Argument(help="an ONNX model file", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the engine file to write", show_default=False)],
+    fp16: Annotated[bool, typer.Option("--fp16", help="allow float16 layers")] = False,
+    bf16: Annotated[bool, typer.Option("--bf16", help="allow bfloat16 layers")] = False,
+    tf32: Annotated[bool, typer.Option("--tf32", help="allow TF32 math in float32 convolutions and products")] = False,
+    profiles: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--profile",
+            "-p",
+            help="NAME=MIN:OPT:MAX shapes of a dynamic input, e.g. x=1x3x224x224:8x3x224x224:32x3x224x224 "
+            "(repeatable; a single shape fixes it)",
+            show_default=False,
+        ),
+    ] = None,
+    shapes: Annotated[
+        list[str] | None,
+        typer.Option("--shape", "-s", help="NAME=1x3x224x224: build for this one shape", show_default=False),
+    ] = None,
+    timing_cache: Annotated[
+        Path | None, typer.Option("--timing-cache", help="read and update this timing cache file", show_default=False)
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto")] = "auto",
+    effort: Annotated[int, typer.Option(min=0, max=2, help="tuning effort: 0 quick, 1 default, 2 careful")] = 1,
+    families: Annotated[
+        str | None, typer.Option(help="comma-separated tactic families to allow (reference is always kept)")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every layer's candidate table")] = False,
+    force: Annotated[bool, typer.Option(help="overwrite an existing engine file")] = False,
+) -> None:
+    """Build an engine: optimize the graph, time every layer's candidates on the device, plan memory."""
+    try:
+        if output.exists() and not force:
+            raise InputError(f"{str(output)!r} already exists; pass --force to overwrite it")
+        precisions = ("fp32", *(p for p, on in (("tf32", tf32), ("fp16", fp16), ("bf16", bf16)) if on))
+        config = BuildConfig(
+            device=choose_device(device),
+            precisions=precisions,
+            profiles=_profiles(profiles or [], shapes or []),
+            effort=effort,
+            timing_cache=str(timing_cache) if timing_cache else None,
+            tactic_families=tuple(f.strip() for f in families.split(",")) if families else None,
+        )
+        columns = (TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, TextColumn("{task.fields[layer]}"), console=err, transient=True) as progress:
+            task = progress.add_task("tuning", total=None, layer="")
+
+            def on_layer(index, count, node, choice):
+                progress.update(task, total=count, completed=index + 1, layer=node.name or node.op_type)
+                if verbose:
+                    progress.console.print(choice.table(node.label), markup=False, highlight=False)
+
+            engine = Builder(config, on_layer=on_layer).build(model_path)
+        engine.save(output, overwrite=force)
+    except TensorforgeError as error:
+        fail(error)
+    print_build_report(engine)
+    out.print(f"wrote {output} ({output.stat().st_size / 2**20:.2f} MiB)", style="bold")
+
+
+def _profiles(profiles: list[str], shapes: list[str]) -> tuple[Profile, ...]:
+    if profiles and shapes:
+        raise InputError("give either --profile (ranges) or --shape (one shape per input), not both")
+    if shapes:
+        fixed = {name: parse_shape(text) for name, text in parse_assignments(shapes, "--shape").items()}
+        profile = Profile()
+        for name, shape in fixed.items():
+            profile = profile.add(name, shape, shape, shape)
+        return (profile,)
+    return (parse_profile(profiles),) if profiles else ()
+
+
+def print_build_report(engine: Engine) -> None:
+    """The build log's summary: notes, fusion, per-layer winners, time, memory."""
+    report = engine.report
+    for note in report.get("notes", []):
+        out.print(f"note: {note}", style="yellow")
+    optimizer = report.get("optimizer", {})
+    fired = ", ".join(f"{rule} {count}x" for rule, count in optimizer.get("fired", {}).items())
+    before, after = optimizer.get("nodes_before"), optimizer.get("nodes_after")
+    out.print(f"graph: {before} -> {after} nodes ({fired or 'no fusion'})")
+    nodes = engine.model.graph.nodes
+    for index, plan in enumerate(engine.plans):
+        ranges = ", ".join(
+            f"{name} {list(r.min)}..{list(r.max)} (opt {list(r.opt)})" for name, r in plan.profile.ranges.items()
+        )
+        out.print(f"profile {index}: {ranges}", style="bold")
+        table = Table("#", "layer", "op", "tactic", "precision", "layout", "ms", "vs next best", box=None)
+        for layer in plan.layers:
+            node = nodes[layer.node]
+            times = sorted(c.median_ms for c in layer.candidates if math.isfinite(c.median_ms))
+            margin = f"{times[1] / times[0]:.2f}x" if len(times) > 1 and times[0] > 0 else "only one"
+            table.add_row(
+                str(layer.node), node.name or "", qualified_op(node), layer.tactic, layer.precision, layer.layout,
+                f"{layer.median_ms:.4f}", margin,
+            )  # fmt: skip
+        out.print(table)
+        out.print(f"sum of layer times at opt: {plan.total_ms:.3f} ms")
+        out.print(plan.memory.report())
+    cache = report.get("timing_cache", {})
+    where = ""
+    if cache.get("path"):
+        where = f" (timing cache {cache['path']}: {cache['entries_before']} -> {cache['entries']} entries)"
+    seconds = f"built in {report.get('build_seconds', 0):.1f} s, tuning {report.get('tuning_seconds', 0):.1f} s"
+    out.print(seconds + where)

@@ -1,0 +1,140 @@
+"""`ExecutionContext`: runs an engine on its inputs, on a CUDA stream, replaying one CUDA graph per shape.
+
+A context checks every feed against the engine's inputs (names, dtypes, ranks, the profiles' shape ranges),
+picks the first profile that accepts the shapes, and runs that plan's schedule. On CUDA the first run of a
+new input shape runs eagerly and then captures the schedule into a CUDA graph; later runs of that shape copy
+the feeds into the graph's input buffers and replay it. A schedule that cannot be captured (a kernel that
+synchronizes with the host) stays eager for that shape, with the reason kept in `eager_shapes`.
+
+Several contexts may run one engine at once (threads, streams): each has its own stream, graphs and memory
+pool; the weights and kernels are the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..ops.executor import bind_feeds
+from .engine import Engine
+
+ShapeKey = tuple[int, tuple[tuple[str, tuple[int, ...], torch.dtype], ...]]
+
+
+class _Captured:
+    """One CUDA graph: the static input buffers it reads and the output tensors it writes."""
+
+    __slots__ = ("graph", "inputs", "outputs")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: dict[str, torch.Tensor], outputs: list[Any]) -> None:
+        self.graph = graph
+        self.inputs = inputs
+        self.outputs = outputs
+
+
+class ExecutionContext:
+    """`run(feeds)` blocks until the outputs are ready; `enqueue(feeds)` returns once the work is queued."""
+
+    def __init__(
+        self, engine: Engine, *, stream: torch.cuda.Stream | None = None, cuda_graphs: bool | None = None
+    ) -> None:
+        self.engine = engine
+        self.device = engine.device
+        on_cuda = self.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise InputError("CUDA graphs need an engine built for CUDA; this one runs on the CPU")
+        self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        self.stream = stream if stream is not None or not on_cuda else torch.cuda.Stream(self.device)
+        self._graphs: dict[ShapeKey, _Captured] = {}
+        self.eager_shapes: dict[ShapeKey, str] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+
+    @property
+    def captured_shapes(self) -> list[ShapeKey]:
+        return list(self._graphs)
+
+    def run(self, feeds: Mapping[str, Any], outputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """Run on `feeds` (torch tensors, numpy arrays or DLPack objects by input name) and wait for the result.
+
+        With `outputs` (tensors by output name, of the output's shape and dtype, on the engine's device) the
+        results are written there and those same tensors are returned.
+        """
+        results = self.enqueue(feeds, outputs)
+        if self.stream is not None:
+            self.stream.synchronize()
+        return results
+
+    def enqueue(
+        self,
+        feeds: Mapping[str, Any],
+        outputs: Mapping[str, torch.Tensor] | None = None,
+        stream: torch.cuda.Stream | None = None,
+    ) -> dict[str, Any]:
+        """Queue a run on `stream` (the context's own by default) and return its outputs without waiting:
+        they are valid once the stream has finished (`stream.synchronize()` or an event)."""
+        stream = stream or self.stream
+        if stream is None:
+            return self._deliver(self._execute(feeds), outputs)
+        current = torch.cuda.current_stream(self.device)
+        stream.wait_stream(current)  # feeds the caller produced on its stream are ready
+        with torch.cuda.stream(stream):
+            return self._deliver(self._execute(feeds), outputs)
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _execute(self, feeds: Mapping[str, Any]) -> list[Any]:
+        shapes = {name: tuple(data.shape) for name, data in feeds.items() if hasattr(data, "shape")}
+        index = self.engine.select_plan(shapes)  # before the graph's own checks: its static dims come from profiles
+        bound = {
+            value.name: tensor for value, tensor in bind_feeds(self.engine.model.graph, feeds, self.device).items()
+        }
+        schedule = self.engine.schedule(index)
+        if not self.cuda_graphs:
+            return schedule.execute(bound)
+        key: ShapeKey = (index, tuple(sorted((n, tuple(t.shape), t.dtype) for n, t in bound.items())))
+        captured = self._graphs.get(key)
+        if captured is not None:
+            for name, tensor in bound.items():
+                captured.inputs[name].copy_(tensor, non_blocking=True)
+            captured.graph.replay()
+            return captured.outputs
+        results = schedule.execute(bound)  # eager: warms up cuDNN / cuBLAS before the capture
+        if key not in self.eager_shapes:
+            self._capture(key, schedule, bound)
+        return results
+
+    def _capture(self, key: ShapeKey, schedule, bound: Mapping[str, torch.Tensor]) -> None:
+        static = {name: tensor.clone() for name, tensor in bound.items()}
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                outputs = schedule.execute(static)
+        except Exception as err:  # e.g. a kernel that reads a value back to the host
+            self.eager_shapes[key] = f"{type(err).__name__}: {err}"
+            return
+        self._graphs[key] = _Captured(graph, static, outputs)
+
+    def _deliver(self, results: list[Any], outputs: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
+        """Results by output name: copies of the graph's buffers, or written into the caller's `outputs`."""
+        names = [value.name for value in self.engine.model.graph.outputs]
+        outputs = outputs or {}
+        unknown = sorted(set(outputs) - set(names))
+        if unknown:
+            raise InputError(f"output buffers given for {unknown}, which are not outputs (outputs are {names})")
+        delivered = {}
+        for name, result in zip(names, results, strict=True):
+            target = outputs.get(name)
+            if target is None:
+                delivered[name] = result.clone() if self.cuda_graphs and isinstance(result, torch.Tensor) else result
+                continue
+            if not isinstance(result, torch.Tensor) or target.shape != result.shape or target.dtype != result.dtype:
+                shown = f"{result.dtype} {list(result.shape)}" if isinstance(result, torch.Tensor) else "not a tensor"
+                raise InputError(
+                    f"the output buffer for {name!r} is {target.dtype} {list(target.shape)}, the output is {shown}"
+                )
+            target.copy_(result, non_blocking=True)
+            delivered[name] = target
+        return delivered

@@ -1,0 +1,173 @@
+"""Precision and layout variants of a layer, and the wrapper that runs a tactic's kernel in one.
+
+A variant is the `precision` and `layout` entries of a tactic config. Precision: a layer in fp16 or bf16
+reads every input the graph declares float32 in that type and writes its float32 outputs in it; tf32 keeps
+float32 storage and lets cuDNN and cuBLAS use TF32 math; fp32 is full float32 math. Layout: "any" takes 4-D
+tensors in whatever memory format they come, "NCHW" and "NHWC" (torch's channels_last) make them so first.
+A reformat (a cast or a memory-format copy) costs time inside the layer that needs it, so when the autotuner
+times a layer on its producers' real outputs, the reformat is part of the measured cost.
+
+Constant inputs (weights) are converted once, when the layer is prepared, never per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..ir import DType, Node, Value, qualified_op
+from ..ops.fused import DOMAIN
+from .base import Kernel, Tactic
+
+PRECISION_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+LAYOUTS = ("any", "NCHW", "NHWC")
+# Ops whose math TF32 changes (cuDNN convolutions, cuBLAS products); elsewhere tf32 is fp32.
+TF32_OPS = frozenset(
+    {"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", f"{DOMAIN}::FusedConv", f"{DOMAIN}::FusedGemm"}
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    precision: str = "fp32"
+    layout: str = "any"
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Variant:
+        return cls(config.get("precision", "fp32"), config.get("layout", "any"))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return PRECISION_DTYPE[self.precision]
+
+    @property
+    def memory_format(self) -> torch.memory_format | None:
+        return {"NCHW": torch.contiguous_format, "NHWC": torch.channels_last}.get(self.layout)
+
+
+def precision_choices(node: Node, allowed: Sequence[str]) -> list[str]:
+    """The precisions worth trying for `node`: only fp32 unless it reads or writes a float32 tensor."""
+    values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+    if not any(v.dtype == DType.FLOAT for v in values):
+        return ["fp32"]
+    choices = [p for p in PRECISION_DTYPE if p in allowed]
+    if qualified_op(node) not in TF32_OPS:
+        choices = [p for p in choices if p != "tf32"]
+    return choices or ["fp32"]
+
+
+def variants(tactic: Tactic, node: Node, allowed: Sequence[str], device: torch.device) -> list[Variant]:
+    """Every (precision, layout) of `tactic` for `node`: its precisions the build allows, its layouts."""
+    precisions = [p for p in precision_choices(node, allowed) if p in tactic.precisions]
+    first = node.inputs[0] if node.inputs else None
+    layouts = tactic.layouts if first is not None and first.rank == 4 else tactic.layouts[:1]
+    return [Variant(p, layout) for p in precisions for layout in layouts]
+
+
+def convert(tensor: Any, declared: DType, variant: Variant) -> Any:
+    """`tensor` in the variant's precision (when the graph declares it float32) and memory format (4-D)."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    if declared == DType.FLOAT and tensor.is_floating_point() and tensor.dtype != variant.dtype:
+        tensor = tensor.to(variant.dtype)
+    memory_format = variant.memory_format
+    if memory_format is not None and tensor.dim() == 4 and not tensor.is_contiguous(memory_format=memory_format):
+        tensor = tensor.contiguous(memory_format=memory_format)
+    return tensor
+
+
+def output_dtypes(node: Node, variant: Variant) -> tuple[torch.dtype | None, ...]:
+    """What each output of `node` must be in `variant`: float32 outputs in its precision, others unchanged."""
+    return tuple(
+        variant.dtype if v.dtype == DType.FLOAT else (v.dtype.torch if v.dtype.has_torch else None)
+        for v in node.outputs
+    )
+
+
+def constant_inputs(node: Node) -> dict[int, Value]:
+    return {i: v for i, v in enumerate(node.inputs) if v is not None and v.is_const}
+
+
+@contextlib.contextmanager
+def math_mode(variant: Variant) -> Iterator[None]:
+    """TF32 math in cuDNN and cuBLAS for a tf32 layer; full float32 for every other."""
+    allow = variant.precision == "tf32"
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    cudnn = torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+class LayerKernel:
+    """A tactic's kernel run in a variant: constants bound and pre-converted, activations converted per call,
+    outputs in the dtypes the variant promises. Called with the layer's non-constant inputs in order."""
+
+    __slots__ = ("_call", "_declared", "_slots", "constants", "kernel", "node", "out_dtypes", "variant")
+
+    def __init__(
+        self,
+        node: Node,
+        kernel: Kernel,
+        variant: Variant,
+        constants: Mapping[int, torch.Tensor],
+    ) -> None:
+        self.node = node
+        self.kernel = kernel
+        self.variant = variant
+        self.constants = dict(constants)
+        self.out_dtypes = output_dtypes(node, variant)
+        self._declared = [v.dtype if v is not None else DType.UNDEFINED for v in node.inputs]
+        # For each input position: ("const", tensor), ("arg", k) for the k-th call argument, or ("none", None).
+        slots: list[tuple[str, Any]] = []
+        count = 0
+        for index, value in enumerate(node.inputs):
+            if value is None:
+                slots.append(("none", None))
+            elif index in self.constants:
+                slots.append(("const", self.constants[index]))
+            else:
+                slots.append(("arg", count))
+                count += 1
+        self._slots = slots
+        self._call = self._tf32 if variant.precision == "tf32" else kernel
+
+    def _tf32(self, inputs: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+        with math_mode(self.variant):
+            return self.kernel(inputs)
+
+    def __call__(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        variant = self.variant
+        inputs = [
+            payload if kind == "const" else None if kind == "none" else convert(args[payload], declared, variant)
+            for (kind, payload), declared in zip(self._slots, self._declared, strict=True)
+        ]
+        outputs = self._call(inputs)
+        return tuple(
+            out.to(dtype) if dtype is not None and isinstance(out, torch.Tensor) and out.dtype != dtype else out
+            for out, dtype in zip(outputs, self.out_dtypes, strict=False)
+        )
+
+
+def prepare_constants(
+    node: Node, variant: Variant, device: torch.device, cache: dict[tuple[str, str, str], torch.Tensor]
+) -> dict[int, torch.Tensor]:
+    """`node`'s constant inputs on `device` in `variant`, converted once and shared through `cache`."""
+    prepared = {}
+    for index, value in constant_inputs(node).items():
+        key = (value.name, str(variant.dtype) if value.dtype == DType.FLOAT else "", variant.layout)
+        tensor = cache.get(key)
+        if tensor is None:
+            const = value.const
+            tensor = convert(const.to(device) if isinstance(const, torch.Tensor) else const, value.dtype, variant)
+            cache[key] = tensor
+        prepared[index] = tensor
+    return prepared
