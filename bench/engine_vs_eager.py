@@ -110,6 +110,21 @@ def bench(name: str, batch: int, precision: str, device: torch.device, runs: int
     results["error_vs_float64"] = relative_error(ours, reference)
     results["eager_error_vs_float64"] = relative_error(eager_out, reference)
     results["layers"] = _layer_summary(engine)
+    results["plan_selection"] = engine.report["plan_selection"][0]
+    results["cuda_graph_captured"] = bool(getattr(context, "captured_shapes", []))
+    results["eager_shapes"] = [reason for reason in getattr(context, "eager_shapes", {}).values()]
+    nodes = engine.model.graph.nodes
+    results["slowest_layers"] = [
+        {
+            "node": nodes[l.node].name,
+            "op": nodes[l.node].op_type,
+            "tactic": l.tactic,
+            "config": l.config,
+            "ms": l.median_ms,
+        }
+        for l in sorted(engine.plans[0].layers, key=lambda l: -l.median_ms)[:12]
+    ]
+    results["sum_of_layers_ms"] = engine.plans[0].total_ms
     results["arena_mib"] = engine.plans[0].memory.arena_bytes / 2**20
     return results
 
@@ -167,7 +182,10 @@ def main() -> None:
     print(meta)
     print(table)
     for row in rows:
-        print(row["batch"], row["layers"], f"arena {row['arena_mib']:.1f} MiB")
+        print(row["batch"], row["layers"], f"arena {row['arena_mib']:.1f} MiB", f"graph {row['cuda_graph_captured']}")
+        print("  plans:", row["plan_selection"], f"sum of layers {row['sum_of_layers_ms']:.3f} ms")
+        for layer in row["slowest_layers"][:6]:
+            print(f"  {layer['ms']:.4f} ms {layer['op']} {layer['node']} {layer['tactic']} {layer['config']}")
 
 
 if __name__ == "__main__":

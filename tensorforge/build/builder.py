@@ -13,6 +13,10 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +32,7 @@ from ..feeds import random_tensor
 from ..frontend import load_onnx
 from ..ir import DType, Model, Node, Value, format_type
 from ..ir.clone import clone_model
+from ..ir.serialize import model_to_dict
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
 from ..passes.pipeline import optimize
@@ -37,8 +42,9 @@ from ..runtime.plan import Layer, Plan
 from ..runtime.schedule import Schedule
 from ..tactics.autotune import Choice, autotune, build_layer_kernel
 from ..tactics.base import tactic_by_key
-from ..tactics.timing_cache import TimingCache
-from ..tactics.variant import Variant, math_mode
+from ..tactics.timing import Timing, TimingBudget, measure
+from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
+from ..tactics.variant import ConstantCache, Variant, math_mode
 from .config import BuildConfig, Profile
 from .memory import plan_graph
 
@@ -46,10 +52,9 @@ LayerCallback = Callable[[int, int, Node, Choice], None]
 
 
 @dataclass
-class _Tuning:
-    """What tuning one profile recorded: the layers and every value's shape and dtype at the opt shapes."""
+class _Observed:
+    """Every value's shape and dtype (or that it is not a tensor) in one run of a schedule."""
 
-    layers: list[Layer] = field(default_factory=list)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, DType] = field(default_factory=dict)
     others: set[str] = field(default_factory=set)  # values that are not tensors
@@ -85,17 +90,18 @@ class Builder:
         model.graph.sort()
         cache = self._load_cache()
         cached_keys = len(cache)
-        constants: dict[tuple[str, str, str], torch.Tensor] = {}
+        constants: ConstantCache = {}
         plans = []
         tuning_started = time.perf_counter()
+        selections = []
         for profile in profiles:
-            tuning = self._tune(model, profile, precisions, cache, constants)
-            max_shapes = {name: r.max for name, r in profile.ranges.items()}
-            if any(r.max != r.opt for r in profile.ranges.values()):
-                tuning = self._observe(model, tuning, max_shapes, constants)
-            memory = plan_graph(model.graph, tuning.shapes, dtypes=tuning.dtypes, exclude=tuning.others)
+            greedy = self._tune(model, profile, precisions, cache, constants)
+            layers, selection = self._select(model, profile, greedy, precisions, cache, constants)
+            observed = self._observe(model, layers, {name: r.max for name, r in profile.ranges.items()}, constants)
+            memory = plan_graph(model.graph, observed.shapes, dtypes=observed.dtypes, exclude=observed.others)
             tuned = {name: r.opt for name, r in profile.ranges.items()}
-            plans.append(Plan(profile, tuple(tuning.layers), memory, tuned))
+            plans.append(Plan(profile, tuple(layers), memory, tuned))
+            selections.append(selection)
         tuning_seconds = time.perf_counter() - tuning_started
         if self.config.timing_cache:
             cache.save(self.config.timing_cache)
@@ -106,6 +112,7 @@ class Builder:
                 "nodes_after": optimization.nodes_after,
                 "fired": _count(event.rule for event in optimization.fired()),
             },
+            "plan_selection": selections,
             "tuning_seconds": round(tuning_seconds, 3),
             "timing_cache": {"path": self.config.timing_cache, "entries_before": cached_keys, "entries": len(cache)},
             "build_seconds": round(time.perf_counter() - started, 3),
@@ -116,15 +123,14 @@ class Builder:
         path = self.config.timing_cache
         return TimingCache.load(path) if path and Path(path).exists() else TimingCache()
 
-    def _tune(self, model: Model, profile: Profile, precisions, cache: TimingCache, constants) -> _Tuning:
+    def _tune(self, model: Model, profile: Profile, precisions, cache: TimingCache, constants) -> list[Layer]:
+        """Each layer's fastest candidate on the real outputs of the layers chosen before it."""
         graph = model.graph
         nodes = graph.nodes
         env: dict[Value, Any] = dict(_random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device))
         last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
         kept = set(graph.outputs)
-        tuning = _Tuning()
-        for value, tensor in env.items():
-            _record(tuning, value, tensor)
+        layers = []
         for index, node in enumerate(nodes):
             inputs = [None if v is None or v.is_const else env[v] for v in node.inputs]
             opset = model.opset(node.domain)
@@ -149,27 +155,86 @@ class Builder:
             for value, output in zip(node.outputs, outputs, strict=False):
                 if value.name:
                     env[value] = output
-                    _record(tuning, value, output)
             for value in [v for v in node.inputs if v is not None] + list(node.outputs):
                 if last_reader.get(value, index) <= index and value not in kept:
                     env.pop(value, None)
             candidates = tuple(choice.candidates)
-            tuning.layers.append(
-                Layer(index, choice.tactic, choice.config, choice.median_ms, candidates, choice.from_cache)
-            )
+            layers.append(Layer(index, choice.tactic, choice.config, choice.median_ms, candidates, choice.from_cache))
             if self.on_layer is not None:
                 self.on_layer(index, len(nodes), node, choice)
-        return tuning
+        return layers
 
-    def _observe(self, model: Model, tuning: _Tuning, shapes, constants) -> _Tuning:
-        """Run the tuned layers once at `shapes` (the profile's max) and record what every value becomes."""
-        schedule = Schedule(model, tuning.layers, self.device, constants)
-        observed = _Tuning(layers=tuning.layers)
+    def _select(self, model: Model, profile: Profile, greedy: list[Layer], precisions, cache, constants):
+        """The fastest of the greedy plan and the uniform plans (every layer's best candidate in one precision
+        and layout), each timed end to end at the opt shapes (replaying a CUDA graph on CUDA); the timings
+        are kept in the timing cache like the layers'.
+
+        The greedy choice can get stuck: at batch 1 a float32 graph input makes fp32 the cheapest first layer,
+        and each next layer then avoids the cast. Timing whole plans sees the cast is paid only once.
+        """
+        options = {"greedy": greedy}
+        for precision in precisions:
+            for layout in ("NCHW", "NHWC"):
+                options[f"{precision} {layout}"] = [_uniform(layer, precision, layout) for layer in greedy]
+        distinct: dict[tuple, str] = {}
+        for name, layers in options.items():
+            distinct.setdefault(tuple((layer.tactic, str(layer.config)) for layer in layers), name)
+        feeds = {
+            v.name: t
+            for v, t in _random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device).items()
+        }
+        budget = TimingBudget.for_effort(self.config.effort)
+        graph_digest = hashlib.sha256(json.dumps(model_to_dict(model)[0], sort_keys=True).encode()).hexdigest()
+        timings = {}
+        for signature_items, name in distinct.items():
+            key = signature(
+                device_key(self.device), software_versions(), "tensorforge::Plan",
+                [list(t.shape) for t in feeds.values()], [t.dtype for t in feeds.values()], None,
+                {"graph": graph_digest, "layers": [list(item) for item in signature_items]},
+            )  # fmt: skip
+            cached = cache.get(key, "plan", {})
+            if cached is None:
+                schedule = Schedule(model, options[name], self.device, constants)
+                cached = cache.record(key, "plan", {}, _time_schedule(schedule, feeds, self.device, budget))
+            timings[name] = cached.median_ms
+        best = min(timings, key=timings.get)
+        return options[best], {"chosen": best, "ms": {name: round(ms, 5) for name, ms in timings.items()}}
+
+    def _observe(self, model: Model, layers: list[Layer], shapes, constants) -> _Observed:
+        """Run `layers` once at `shapes` (the profile's max) and record what every value becomes."""
+        schedule = Schedule(model, layers, self.device, constants)
+        observed = _Observed()
         feeds = _random_inputs(model, shapes, self.device)
         for value, tensor in feeds.items():
             _record(observed, value, tensor)
         schedule.execute({v.name: t for v, t in feeds.items()}, observe=lambda v, t: _record(observed, v, t))
         return observed
+
+
+def _uniform(layer: Layer, precision: str, layout: str) -> Layer:
+    """`layer`'s fastest candidate in `precision` (or fp32 where it has none) and `layout` (or "any")."""
+    finite = [c for c in layer.candidates if math.isfinite(c.median_ms)]
+    for wanted in ((precision, layout), (precision, "any"), ("fp32", layout), ("fp32", "any")):
+        matching = [c for c in finite if (c.config.get("precision"), c.config.get("layout")) == wanted]
+        if matching:
+            best = min(matching, key=lambda c: c.median_ms)
+            return Layer(layer.node, best.tactic, best.config, best.median_ms, layer.candidates, layer.from_cache)
+    return layer
+
+
+def _time_schedule(schedule: Schedule, feeds, device: torch.device, budget: TimingBudget) -> Timing:
+    """Median milliseconds of one run of `schedule` (a CUDA graph replay where it can be captured)."""
+    run = functools.partial(schedule.execute, feeds)
+    if device.type == "cuda":
+        run()  # warm-up: cuDNN and cuBLAS pick and load their kernels outside the capture
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                schedule.execute(feeds)
+            run = graph.replay
+        except Exception:  # not capturable: time it eagerly, as the context will run it
+            pass
+    return measure(run, device=device, **budget.as_kwargs())
 
 
 def complete_profiles(model: Model, profiles: tuple[Profile, ...]) -> tuple[list[Profile], list[str]]:
@@ -264,7 +329,7 @@ def _random_inputs(model: Model, shapes: Mapping[str, tuple[int, ...]], device: 
     }
 
 
-def _record(tuning: _Tuning, value: Value, tensor: Any) -> None:
+def _record(tuning: _Observed, value: Value, tensor: Any) -> None:
     if not value.name:
         return
     if isinstance(tensor, torch.Tensor):

@@ -119,6 +119,10 @@ def print_build_report(engine: Engine) -> None:
             )  # fmt: skip
         out.print(table)
         out.print(f"sum of layer times at opt: {plan.total_ms:.3f} ms")
+        selection = report.get("plan_selection", [])
+        if index < len(selection):
+            timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
+            out.print(f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}")
         out.print(plan.memory.report())
     cache = report.get("timing_cache", {})
     where = ""

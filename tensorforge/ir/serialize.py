@@ -1,235 +1,396 @@
 """A `Model` as a JSON-ready dict plus named tensors (for a safetensors blob): lossless, and never pickled.
 
-Values are referred to by name within a graph scope; a subgraph's reference to an outer value resolves
-through the enclosing scopes on load, to the same `Value` object. Every attribute is stored with its kind
-(int, float, bool, str, list of those, tensor, string array, graph, list of graphs, ONNX TypeProto), so
-the round trip restores the exact Python types. Floats that JSON cannot hold (inf, nan) are spelled out.
-Tensors go to the tensor dict under generated keys ("t0", "t1", ...), listed in the dict where they are used.
+Each graph lists the values it defines (inputs and initializers under "values", node outputs in their node)
+and names the values it reads; a name resolves through the enclosing graphs as in ONNX, so a subgraph that
+reads an outer value gets that very `Value` object back. Attributes and constants carry their kind,
+``{"kind": "int", "value": 3}`` or ``{"kind": "float", "list": [0.5, "0x7ff0000000000000"]}``, so the round
+trip restores the exact Python type. Strict JSON has no inf or nan: a non-finite float is written as its
+IEEE-754 bits. A string holding lone surrogates (how the importer keeps bytes that are not UTF-8) is written
+as ``{"surrogatepass": <base64 of its bytes>}``. Tensors go into the tensor dict under keys such as
+``"init/<name>"``, their dtype and shape repeated in the dict; the dtypes safetensors cannot store
+(complex128, float8_e8m0fnu) travel as raw bytes.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import math
+import re
+import reprlib
+import struct
+from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 import torch
+from google.protobuf.message import DecodeError
 
 from ..errors import GraphError
 from .dtypes import DType
 from .graph import Graph, Model, Node, Value
+from .validate import validate
 
 FORMAT_VERSION = 1
-_SPECIAL_FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+_Scope = ChainMap[str, Value]
+
+_TORCH_DTYPES = {str(d.torch).removeprefix("torch."): d.torch for d in DType if d.has_torch}
+_DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_AS_BYTES = frozenset(getattr(torch, name) for name in ("complex128", "float8_e8m0fnu") if hasattr(torch, name))
+_SCALARS = {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes"}
+_PROTOS = {"type_proto": onnx.TypeProto, "sparse_tensor_proto": onnx.SparseTensorProto}
+_KINDS = frozenset({*_SCALARS.values(), "tensor", "array", "graph", *_PROTOS})
+_STRING_ITEMS = {"U": (str,), "S": (bytes,), "O": (str, bytes)}  # what a numpy string array may hold
+_ARRAY_DTYPE = re.compile(r"\|O|[<>]U\d+|\|S\d+")
+_FLOAT_BITS = re.compile(r"0x[0-9a-f]{16}")
+_JSON_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "a list",
+    Mapping: "an object",
+    type(None): "null",
+}
 
 
 def model_to_dict(model: Model) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """`model` as (a JSON-ready dict, the tensors it refers to by key)."""
+    """`model` as (a JSON-ready dict, the tensors it refers to by key); `GraphError` for what cannot be stored."""
     writer = _Writer()
     data = {
         "format_version": FORMAT_VERSION,
-        "opset_imports": dict(model.opset_imports),
         "ir_version": model.ir_version,
+        "opset_imports": dict(model.opset_imports),
         "producer": model.producer,
         "metadata": dict(model.metadata),
         "doc": model.doc,
-        "graph": writer.graph(model.graph),
+        "graph": writer.graph(model.graph, ChainMap()),
     }
     return data, writer.tensors
 
 
 def model_from_dict(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Model:
-    """The `Model` that `model_to_dict` described; a `GraphError` naming what is malformed otherwise."""
-    try:
-        if data.get("format_version") != FORMAT_VERSION:
-            raise GraphError(f"graph format version {data.get('format_version')!r}, expected {FORMAT_VERSION}")
-        reader = _Reader(tensors)
-        model = Model(
-            reader.graph(data["graph"], {}),
-            {str(k): int(v) for k, v in data["opset_imports"].items()},
-            ir_version=int(data["ir_version"]),
-            producer=str(data["producer"]),
-            metadata={str(k): str(v) for k, v in data["metadata"].items()},
-        )
-        model.doc = str(data.get("doc", ""))
-        return model
-    except GraphError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
-        raise GraphError(f"the serialized graph is malformed: {type(err).__name__}: {err}") from None
-
-
-def _float(value: float) -> float | str:
-    return value if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
-
-
-def _unfloat(value: float | str) -> float:
-    if isinstance(value, str):
-        if value not in _SPECIAL_FLOATS:
-            raise GraphError(f"the serialized graph holds the float {value!r}, which is not inf, -inf or nan")
-        return _SPECIAL_FLOATS[value]
-    return float(value)
+    """The `Model` that `model_to_dict` described, validated; a `GraphError` naming what is malformed."""
+    where = "the serialized model"
+    version = _field(data, "format_version", int, where)
+    if version != FORMAT_VERSION:
+        raise GraphError(f"{where} has format version {version}; this tensorforge reads version {FORMAT_VERSION}")
+    opsets = _field(data, "opset_imports", Mapping, where)
+    metadata = _field(data, "metadata", Mapping, where)
+    model = Model(
+        _Reader(tensors).graph(_field(data, "graph", Mapping, where), ChainMap(), "graph"),
+        {domain: _expect(v, int, f"{where}: opset of domain {domain!r}") for domain, v in opsets.items()},
+        ir_version=_field(data, "ir_version", int, where),
+        producer=_field(data, "producer", str, where),
+        metadata={key: _expect(v, str, f"{where}: metadata {key!r}") for key, v in metadata.items()},
+    )
+    model.doc = _field(data, "doc", str, where)
+    validate(model.graph)
+    return model
 
 
 class _Writer:
     def __init__(self) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
 
-    def tensor(self, tensor: torch.Tensor) -> str:
-        key = f"t{len(self.tensors)}"
-        self.tensors[key] = tensor
-        return key
-
-    def const(self, const: Any) -> dict[str, Any]:
-        if isinstance(const, torch.Tensor):
-            return {"kind": "tensor", "key": self.tensor(const)}
-        if isinstance(const, np.ndarray) and const.dtype.kind in "OUS":
-            return {"kind": "strings", "shape": list(const.shape), "data": [str(s) for s in const.reshape(-1)]}
-        raise GraphError(f"cannot serialize a constant of type {type(const).__name__}")
-
-    def value(self, value: Value) -> dict[str, Any]:
-        shape = None if value.shape is None else list(value.shape)
-        entry: dict[str, Any] = {"name": value.name, "dtype": value.dtype.name, "shape": shape}
-        if value.doc:
-            entry["doc"] = value.doc
-        if value.const is not None:
-            entry["const"] = self.const(value.const)
-        return entry
-
-    def graph(self, graph: Graph) -> dict[str, Any]:
-        described: dict[str, dict[str, Any]] = {}
-        for value in [*graph.inputs, *graph.initializers.values(), *(v for n in graph.nodes for v in n.outputs)]:
-            if value.name and value.name not in described:
-                described[value.name] = self.value(value)
-        nodes = []
-        for node in graph.nodes:
-            entry: dict[str, Any] = {
-                "op_type": node.op_type,
-                "domain": node.domain,
-                "name": node.name,
-                "inputs": [None if v is None else v.name for v in node.inputs],
-                "outputs": [v.name for v in node.outputs],
-                "attributes": {name: self.attribute(a) for name, a in node.attributes.items()},
-            }
-            unnamed = [self.value(v) for v in node.outputs if not v.name]
-            if unnamed:
-                entry["unnamed_outputs"] = unnamed
-            if node.doc:
-                entry["doc"] = node.doc
-            nodes.append(entry)
+    def graph(self, graph: Graph, outer: _Scope) -> dict[str, Any]:
+        scope = outer.new_child()
+        where = f"graph {graph.name!r}"
+        values = list(dict.fromkeys([*graph.inputs, *graph.initializers.values()]))
+        for value in [*values, *(v for node in graph.nodes for v in node.outputs)]:
+            if value.name in scope.maps[0]:
+                raise GraphError(f"{where} defines the value {value.name!r} twice")
+            if value.name:
+                scope.maps[0][value.name] = value
+        for name, value in graph.initializers.items():
+            if name != value.name:
+                raise GraphError(f"{where} lists the initializer {value.name!r} under the name {name!r}")
         return {
             "name": graph.name,
             "doc": graph.doc,
-            "values": list(described.values()),
-            "inputs": [v.name for v in graph.inputs],
+            "values": [self.value(v, scope) for v in values],
+            "inputs": [_name(v, scope, where) for v in graph.inputs],
             "initializers": list(graph.initializers),
-            "outputs": [v.name for v in graph.outputs],
-            "nodes": nodes,
+            "nodes": [self.node(node, scope) for node in graph.nodes],
+            "outputs": [_name(v, scope, where) for v in graph.outputs],
         }
 
-    def attribute(self, attr: Any) -> dict[str, Any]:
-        if isinstance(attr, bool):
-            return {"kind": "bool", "value": attr}
-        if isinstance(attr, int):
-            return {"kind": "int", "value": attr}
-        if isinstance(attr, float):
-            return {"kind": "float", "value": _float(attr)}
-        if isinstance(attr, str):
-            return {"kind": "str", "value": attr}
-        if isinstance(attr, bytes):
-            return {"kind": "bytes", "value": base64.b64encode(attr).decode("ascii")}
-        if isinstance(attr, Graph):
-            return {"kind": "graph", "value": self.graph(attr)}
-        if isinstance(attr, torch.Tensor | np.ndarray):
-            return {"kind": "const", "value": self.const(attr)}
-        if isinstance(attr, onnx.TypeProto):
-            return {"kind": "type_proto", "value": base64.b64encode(attr.SerializeToString()).decode("ascii")}
-        if isinstance(attr, list | tuple):
-            return {"kind": "list", "value": [self.attribute(a) for a in attr]}
-        if attr is None:
-            return {"kind": "none"}
-        raise GraphError(f"cannot serialize an attribute of type {type(attr).__name__}")
+    def node(self, node: Node, scope: _Scope) -> dict[str, Any]:
+        key = f"attr/{node.name or node.op_type}"
+        return {
+            "op_type": node.op_type,
+            "domain": node.domain,
+            "name": node.name,
+            "doc": node.doc,
+            "inputs": [None if v is None else _name(v, scope, node.label) for v in node.inputs],
+            "outputs": [self.value(v, scope) for v in node.outputs],
+            "attributes": {
+                name: self.encode(attr, scope, f"attribute {name!r} of {node.label}", f"{key}/{name}")
+                for name, attr in node.attributes.items()
+            },
+        }
+
+    def value(self, value: Value, scope: _Scope) -> dict[str, Any]:
+        where, key = f"value {value.name!r}", f"init/{value.name}"
+        return {
+            "name": value.name,
+            "dtype": value.dtype.name,
+            "shape": None if value.shape is None else list(value.shape),
+            "doc": value.doc,
+            "const": None if value.const is None else self.encode(value.const, scope, where, key),
+        }
+
+    def encode(self, item: Any, scope: _Scope, where: str, key: str) -> dict[str, Any]:
+        """`item` tagged with its kind; a list holds items of one kind (an empty one is tagged "int")."""
+        if type(item) is not list:
+            kind = _kind(item, where)
+            return {"kind": kind, "value": self.payload(kind, item, scope, where, key)}
+        kinds = {_kind(x, where) for x in item}
+        if len(kinds) > 1:
+            raise GraphError(f"{where} is a list mixing {', '.join(sorted(kinds))}: only lists of one kind are stored")
+        kind = kinds.pop() if kinds else "int"
+        return {"kind": kind, "list": [self.payload(kind, x, scope, where, key) for x in item]}
+
+    def payload(self, kind: str, item: Any, scope: _Scope, where: str, key: str) -> Any:
+        if kind == "float":
+            return item if math.isfinite(item) else "0x" + struct.pack(">d", item).hex()
+        if kind == "str":
+            return item if _is_utf8(item) else {"surrogatepass": _b64(item.encode("utf-8", "surrogatepass"))}
+        if kind == "bytes":
+            return _b64(item)
+        if kind == "tensor":
+            return self.tensor(item, where, key)
+        if kind == "array":
+            items = item.reshape(-1).tolist()
+            _check_strings(item.dtype.kind, items, where)
+            return {"dtype": item.dtype.str, "shape": list(item.shape), "items": self.encode(items, scope, where, key)}
+        if kind == "graph":
+            return self.graph(item, scope)
+        if kind in _PROTOS:
+            return _b64(item.SerializeToString())
+        return item  # bool, int
+
+    def tensor(self, tensor: torch.Tensor, where: str, base: str) -> dict[str, Any]:
+        dtype = _DTYPE_NAMES.get(tensor.dtype)
+        if dtype is None:
+            raise GraphError(f"{where}: a tensor of torch dtype {tensor.dtype} cannot be stored")
+        key, copy = base, 1
+        while key in self.tensors:
+            copy += 1
+            key = f"{base}#{copy}"
+        as_bytes = tensor.dtype in _AS_BYTES
+        self.tensors[key] = tensor.contiguous().reshape(-1).view(torch.uint8) if as_bytes else tensor
+        return {"key": key, "dtype": dtype, "shape": list(tensor.shape)}
 
 
 class _Reader:
     def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.tensors = tensors
 
-    def const(self, entry: Mapping[str, Any]) -> Any:
-        if entry["kind"] == "tensor":
-            key = entry["key"]
-            if key not in self.tensors:
-                raise GraphError(f"the serialized graph refers to tensor {key!r}, which the weights do not hold")
-            return self.tensors[key]
-        if entry["kind"] == "strings":
-            return np.array([str(s) for s in entry["data"]], dtype=object).reshape(entry["shape"])
-        raise GraphError(f"unknown constant kind {entry['kind']!r} in the serialized graph")
-
-    def value(self, entry: Mapping[str, Any]) -> Value:
-        dtype_name = entry["dtype"]
-        if dtype_name not in DType.__members__:
-            raise GraphError(f"value {entry['name']!r} has unknown element type {dtype_name!r}")
-        shape = entry["shape"]
-        if shape is not None and not all(d is None or isinstance(d, int | str) for d in shape):
-            raise GraphError(f"value {entry['name']!r} has a malformed shape {shape!r}")
-        value = Value(str(entry["name"]), DType[dtype_name], None if shape is None else tuple(shape))
-        value.doc = str(entry.get("doc", ""))
-        if "const" in entry:
-            value.const = self.const(entry["const"])
-        return value
-
-    def graph(self, data: Mapping[str, Any], outer: Mapping[str, Value]) -> Graph:
-        scope: dict[str, Value] = dict(outer)
-        local = {}
-        for entry in data["values"]:
-            local[entry["name"]] = self.value(entry)
-        scope.update(local)
-
-        def lookup(name: str, where: str) -> Value:
-            if name not in scope:
-                raise GraphError(f"{where} names value {name!r}, which is not defined in graph {data['name']!r}")
-            return scope[name]
-
-        graph = Graph(str(data["name"]))
-        graph.doc = str(data.get("doc", ""))
-        graph.inputs = [lookup(n, "a graph input") for n in data["inputs"]]
-        graph.initializers = {n: lookup(n, "an initializer") for n in data["initializers"]}
-        for entry in data["nodes"]:
-            where = f"{entry['op_type']} node {entry['name']!r}"
-            unnamed = iter(self.value(v) for v in entry.get("unnamed_outputs", ()))
-            inputs = [None if n is None else lookup(n, where) for n in entry["inputs"]]
-            outputs = [local[n] if n else next(unnamed) for n in entry["outputs"]]
-            attributes = {name: self.attribute(a, scope) for name, a in entry["attributes"].items()}
-            node = Node(entry["op_type"], inputs, outputs, attributes, domain=entry["domain"], name=entry["name"])
-            node.doc = str(entry.get("doc", ""))
-            graph.append(node)
-        graph.outputs = [lookup(n, "a graph output") for n in data["outputs"]]
+    def graph(self, data: Any, outer: _Scope, where: str) -> Graph:
+        where = f"{where} {_field(data, 'name', str, where)!r}"
+        scope = outer.new_child()
+        entries = _field(data, "values", list, where)
+        values = [self.value(v, scope, f"{where}, values[{i}]") for i, v in enumerate(entries)]
+        own = {value.name: value for value in values if value.name}
+        # Every node output is declared before any input is resolved: nodes may come in any order.
+        nodes = [self.declare(n, scope, f"{where}, node {i}") for i, n in enumerate(_field(data, "nodes", list, where))]
+        graph = Graph(data["name"])
+        graph.doc = _field(data, "doc", str, where)
+        graph.inputs = [_resolve(n, own, f"{where}, input") for n in _field(data, "inputs", list, where)]
+        graph.initializers = {
+            n: _resolve(n, own, f"{where}, initializer") for n in _field(data, "initializers", list, where)
+        }
+        for entry, label, outputs in nodes:
+            graph.append(self.node(entry, label, outputs, scope))
+        graph.outputs = [_resolve(n, scope, f"{where}, output") for n in _field(data, "outputs", list, where)]
         return graph
 
-    def attribute(self, entry: Mapping[str, Any], scope: Mapping[str, Value]) -> Any:
-        kind = entry["kind"]
-        if kind in ("bool", "int", "str"):
-            expected = {"bool": bool, "int": int, "str": str}[kind]
-            if type(entry["value"]) is not expected:
-                raise GraphError(f"attribute of kind {kind} holds {entry['value']!r}")
-            return entry["value"]
+    def declare(self, entry: Any, scope: _Scope, where: str) -> tuple[Mapping[str, Any], str, list[Value]]:
+        """A node's entry, its label for errors, and its outputs (now defined in `scope`)."""
+        label = f"{where} ({_field(entry, 'op_type', str, where)} {_field(entry, 'name', str, where)!r})"
+        outputs = _field(entry, "outputs", list, label)
+        return entry, label, [self.value(v, scope, f"{label}, output {i}") for i, v in enumerate(outputs)]
+
+    def node(self, entry: Mapping[str, Any], label: str, outputs: list[Value], scope: _Scope) -> Node:
+        names = _field(entry, "inputs", list, label)
+        inputs = [None if n is None else _resolve(n, scope, f"{label}, input {i}") for i, n in enumerate(names)]
+        attributes = {
+            key: self.decode(attr, scope, f"{label}, attribute {key!r}")
+            for key, attr in _field(entry, "attributes", Mapping, label).items()
+        }
+        domain = _field(entry, "domain", str, label)
+        node = Node(entry["op_type"], inputs, outputs, attributes, domain=domain, name=entry["name"])
+        node.doc = _field(entry, "doc", str, label)
+        return node
+
+    def value(self, data: Any, scope: _Scope, where: str) -> Value:
+        name = _field(data, "name", str, where)
+        where = f"{where} {name!r}"
+        dtype = _field(data, "dtype", str, where)
+        if dtype not in DType.__members__:
+            raise GraphError(f"{where} has the unknown element type {dtype!r}")
+        shape = _field(data, "shape", (list, type(None)), where)
+        if shape is not None:
+            shape = tuple(_expect(d, (int, str, type(None)), f"{where}: dim {i}") for i, d in enumerate(shape))
+        const = _field(data, "const", (Mapping, type(None)), where)
+        value = Value(name, DType[dtype], shape, None if const is None else self.decode(const, scope, where))
+        value.doc = _field(data, "doc", str, where)
+        if name in scope.maps[0]:
+            raise GraphError(f"{where} is defined twice")
+        if name:
+            scope.maps[0][name] = value
+        return value
+
+    def decode(self, data: Any, scope: _Scope, where: str) -> Any:
+        kind = _field(data, "kind", str, where)
+        if kind not in _KINDS:
+            raise GraphError(f"{where} has the unknown kind {kind!r}")
+        if "list" in data:
+            items = _field(data, "list", list, where)
+            return [self.payload(kind, item, scope, f"{where}[{i}]") for i, item in enumerate(items)]
+        return self.payload(kind, _field(data, "value", object, where), scope, where)
+
+    def payload(self, kind: str, payload: Any, scope: _Scope, where: str) -> Any:
+        if kind in ("bool", "int"):
+            return _expect(payload, bool if kind == "bool" else int, where)
         if kind == "float":
-            return _unfloat(entry["value"])
+            if isinstance(payload, str) and _FLOAT_BITS.fullmatch(payload):
+                return struct.unpack(">d", bytes.fromhex(payload[2:]))[0]
+            return _expect(payload, float, f"{where} (a float, or its bits as '0x' and 16 hex digits)")
+        if kind == "str":
+            if isinstance(payload, Mapping):
+                return _unb64(_field(payload, "surrogatepass", str, where), where).decode("utf-8", "surrogatepass")
+            return _expect(payload, str, where)
         if kind == "bytes":
-            return base64.b64decode(entry["value"])
+            return _unb64(payload, where)
+        if kind == "tensor":
+            return self.tensor(payload, where)
+        if kind == "array":
+            return self.array(payload, scope, where)
         if kind == "graph":
-            return self.graph(entry["value"], scope)
-        if kind == "const":
-            return self.const(entry["value"])
-        if kind == "type_proto":
-            proto = onnx.TypeProto()
-            proto.ParseFromString(base64.b64decode(entry["value"]))
-            return proto
-        if kind == "list":
-            return [self.attribute(a, scope) for a in entry["value"]]
-        if kind == "none":
-            return None
-        raise GraphError(f"unknown attribute kind {kind!r} in the serialized graph")
+            return self.graph(payload, scope, f"{where}: graph")
+        proto = _PROTOS[kind]()
+        try:
+            proto.ParseFromString(_unb64(payload, where))
+        except DecodeError as err:
+            raise GraphError(f"{where} is not a serialized {type(proto).__name__} ({err})") from None
+        return proto
+
+    def tensor(self, payload: Any, where: str) -> torch.Tensor:
+        key = _field(payload, "key", str, where)
+        dtype = _TORCH_DTYPES.get(_field(payload, "dtype", str, where))
+        if dtype is None:
+            raise GraphError(f"{where}: the tensor {key!r} has the unknown dtype {payload['dtype']!r}")
+        shape = _sizes(payload, where)
+        tensor = self.tensors.get(key)
+        if not isinstance(tensor, torch.Tensor):
+            raise GraphError(f"{where}: the tensor {key!r} is missing from the weights")
+        as_bytes = dtype in _AS_BYTES
+        stored = (torch.uint8, [math.prod(shape) * dtype.itemsize]) if as_bytes else (dtype, shape)
+        if (tensor.dtype, list(tensor.shape)) != stored:
+            raise GraphError(
+                f"{where}: the tensor {key!r} in the weights is {tensor.dtype} {list(tensor.shape)}, "
+                f"expected {stored[0]} {stored[1]}"
+            )
+        return tensor.contiguous().view(dtype).reshape(shape) if as_bytes else tensor
+
+    def array(self, payload: Any, scope: _Scope, where: str) -> np.ndarray:
+        dtype = _field(payload, "dtype", str, where)
+        if not _ARRAY_DTYPE.fullmatch(dtype):
+            raise GraphError(f"{where}: {dtype!r} is not the dtype of a numpy string or object array")
+        shape = _sizes(payload, where)
+        items = self.decode(_field(payload, "items", Mapping, where), scope, f"{where}, items")
+        if not isinstance(items, list) or len(items) != math.prod(shape):
+            raise GraphError(f"{where}: the items do not fill the shape {shape}")
+        array = np.empty(len(items), dtype=np.dtype(dtype))
+        _check_strings(array.dtype.kind, items, where)
+        for index, item in enumerate(items):
+            array[index] = item
+        return array.reshape(shape)
+
+
+def _kind(item: Any, where: str) -> str:
+    kind = _SCALARS.get(type(item))
+    if kind is not None:
+        return kind
+    if isinstance(item, torch.Tensor):
+        return "tensor"
+    if isinstance(item, np.ndarray) and item.dtype.kind in _STRING_ITEMS:
+        return "array"
+    if isinstance(item, Graph):
+        return "graph"
+    for kind, proto in _PROTOS.items():
+        if type(item) is proto:
+            return kind
+    raise GraphError(
+        f"{where} is a {type(item).__name__}, which cannot be stored: only bool, int, float, str, bytes, "
+        "torch tensors, numpy string arrays, graphs, TypeProto, SparseTensorProto and lists of one of those"
+    )
+
+
+def _name(value: Value, scope: _Scope, where: str) -> str:
+    """The name under which `value` is found in `scope`, or a `GraphError` when another value (or none) is."""
+    if scope.get(value.name) is not value:
+        raise GraphError(f"{where} reads the value {value.name!r}, which is not the one its scope defines by that name")
+    return value.name
+
+
+def _resolve(name: Any, scope: Mapping[str, Value], where: str) -> Value:
+    value = scope.get(_expect(name, str, where))
+    if value is None:
+        raise GraphError(f"{where} names the value {name!r}, which is not defined in its scope")
+    return value
+
+
+def _check_strings(kind: str, items: list[Any], where: str) -> None:
+    allowed = _STRING_ITEMS[kind]
+    if not all(type(item) in allowed for item in items):
+        names = " or ".join(t.__name__ for t in allowed)
+        raise GraphError(f"{where}: a numpy array of dtype kind {kind!r} is stored only when it holds {names}")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: Any, where: str) -> bytes:
+    try:
+        return base64.b64decode(_expect(text, str, where), validate=True)
+    except binascii.Error as err:
+        raise GraphError(f"{where} is not base64 ({err})") from None
+
+
+def _sizes(data: Any, where: str) -> list[int]:
+    sizes = _field(data, "shape", list, where)
+    if not all(_expect(size, int, f"{where}: shape") >= 0 for size in sizes):
+        raise GraphError(f"{where} has a negative size in its shape {sizes}")
+    return sizes
+
+
+def _field(data: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """`data[key]`, which must be of `kind`; a `GraphError` naming `where` otherwise."""
+    if not isinstance(data, Mapping):
+        raise GraphError(f"{where} must be an object, got {reprlib.repr(data)}")
+    if key not in data:
+        raise GraphError(f"{where} has no {key!r}")
+    return _expect(data[key], kind, f"{where}: {key!r}")
+
+
+def _expect(item: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if any(isinstance(item, k) and not (k is int and isinstance(item, bool)) for k in kinds):
+        return item
+    expected = " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
+    raise GraphError(f"{where} must be {expected}, got {reprlib.repr(item)}")

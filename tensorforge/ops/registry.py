@@ -50,6 +50,18 @@ class OpContext:
         return index < len(outputs) and bool(outputs[index].name)
 
 
+# Inputs that implementations read as Python numbers (through `helpers.to_ints`): shape, axis, size and count
+# operands. Kept on the host, reading them costs no device synchronization (which would also forbid CUDA
+# graph capture). By op type (ONNX domain), input positions.
+HOST_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Slice": (1, 2, 3, 4), "Expand": (1,),
+    "Tile": (1, 2), "ConstantOfShape": (0,), "TopK": (1,), "Pad": (1, 3), "Trilu": (1,), "CumSum": (1,),
+    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
+    "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
+    "Resize": (1, 2, 3), "CenterCropPad": (1,), "NonMaxSuppression": (2,),
+}  # fmt: skip
+
+
 @dataclass(slots=True)
 class OpDef:
     """One registration: an op's semantics from opset `since` until the next registration."""

@@ -17,6 +17,7 @@ from ..build.config import BuildConfig
 from ..errors import InputError
 from ..ir import Model, format_type
 from ..ir.serialize import model_from_dict, model_to_dict
+from ..tactics.variant import ConstantCache
 from .engine_file import EngineFileError, check_runs_here, load_engine_file, save_engine_file
 from .environment import Environment
 from .plan import Plan
@@ -44,7 +45,7 @@ class Engine:
         self.environment = environment
         self.report = dict(report or {})
         self.device = torch.device(device if device is not None else config.device)
-        self._constants: dict[tuple[str, str, str], torch.Tensor] = {}
+        self._constants: ConstantCache = {}
         self._schedules: dict[int, Schedule] = {}
         self._lock = threading.Lock()
 

@@ -17,7 +17,7 @@ from ..errors import OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Model, Node, Value
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
-from ..tactics.variant import LayerKernel, Variant, math_mode
+from ..tactics.variant import ConstantCache, LayerKernel, Variant, math_mode
 from .plan import Layer
 
 Observer = Callable[[Value, Any], None]
@@ -41,7 +41,7 @@ class Schedule:
         model: Model,
         layers: Sequence[Layer],
         device: torch.device,
-        constants: dict[tuple[str, str, str], torch.Tensor],
+        constants: ConstantCache,
     ) -> None:
         graph = model.graph
         nodes = graph.nodes

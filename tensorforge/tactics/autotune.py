@@ -22,7 +22,16 @@ from . import vendor  # noqa: F401 - registers the reference and vendor families
 from .base import Tactic, tactics_for
 from .timing import Timing, TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
-from .variant import LayerKernel, Variant, constant_inputs, convert, math_mode, prepare_constants, variants
+from .variant import (
+    ConstantCache,
+    LayerKernel,
+    Variant,
+    constant_inputs,
+    convert,
+    math_mode,
+    prepare_constants,
+    variants,
+)
 
 # Largest max-norm relative error a candidate may have against the float32 reference, by its precision;
 # outputs the graph declares in another float type (float64, float16) are held to that type's bound.
@@ -98,7 +107,7 @@ def autotune(
     precisions: Sequence[str] = ("fp32",),
     families: Sequence[str] | None = None,
     cache: TimingCache | None = None,
-    constants: dict[tuple[str, str, str], torch.Tensor] | None = None,
+    constants: ConstantCache | None = None,
 ) -> Choice:
     """The fastest correct candidate for `node` on `inputs` (on `device`), with every candidate's score.
 
@@ -147,7 +156,7 @@ def build_layer_kernel(
     opset: int,
     device: torch.device,
     config: dict[str, Any],
-    constants: dict[tuple[str, str, str], torch.Tensor],
+    constants: ConstantCache,
 ) -> LayerKernel:
     """`tactic`'s kernel for `node` in the config's variant, its weights converted once (shared via `constants`)."""
     variant = Variant.of(config)

@@ -21,8 +21,10 @@ import torch
 
 from ..ir import DType, Node, Value, qualified_op
 from ..ops.fused import DOMAIN
+from ..ops.registry import HOST_INPUTS
 from .base import Kernel, Tactic
 
+ConstantCache = dict[tuple[str, ...], torch.Tensor]  # converted weights by (name, dtype, layout, device type)
 PRECISION_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LAYOUTS = ("any", "NCHW", "NHWC")
 # Ops whose math TF32 changes (cuDNN convolutions, cuBLAS products); elsewhere tf32 is fp32.
@@ -158,16 +160,20 @@ class LayerKernel:
 
 
 def prepare_constants(
-    node: Node, variant: Variant, device: torch.device, cache: dict[tuple[str, str, str], torch.Tensor]
+    node: Node, variant: Variant, device: torch.device, cache: ConstantCache
 ) -> dict[int, torch.Tensor]:
-    """`node`'s constant inputs on `device` in `variant`, converted once and shared through `cache`."""
+    """`node`'s constant inputs on `device` in `variant`, converted once and shared through `cache`; integer
+    operands the implementation reads as numbers (`HOST_INPUTS`) stay on the host."""
     prepared = {}
+    host = HOST_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
     for index, value in constant_inputs(node).items():
-        key = (value.name, str(variant.dtype) if value.dtype == DType.FLOAT else "", variant.layout)
+        on_host = index in host and isinstance(value.const, torch.Tensor)
+        target = torch.device("cpu") if on_host else device
+        key = (value.name, str(variant.dtype) if value.dtype == DType.FLOAT else "", variant.layout, target.type)
         tensor = cache.get(key)
         if tensor is None:
             const = value.const
-            tensor = convert(const.to(device) if isinstance(const, torch.Tensor) else const, value.dtype, variant)
+            tensor = convert(const.to(target) if isinstance(const, torch.Tensor) else const, value.dtype, variant)
             cache[key] = tensor
         prepared[index] = tensor
     return prepared

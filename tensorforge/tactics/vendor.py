@@ -115,7 +115,27 @@ class CudnnFusedConvTactic(Tactic):
             return "cuDNN's fused call here is 2-D only"
         return None
 
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        """cuDNN's own heuristic algorithm choice, and from effort 1 also its benchmark mode (it times its
+        algorithms on the first call of each shape and keeps the fastest)."""
+        return [{}] if effort == 0 else [{}, {"benchmark": True}]
+
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        kernel = self._build(node)
+        if not config.get("benchmark"):
+            return kernel
+
+        def benchmarked(inputs):
+            previous = torch.backends.cudnn.benchmark
+            torch.backends.cudnn.benchmark = True
+            try:
+                return kernel(inputs)
+            finally:
+                torch.backends.cudnn.benchmark = previous
+
+        return benchmarked
+
+    def _build(self, node: Node) -> Kernel:
         conv = _conv_attributes(node)
         pre, _, _, _ = _epilogue_attributes(node)
         strides = list(conv.get("strides") or [1, 1])
