@@ -11,3 +11,7 @@ tail -3 "$out/pytest_engine_gpu.txt"
 python3 bench/engine_vs_eager.py --model resnet50 --batch 1 --batch 256 --out "$out" 2>&1 | tail -20
 python3 examples/orientation.py --device cuda > "$out/demo_cuda.txt" 2>&1
 tail -4 "$out/demo_cuda.txt"
+if [ "${FULL_GPU_TESTS:-0}" = 1 ]; then
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -40 > "$out/pytest_gpu_all.txt"
+  tail -3 "$out/pytest_gpu_all.txt"
+fi

@@ -233,7 +233,7 @@ def _mismatch(
     expected_dtypes: Sequence[torch.dtype | None],
     variant: Variant,
 ) -> str:
-    if len(outputs) < len(reference):
+    if any(want is not None for want in reference[len(outputs) :]):
         return f"{len(outputs)} outputs, expected {len(reference)}"
     for index, (got, want) in enumerate(zip(outputs, reference, strict=False)):
         if not isinstance(want, torch.Tensor):

@@ -6,10 +6,12 @@
   epilogue applied after it; faster than the reference's im2col + GEMM on the CPU, less accurate there.
 - `vendor.cudnn-fused`: FusedConv as one cuDNN call with bias, residual and ReLU inside
   (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
+- `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -157,6 +159,48 @@ class CudnnFusedConvTactic(Tactic):
                 y = torch.cudnn_convolution_relu(x, w, bias, strides, begin, dilations, group)
             else:
                 y = F.conv2d(x, w, bias, strides, begin, dilations, group)
+            return (y,)
+
+        return kernel
+
+
+@register_tactic
+class TorchMaxPoolTactic(Tactic):
+    """MaxPool through torch's pooling kernels (cuDNN / oneDNN), the padding applied as -inf first, so any
+    ONNX padding works; the window count must come out as ONNX's (ceil mode), else the gate refuses it."""
+
+    family = "vendor"
+    name = "torch-maxpool"
+    op_types = ("MaxPool",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if len(node.outputs) > 1 and node.outputs[1].name:
+            return "the indices output is computed only by the reference"
+        rank = node.inputs[0].rank
+        if rank not in (3, 4, 5):
+            return f"torch pools 1-D to 3-D windows; the input has rank {rank}"
+        if node.inputs[0].dtype.is_integer:
+            return "torch's max pooling is float only"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        kernel_shape = list(a["kernel_shape"])
+        pool = {3: F.max_pool1d, 4: F.max_pool2d, 5: F.max_pool3d}[node.inputs[0].rank]
+        strides = list(a.get("strides") or [1] * len(kernel_shape))
+        dilations = list(a.get("dilations") or [1] * len(kernel_shape))
+
+        def kernel(inputs):
+            x = inputs[0]
+            begin, end, out = window_geometry(
+                x.shape[2:], kernel_shape, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET"),
+                a.get("ceil_mode", 0), same_crops=True,
+            )  # fmt: skip
+            if any(begin) or any(end):
+                x = F.pad(x, [p for i in reversed(range(len(begin))) for p in (begin[i], end[i])], value=-math.inf)
+            y = pool(x, kernel_shape, strides, 0, dilations, ceil_mode=bool(a.get("ceil_mode", 0)))
+            if list(y.shape[2:]) != list(out):
+                raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
             return (y,)
 
         return kernel

@@ -1,0 +1,41 @@
+"""The vendor MaxPool tactic agrees with the reference wherever the autotuner's gate lets it run."""
+
+import math
+
+import pytest
+import torch
+from onnx import helper
+
+from tensorforge.frontend import import_model
+from tensorforge.tactics.autotune import autotune, build_layer_kernel
+from tensorforge.tactics.base import tactic_by_key
+from tests.helpers import DEVICES, make_model, tensor_info
+
+CASES = [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]},  # asymmetric
+    {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [3, 3], "dilations": [2, 2], "auto_pad": "SAME_UPPER"},
+    {"kernel_shape": [3], "strides": [1], "pads": [2, 2]},  # pads wider than half the window
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("attributes", CASES)
+def test_vendor_maxpool_matches_the_reference(device, attributes):
+    rank = len(attributes["kernel_shape"])
+    shape = [2, 3, 9, 11][: 2 + rank]
+    proto = make_model(
+        [helper.make_node("MaxPool", ["x"], ["y"], **attributes)], [tensor_info("x", shape)], [tensor_info("y", None)]
+    )
+    (node,) = import_model(proto).graph.nodes
+    x = torch.randn(shape, device=device)
+    choice = autotune(node, 17, [x], device, effort=0)
+    vendor = next(c for c in choice.candidates if c.tactic == "vendor.torch-maxpool")
+    assert math.isfinite(vendor.median_ms), vendor.note
+    config = vendor.config
+    ours = build_layer_kernel(tactic_by_key("vendor.torch-maxpool"), node, 17, torch.device(device), config, {})([x])[0]
+    reference = build_layer_kernel(tactic_by_key("reference.registry"), node, 17, torch.device(device), config, {})(
+        [x]
+    )[0]
+    assert torch.equal(ours, reference)
