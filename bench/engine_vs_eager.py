@@ -105,6 +105,14 @@ def bench(name: str, batch: int, precision: str, device: torch.device, runs: int
     if device.type == "cuda":
         replay = _graphed(module, x)
         results["eager_graph_ms"] = _median_ms(replay, device, runs, warmup)
+    engine.schedule(0)  # weights converted and kernels built before the memory is measured
+    if device.type == "cuda":  # the memory a context takes for activations: eager run, capture, replays
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(3):
+            context.run({"input": x32})
+        results["context_peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
     results["tensorforge_ms"] = _median_ms(lambda: context.run({"input": x32}), device, runs, warmup)
     ours = context.run({"input": x32})["output"]
     results["error_vs_float64"] = relative_error(ours, reference)
@@ -182,7 +190,14 @@ def main() -> None:
     print(meta)
     print(table)
     for row in rows:
-        print(row["batch"], row["layers"], f"arena {row['arena_mib']:.1f} MiB", f"graph {row['cuda_graph_captured']}")
+        peak = f"context peak {row['context_peak_mib']:.1f} MiB" if "context_peak_mib" in row else ""
+        print(
+            row["batch"],
+            row["layers"],
+            f"arena {row['arena_mib']:.1f} MiB",
+            peak,
+            f"graph {row['cuda_graph_captured']}",
+        )
         print("  plans:", row["plan_selection"], f"sum of layers {row['sum_of_layers_ms']:.3f} ms")
         for layer in row["slowest_layers"][:6]:
             print(f"  {layer['ms']:.4f} ms {layer['op']} {layer['node']} {layer['tactic']} {layer['config']}")

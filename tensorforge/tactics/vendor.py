@@ -166,8 +166,9 @@ class CudnnFusedConvTactic(Tactic):
 
 @register_tactic
 class TorchMaxPoolTactic(Tactic):
-    """MaxPool through torch's pooling kernels (cuDNN / oneDNN), the padding applied as -inf first, so any
-    ONNX padding works; the window count must come out as ONNX's (ceil mode), else the gate refuses it."""
+    """MaxPool through torch's pooling kernels (cuDNN / oneDNN). Symmetric padding up to half the window is
+    torch's own; any other ONNX padding is applied as -inf first (a copy). The window count must come out as
+    ONNX's (ceil mode), else the kernel raises and the gate refuses it."""
 
     family = "vendor"
     name = "torch-maxpool"
@@ -196,9 +197,12 @@ class TorchMaxPoolTactic(Tactic):
                 x.shape[2:], kernel_shape, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET"),
                 a.get("ceil_mode", 0), same_crops=True,
             )  # fmt: skip
-            if any(begin) or any(end):
+            padding = 0
+            if begin == end and all(2 * b <= k for b, k in zip(begin, kernel_shape, strict=True)):
+                padding = begin  # torch pads with -inf itself, in any memory format
+            elif any(begin) or any(end):
                 x = F.pad(x, [p for i in reversed(range(len(begin))) for p in (begin[i], end[i])], value=-math.inf)
-            y = pool(x, kernel_shape, strides, 0, dilations, ceil_mode=bool(a.get("ceil_mode", 0)))
+            y = pool(x, kernel_shape, strides, padding, dilations, ceil_mode=bool(a.get("ceil_mode", 0)))
             if list(y.shape[2:]) != list(out):
                 raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
             return (y,)
