@@ -24,9 +24,9 @@ conformance:
 	$(PYTHON) -m tensorforge.conformance --write docs
 
 lint:
-	ruff check tensorforge tests examples
-	ruff format --check tensorforge tests examples
+	ruff check tensorforge tests examples bench
+	ruff format --check tensorforge tests examples bench
 
 format:
-	ruff check --fix tensorforge tests examples
-	ruff format tensorforge tests examples
+	ruff check --fix tensorforge tests examples bench
+	ruff format tensorforge tests examples bench

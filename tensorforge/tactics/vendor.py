@@ -47,6 +47,7 @@ class ReferenceTactic(Tactic):
         return None
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        load_all()
         impl = REGISTRY.lookup(node.op_type, node.domain, opset).impl
         ctx = _context(node, opset, device)
         attributes = dict(node.attributes)

@@ -1,0 +1,60 @@
+"""`tensorforge build` and `tensorforge run` on an engine, in-process and as a fresh process."""
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from tensorforge import zoo
+from tensorforge.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def inception(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "inception.onnx"
+    onnx.save(zoo.export("inception"), path)
+    return path
+
+
+def test_build_writes_an_engine_and_says_what_it_chose(inception, tmp_path):
+    engine = tmp_path / "m.engine"
+    cache = tmp_path / "timing.json"
+    args = ["build", str(inception), "-o", str(engine), "--effort", "0", "--timing-cache", str(cache)]
+    result = runner.invoke(app, [*args, "--profile", "input=1x64x16x16:2x64x16x16:4x64x16x16", "--verbose"])
+    assert result.exit_code == 0, result.output
+    for expected in ("FusedConv", "memory plan", "whole plans timed", "wrote", "100.0%", "profile 0: input [1, 64"):
+        assert expected in result.output
+    assert engine.exists() and cache.exists()
+    again = runner.invoke(app, [*args])
+    assert again.exit_code == 1 and "already exists" in again.output
+
+
+def test_run_an_engine_in_a_fresh_process(inception, tmp_path):
+    """A fresh process has loaded nothing the build loaded; the engine must run from the file alone."""
+    engine = tmp_path / "m.engine"
+    assert runner.invoke(app, ["build", str(inception), "-o", str(engine), "--effort", "0"]).exit_code == 0
+    x = np.random.default_rng(0).standard_normal((1, 64, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    command = [sys.executable, "-m", "tensorforge.cli.main", "run", str(engine), "-i", f"input={tmp_path / 'x.npy'}"]
+    result = subprocess.run([*command, "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "engine" in result.stdout
+    assert np.load(tmp_path / "out" / "output.npy").shape == (1, 96, 16, 16)
+
+
+def test_bad_build_options_fail_with_a_message(inception, tmp_path):
+    engine = str(tmp_path / "m.engine")
+    cases = [
+        (["--profile", "input=1x64x16x16:8x64x16x16:4x64x16x16"], "min <= opt <= max"),
+        (["--profile", "image=1x3"], "not inputs of the model"),
+        (["--shape", "input=1x64x16x16", "--profile", "input=1x64x16x16"], "not both"),
+        (["--device", "tpu"], "unknown device"),
+    ]
+    for extra, message in cases:
+        result = runner.invoke(app, ["build", str(inception), "-o", engine, "--effort", "0", *extra])
+        assert result.exit_code == 1 and message in result.output, (extra, result.output)
