@@ -8,6 +8,7 @@ format the graph declares, whatever precision and layout their producers ran in.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from ..tactics.variant import ConstantCache, LayerKernel, Variant, math_mode
 from .plan import Layer
 
 Observer = Callable[[Value, Any], None]
+Around = Callable[[Layer], AbstractContextManager[Any]]
 _FP32 = Variant("fp32")
 
 
@@ -85,8 +87,14 @@ class Schedule:
     def layers(self) -> list[Layer]:
         return [step.layer for step in self._steps]
 
-    def execute(self, inputs: Mapping[str, Any], observe: Observer | None = None) -> list[Any]:
-        """Run every layer on `inputs` (tensors on the device, by input name); return the graph outputs."""
+    def execute(
+        self, inputs: Mapping[str, Any], observe: Observer | None = None, around: Around | None = None
+    ) -> list[Any]:
+        """Run every layer on `inputs` (tensors on the device, by input name); return the graph outputs.
+
+        `observe(value, tensor)` sees every value a layer writes (layerwise comparison, shape recording);
+        `around(layer)` is a context manager entered around each layer's kernel (per-layer timing).
+        """
         env: list[Any] = [None] * self.slots
         for name, slot in self._inputs:
             env[slot] = inputs[name]
@@ -94,7 +102,11 @@ class Schedule:
         with torch.inference_mode(), math_mode(_FP32):
             for step in self._steps:
                 try:
-                    results = step.kernel([env[slot] for slot in step.args])
+                    if around is None:
+                        results = step.kernel([env[slot] for slot in step.args])
+                    else:
+                        with around(step.layer):
+                            results = step.kernel([env[slot] for slot in step.args])
                 except TensorforgeError:
                     raise
                 except Exception as err:
