@@ -6,6 +6,7 @@
   epilogue applied after it; faster than the reference's im2col + GEMM on the CPU, less accurate there.
 - `vendor.cudnn-fused`: FusedConv as one cuDNN call with bias, residual and ReLU inside
   (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
+- `vendor.onednn-fused`: FusedConv on the CPU as one oneDNN call with its post-ops and a pre-reordered weight.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 """
 
@@ -160,6 +161,87 @@ class CudnnFusedConvTactic(Tactic):
                 y = torch.cudnn_convolution_relu(x, w, bias, strides, begin, dilations, group)
             else:
                 y = F.conv2d(x, w, bias, strides, begin, dilations, group)
+            return (y,)
+
+        return kernel
+
+
+# FusedConv activations as oneDNN post-ops: (name, its scalars from the activation's parameters).
+_ONEDNN_UNARY = {
+    "": lambda p: ("none", []),
+    "Relu": lambda p: ("relu", []),
+    "Sigmoid": lambda p: ("sigmoid", []),
+    "Tanh": lambda p: ("tanh", []),
+    "HardSwish": lambda p: ("hardswish", []),
+    "SiLU": lambda p: ("swish", []),
+    "LeakyRelu": lambda p: ("leaky_relu", [p[0] if p else 0.01]),
+    "Clip": lambda p: ("hardtanh", [p[0], p[1]]),
+}
+
+
+@register_tactic
+class OneDnnFusedConvTactic(Tactic):
+    """FusedConv on the CPU as one oneDNN call: convolution, bias, residual add and activation as post-ops,
+    with the weight reordered once per input shape into oneDNN's blocked layout (`F.conv2d` reorders it on
+    every call). Float32, 2-D, symmetric padding."""
+
+    family = "vendor"
+    name = "onednn-fused"
+    op_types = (_FUSED_CONV,)
+    precisions = ("fp32",)
+    layouts = ("NHWC", "NCHW")
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "oneDNN runs on the CPU"
+        if not torch.backends.mkldnn.is_available():
+            return "this torch build has no oneDNN"
+        if len(node.inputs[1].shape or ()) != 4:
+            return "the fused oneDNN call here is 2-D only"
+        pre, _, post, _ = _epilogue_attributes(node)
+        residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        if residual and pre:
+            return f"oneDNN applies one activation after the residual add; this layer has pre={pre!r} too"
+        if not residual and post:
+            return f"without a residual the activation is pre; this layer has post={post!r}"
+        activation = post if residual else pre
+        if activation not in _ONEDNN_UNARY:
+            return f"oneDNN has no post-op for {activation!r} here"
+        if residual and activation not in ("", "Relu"):
+            return f"oneDNN follows a residual add only with ReLU; this layer has post={post!r}"
+        if node.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return "SAME auto-padding is computed per shape; explicit pads only"
+        pads = list(node.attributes.get("pads") or [0, 0, 0, 0])
+        if pads[:2] != pads[2:]:
+            return f"oneDNN's call takes symmetric padding; pads are {pads}"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        conv = _conv_attributes(node)
+        pre, pre_params, post, post_params = _epilogue_attributes(node)
+        residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        unary, scalars = _ONEDNN_UNARY[post if residual else pre](post_params if residual else pre_params)
+        padding = list(conv.get("pads") or [0, 0, 0, 0])[:2]
+        strides = list(conv.get("strides") or [1, 1])
+        dilations = list(conv.get("dilations") or [1, 1])
+        group = conv.get("group", 1)
+        mkldnn = torch.ops.mkldnn
+        packed: dict[tuple[int, ...], torch.Tensor] = {}
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            key = tuple(x.shape)
+            weight = packed.get(key)
+            if weight is None:
+                weight = mkldnn._reorder_convolution_weight(w, padding, strides, dilations, group, list(x.shape))
+                packed[key] = weight
+            if z is None:
+                y = mkldnn._convolution_pointwise(x, weight, b, padding, strides, dilations, group, unary, scalars, "")
+            else:
+                after = None if unary == "none" else unary
+                y = mkldnn._convolution_pointwise.binary(
+                    x, z, weight, b, padding, strides, dilations, group, "add", 1.0, after, scalars, None
+                )
             return (y,)
 
         return kernel
