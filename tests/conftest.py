@@ -1,6 +1,11 @@
+import os
+
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # Triton kernels run under its interpreter on CPU tensors (set before any @jit)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

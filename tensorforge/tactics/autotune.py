@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, qualified_op
-from . import vendor  # noqa: F401 - registers the reference and vendor families
+from . import triton_family, vendor  # noqa: F401 - registers the reference, vendor and Triton families
 from .base import Tactic, tactics_for
 from .timing import Timing, TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions

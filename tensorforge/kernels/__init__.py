@@ -1,0 +1,1 @@
+"""Kernels as functions on tensors, knowing nothing of the graph: `triton/` (Triton JIT kernels)."""
