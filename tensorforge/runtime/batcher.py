@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +60,8 @@ class BatcherStats:
 
 class DynamicBatcher:
     """Batches requests for `engine` on `contexts` execution contexts; `submit` returns a Future of the
-    outputs (numpy arrays by output name, the request's own rows)."""
+    outputs (numpy arrays by output name, the request's own rows). `on_batch(size)` is told of every batch
+    run (for metrics); `max_batch` caps the merged batch below the engine's largest (1 turns merging off)."""
 
     def __init__(
         self,
@@ -71,9 +72,16 @@ class DynamicBatcher:
         max_queue: int = 256,
         contexts: int = 1,
         timeout_s: float | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        max_batch: int | None = None,
     ) -> None:
         self.engine = engine
+        self.on_batch = on_batch
         self.min_batch, self.max_batch = _batch_range(engine)
+        if max_batch is not None:  # 1: no merging (each request runs alone)
+            if not 1 <= max_batch <= self.max_batch:
+                raise InputError(f"max_batch {max_batch} is outside 1..{self.max_batch}, the engine's batch range")
+            self.max_batch = max_batch
         bad = [s for s in preferred_batch_sizes if not 1 <= s <= self.max_batch]
         if bad:
             raise InputError(f"preferred batch sizes {bad} are outside 1..{self.max_batch}, the engine's batch range")
@@ -156,12 +164,12 @@ class DynamicBatcher:
     def _gather(self) -> list[_Request] | None:
         """The next batch: the oldest request and the compatible ones after it (None: closing, queue empty)."""
         with self._lock:
-            while not self._queue:
-                if self._closing:
-                    return None
-                self._lock.wait()
-            first = self._queue[0]
             while True:
+                while not self._queue:
+                    if self._closing:
+                        return None
+                    self._lock.wait()
+                first = self._queue[0]  # read again after every wait: another worker may have taken it
                 compatible = [r for r in self._queue if r.signature == first.signature]
                 total = sum(r.size for r in compatible)
                 waited = time.perf_counter() - first.queued_at
@@ -211,6 +219,8 @@ class DynamicBatcher:
             return
         self.stats.batches += 1
         self.stats.batch_sizes[total] += 1
+        if self.on_batch is not None:
+            self.on_batch(total)
         start = 0
         for request in live:
             rows = slice(start, start + request.size)
