@@ -22,23 +22,31 @@ from ..runtime.engine import Engine
 from ..runtime.engine_file import MAGIC
 from ..summary import summarize_model
 from ..tensors import to_numpy
-from . import build_command  # noqa: F401 - registers `tensorforge build`
+from . import build_command, serve_command  # noqa: F401 - register `tensorforge build` and `serve`
 from .common import app, choose_device, fail, out
+from .compare_command import compare_command  # noqa: F401 - registers `tensorforge compare`
+from .inspect_engine import inspect_engine
 
-ModelArg = Annotated[Path, typer.Argument(help="an ONNX model file", show_default=False)]
 ModelOrEngineArg = Annotated[Path, typer.Argument(help="an engine file or an ONNX model", show_default=False)]
 
 
 @app.command()
 def inspect(
-    model_path: ModelArg,
+    model_path: ModelOrEngineArg,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     optimize: Annotated[
         bool, typer.Option("--optimize", help="run the graph optimizer and say what it fused, where, and why not")
     ] = False,
 ) -> None:
-    """Inputs and outputs, op histogram, parameters, opsets, and what is unsupported."""
+    """An ONNX model: inputs and outputs, op histogram, parameters, opsets, and what is unsupported. An engine:
+    every layer with the original nodes it fused, its tactic, precision, layout, outputs, time and runner-up,
+    and the build report (the engine need not be built for this machine)."""
     try:
+        if _is_engine_file(model_path):
+            if optimize:
+                raise InputError("--optimize is for ONNX models: an engine's graph is already optimized")
+            inspect_engine(model_path, as_json)
+            return
         model = load_onnx(model_path)
         summary = summarize_model(model)
         report = _optimize(model)[1] if optimize else None
@@ -198,12 +206,15 @@ def run(
 def _load_engine(path: Path, device: str | None) -> Engine | None:
     """The engine in `path` if it is an engine file (by its magic bytes), else None (an ONNX model); with no
     `device`, on the device it was built for."""
+    return Engine.load(path, device=device) if _is_engine_file(path) else None
+
+
+def _is_engine_file(path: Path) -> bool:
+    """Whether `path` is a file that starts with the engine magic bytes."""
     if not path.is_file():
-        return None
+        return False
     with path.open("rb") as file:
-        if file.read(len(MAGIC)) != MAGIC:
-            return None
-    return Engine.load(path, device=device)
+        return file.read(len(MAGIC)) == MAGIC
 
 
 def _output_paths(model, output_dir: Path | None, force: bool) -> dict[str, Path]:

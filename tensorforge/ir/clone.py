@@ -29,6 +29,7 @@ def clone_graph(graph: Graph, mapping: dict[Value, Value]) -> Graph:
         if new is None:
             new = Value(old.name, old.dtype, old.shape, old.const)
             new.doc = old.doc
+            new.origin = old.origin
             mapping[old] = new
         return new
 
@@ -42,6 +43,7 @@ def clone_graph(graph: Graph, mapping: dict[Value, Value]) -> Graph:
         attributes = {k: _clone_attribute(a, mapping) for k, a in node.attributes.items()}
         new = Node(node.op_type, inputs, outputs, attributes, domain=node.domain, name=node.name)
         new.doc = node.doc
+        new.origins = node.origins
         copy.append(new)
     copy.outputs = [value(v) for v in graph.outputs]
     return copy

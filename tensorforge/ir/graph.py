@@ -19,9 +19,13 @@ Shape = tuple[Dim, ...]
 
 
 class Value:
-    """A tensor flowing through the graph: a graph input, an initializer or a node output."""
+    """A tensor flowing through the graph: a graph input, an initializer or a node output.
 
-    __slots__ = ("_producer", "_uses", "const", "doc", "dtype", "name", "shape")
+    `origin` names the value of the original (imported) model that this one equals, when there is one: the
+    optimizer keeps it as rewrites replace values, so tools can compare an optimized value with its original.
+    """
+
+    __slots__ = ("_producer", "_uses", "const", "doc", "dtype", "name", "origin", "shape")
 
     def __init__(
         self,
@@ -37,6 +41,7 @@ class Value:
         self._producer: Node | None = None
         self._uses: list[tuple[Node, int]] = []
         self.doc = ""
+        self.origin: str | None = None
 
     def producer(self) -> Node | None:
         return self._producer
@@ -66,9 +71,13 @@ class Value:
 
 
 class Node:
-    """One operator application. `attributes` maps names to Python values, tensors or `Graph`s."""
+    """One operator application. `attributes` maps names to Python values, tensors or `Graph`s.
 
-    __slots__ = ("_inputs", "_outputs", "attributes", "doc", "domain", "graph", "name", "op_type")
+    `origins` names the nodes of the original (imported) model that this node stands for, producers first
+    (a FusedConv: its Conv, BatchNormalization and Relu); the optimizer keeps it through its rewrites.
+    """
+
+    __slots__ = ("_inputs", "_outputs", "attributes", "doc", "domain", "graph", "name", "op_type", "origins")
 
     def __init__(
         self,
@@ -86,6 +95,7 @@ class Node:
         self.attributes = dict(attributes or {})
         self.graph: Graph | None = None
         self.doc = ""
+        self.origins: tuple[str, ...] = ()
         self._inputs: list[Value | None] = []
         self._outputs: list[Value] = []
         for value in inputs:

@@ -8,7 +8,8 @@ trip restores the exact Python type. Strict JSON has no inf or nan: a non-finite
 IEEE-754 bits. A string holding lone surrogates (how the importer keeps bytes that are not UTF-8) is written
 as ``{"surrogatepass": <base64 of its bytes>}``. Tensors go into the tensor dict under keys such as
 ``"init/<name>"``, their dtype and shape repeated in the dict; the dtypes safetensors cannot store
-(complex128, float8_e8m0fnu) travel as raw bytes.
+(complex128, float8_e8m0fnu) travel as raw bytes. The optimizer's provenance (`Node.origins`,
+`Value.origin`) is optional on reading: files written before it existed load with none.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class _Writer:
             "domain": node.domain,
             "name": node.name,
             "doc": node.doc,
+            "origins": list(node.origins),
             "inputs": [None if v is None else _name(v, scope, node.label) for v in node.inputs],
             "outputs": [self.value(v, scope) for v in node.outputs],
             "attributes": {
@@ -140,6 +142,7 @@ class _Writer:
             "dtype": value.dtype.name,
             "shape": None if value.shape is None else list(value.shape),
             "doc": value.doc,
+            "origin": value.origin,
             "const": None if value.const is None else self.encode(value.const, scope, where, key),
         }
 
@@ -225,6 +228,8 @@ class _Reader:
         domain = _field(entry, "domain", str, label)
         node = Node(entry["op_type"], inputs, outputs, attributes, domain=domain, name=entry["name"])
         node.doc = _field(entry, "doc", str, label)
+        origins = _optional(entry, "origins", list, [], label)
+        node.origins = tuple(_expect(name, str, f"{label}: origins[{i}]") for i, name in enumerate(origins))
         return node
 
     def value(self, data: Any, scope: _Scope, where: str) -> Value:
@@ -239,6 +244,7 @@ class _Reader:
         const = _field(data, "const", (Mapping, type(None)), where)
         value = Value(name, DType[dtype], shape, None if const is None else self.decode(const, scope, where))
         value.doc = _field(data, "doc", str, where)
+        value.origin = _optional(data, "origin", (str, type(None)), None, where)
         if name in scope.maps[0]:
             raise GraphError(f"{where} is defined twice")
         if name:
@@ -386,6 +392,11 @@ def _field(data: Any, key: str, kind: type | tuple[type, ...], where: str) -> An
     if key not in data:
         raise GraphError(f"{where} has no {key!r}")
     return _expect(data[key], kind, f"{where}: {key!r}")
+
+
+def _optional(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any, where: str) -> Any:
+    """`data[key]` when present (it must be of `kind`), else `default`: fields that older files lack."""
+    return _expect(data[key], kind, f"{where}: {key!r}") if key in data else default
 
 
 def _expect(item: Any, kind: type | tuple[type, ...], where: str) -> Any:

@@ -5,12 +5,19 @@ gathers what the rewrite needs, `check` returns the reason it declines (or None)
 the graph. A `RulePass` applies a list of rules to every node until none fires. Passes report every
 rewrite and every declined match to the `PassContext`, which is how `tensorforge inspect --optimize`
 can say what fired where and why something did not.
+
+Provenance is kept here too, so that rules need no bookkeeping of their own. `mark_origins` records, before
+the first pass, that each node and value stands for itself. Each rewrite runs inside `PassContext.rewriting`:
+every node it adds stands for every node it removes (`Node.origins` merged, producers first), and a rewrite
+that only removes nodes leaves their origins with its surviving root (an inner Transpose merged into the
+outer). `utils` hands a replaced value's `origin` to the value that replaces it.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -64,6 +71,27 @@ class PassContext:
             value.dtype, value.shape = like.dtype, like.shape
         value.const = const
         return value
+
+    @contextmanager
+    def rewriting(self, root: Node | None = None) -> Iterator[None]:
+        """Around one rewrite of the top-level graph: the nodes it adds inherit the origins of the nodes it
+        removes; when it adds none, `root` does (if it survives)."""
+        graph = self.model.graph
+        before = {node: node.inputs for node in graph.nodes}
+        yield
+        removed = [node for node in before if node.graph is not graph]
+        if not removed:
+            return
+        added = [node for node in graph.nodes if node not in before]
+        if added:
+            heirs, donors = added, removed
+        elif root is not None and root.graph is graph:
+            heirs, donors = [root], [node for node in before if node.graph is not graph or node is root]
+        else:
+            return
+        origins = [name for node in _producers_first(donors, before) for name in node.origins]
+        for heir in heirs:
+            heir.origins = tuple(dict.fromkeys([*origins, *heir.origins]))
 
 
 class Pass:
@@ -127,13 +155,48 @@ class RulePass(Pass):
                             ctx.declined(rule.name, node, reason)
                         continue
                     label = _label(node)
-                    detail = rule.rewrite(match, ctx)
+                    with ctx.rewriting(node):
+                        detail = rule.rewrite(match, ctx)
                     ctx.fired(rule.name, label, detail)
                     fired = changed = True
                     break
             if not fired:
                 break
         return changed
+
+
+def mark_origins(model: Model) -> None:
+    """Record that each node and value of `model` stands for itself, unless a record exists already (a
+    model optimized before keeps the origins it has)."""
+    graph = model.graph
+    if any(node.origins for node in graph.all_nodes()):
+        return
+    for node in graph.all_nodes():
+        node.origins = (_label(node),)
+        for value in node.outputs:
+            value.origin = value.name or None
+    for value in [*graph.inputs, *graph.initializers.values()]:
+        value.origin = value.name or None
+
+
+def _producers_first(nodes: list[Node], inputs: dict[Node, tuple[Value | None, ...]]) -> list[Node]:
+    """`nodes` with each one after those of them it read from (`inputs`: what each read before the rewrite)."""
+    inside = set(nodes)
+    ordered: dict[Node, None] = {}
+    seen: set[Node] = set()
+
+    def visit(node: Node) -> None:
+        seen.add(node)
+        for value in inputs.get(node, ()):
+            producer = value.producer() if value is not None else None
+            if producer in inside and producer not in seen:
+                visit(producer)
+        ordered[node] = None
+
+    for node in nodes:
+        if node not in seen:
+            visit(node)
+    return list(ordered)
 
 
 def _label(node: Node | str) -> str:

@@ -227,11 +227,18 @@ class CommonSubexpressions(Pass):
                 continue
             match = rule.match(node, ctx)
             if match is not None:
-                fired |= _apply(rule, match, node, ctx, declined)
+                fired |= _apply(rule, match, node, ctx, declined, survivor=match[0])
         return fired
 
 
-def _apply(rule: Rule, match: Any, where: Node | str, ctx: PassContext, declined: set[tuple[str, int]]) -> bool:
+def _apply(
+    rule: Rule,
+    match: Any,
+    where: Node | str,
+    ctx: PassContext,
+    declined: set[tuple[str, int]],
+    survivor: Node | None = None,
+) -> bool:
     reason = rule.check(match, ctx)
     if reason is not None:
         key = (rule.name, id(where) if isinstance(where, Node) else hash(where))
@@ -240,5 +247,7 @@ def _apply(rule: Rule, match: Any, where: Node | str, ctx: PassContext, declined
             ctx.declined(rule.name, where, reason)
         return False
     label = where if isinstance(where, str) else _label(where)  # before the rewrite renames anything
-    ctx.fired(rule.name, label, rule.rewrite(match, ctx))
+    with ctx.rewriting(survivor):  # the kept node stands for the duplicate too
+        detail = rule.rewrite(match, ctx)
+    ctx.fired(rule.name, label, detail)
     return True

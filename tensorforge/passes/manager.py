@@ -17,7 +17,7 @@ from ..errors import GraphError
 from ..ir import Model, validate
 from ..ir.clone import clone_model
 from ..ops.fused import DOMAIN, OPSET
-from .base import Event, Pass, PassContext, qualified_op
+from .base import Event, Pass, PassContext, mark_origins, qualified_op
 
 
 @dataclass
@@ -93,6 +93,7 @@ class PassManager:
 
     def run(self, model: Model) -> tuple[Model, OptimizationReport]:
         """Optimize `model` in place (or a restored copy of it) and return it with the report."""
+        mark_origins(model)
         report = OptimizationReport(ops_before=op_histogram(model))
         ctx = PassContext(model)
         for iteration in range(1, self.max_iterations + 1):

@@ -111,7 +111,8 @@ class FusePointwise(Pass):
         for unit in units.groups():
             if len(unit.members) >= 2:
                 members = sorted(unit.members, key=units.index.__getitem__)
-                detail = _fuse(graph, members, steps, ctx)
+                with ctx.rewriting():
+                    detail = _fuse(graph, members, steps, ctx)
                 if detail:
                     ctx.fired(RULE, members[-1], detail)
                     changed = True

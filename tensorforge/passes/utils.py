@@ -80,9 +80,12 @@ def rewire_problem(old: Value, new: Value) -> str | None:
 
 
 def _rewire(graph: Graph, old: Value, new: Value) -> None:
+    """Users of `old` read `new`, which equals it: `new` takes over its `origin` unless it has its own."""
     problem = rewire_problem(old, new)
     if problem is not None:
         raise ValueError(problem)
+    if new.origin is None:
+        new.origin = old.origin
     old.replace_all_uses_with(new)
     if old in graph.outputs:
         # A graph output keeps its name: the replacement value takes it over.

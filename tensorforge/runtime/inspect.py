@@ -1,0 +1,149 @@
+"""What an engine is made of, as plain data: per layer the original nodes it fused, its tactic and config,
+precision, layout, outputs (shape, dtype, arena slot), time and runner-up; then the build report.
+
+`load_for_inspection` reads an engine file without checking it against this machine, so an engine built
+on a GPU can be inspected on a laptop; such an engine can be described but not run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..build.config import BuildConfig
+from ..errors import UnsupportedError
+from ..ir import DType, Value, qualified_op
+from ..ir.serialize import model_from_dict
+from ..tactics.autotune import Candidate
+from ..tactics.variant import Variant, output_dtypes
+from .engine import FORMAT, Engine
+from .engine_file import EngineFileError, load_engine_file
+from .environment import Environment, compatibility_problems
+from .plan import Layer, Plan
+
+
+def load_for_inspection(path: str | os.PathLike[str]) -> Engine:
+    """The engine in `path`, its weights on the CPU, whatever device it was built for (not for running)."""
+    where = repr(str(path))
+    header, tensors = load_engine_file(path, device="cpu", check_environment=False)
+    if header.get("format") != FORMAT:
+        raise EngineFileError(f"{where} is an engine file of format {header.get('format')!r}, not {FORMAT!r}")
+    config = _parse(where, "build config", lambda: BuildConfig.from_dict(header["config"]))
+    model = _parse(where, "graph", lambda: model_from_dict(header["model"], tensors))
+    plans = _parse(where, "plans", lambda: [Plan.from_dict(plan) for plan in header["plans"]])
+    nodes = len(model.graph)
+    for plan in plans:
+        bad = [layer.node for layer in plan.layers if not 0 <= layer.node < nodes]
+        if bad:
+            raise EngineFileError(f"{where}: layers name nodes {bad} outside the graph; rebuild the engine")
+    return Engine(model, config, plans, header["environment"], header.get("report"), device=config.device)
+
+
+def describe_engine(engine: Engine) -> dict[str, Any]:
+    """A JSON-ready description of `engine` (see the module docstring)."""
+    graph = engine.model.graph
+    return {
+        "environment": engine.environment.to_dict(),
+        "runs_here": _problems_here(engine),
+        "config": engine.config.to_dict(),
+        "inputs": [_tensor(v) for v in graph.inputs if v.name not in graph.initializers],
+        "outputs": [_tensor(v) for v in graph.outputs],
+        "nodes": len(graph),
+        "profiles": [_profile(engine, plan) for plan in engine.plans],
+        "report": engine.report,
+    }
+
+
+def _profile(engine: Engine, plan: Plan) -> dict[str, Any]:
+    memory = plan.memory
+    return {
+        "ranges": plan.profile.to_dict(),
+        "tuned_shapes": {name: list(shape) for name, shape in plan.tuned_shapes.items()},
+        "total_ms": plan.total_ms,
+        "memory": {
+            "arena_bytes": memory.arena_bytes,
+            "naive_bytes": memory.naive_bytes,
+            "lower_bound_bytes": memory.lower_bound_bytes,
+            "alignment": memory.alignment,
+            "tensors": len(memory.offsets),
+            "inplace": len(memory.inplace),
+            "report": memory.report(),
+        },
+        "layers": [_layer(engine, plan, position, layer) for position, layer in enumerate(plan.layers)],
+    }
+
+
+def _layer(engine: Engine, plan: Plan, position: int, layer: Layer) -> dict[str, Any]:
+    node = engine.model.graph.nodes[layer.node]
+    stored = output_dtypes(node, Variant.of(layer.config))
+    outputs = []
+    for value, dtype in zip(node.outputs, stored, strict=True):
+        if not value.name:
+            continue
+        entry = _tensor(value)
+        entry["stored_dtype"] = str(DType.from_torch(dtype)) if dtype is not None else entry["dtype"]
+        entry["arena_offset"] = plan.memory.offsets.get(value.name)
+        entry["arena_bytes"] = plan.memory.sizes.get(value.name)
+        entry["inplace_of"] = plan.memory.inplace.get(value.name)
+        outputs.append(entry)
+    runner_up = _runner_up(layer)
+    return {
+        "position": position,
+        "node": layer.node,
+        "name": node.name,
+        "op": qualified_op(node),
+        "origins": list(node.origins),
+        "tactic": layer.tactic,
+        "config": layer.config,
+        "precision": layer.precision,
+        "layout": layer.layout,
+        "median_ms": layer.median_ms,
+        "from_cache": layer.from_cache,
+        "runner_up": None
+        if runner_up is None
+        else {
+            "tactic": runner_up.tactic,
+            "config": runner_up.config,
+            "median_ms": runner_up.median_ms,
+            "ratio": runner_up.median_ms / layer.median_ms if layer.median_ms > 0 else None,
+        },
+        "candidates": len(layer.candidates),
+        "outputs": outputs,
+    }
+
+
+def _runner_up(layer: Layer) -> Candidate | None:
+    """The fastest timed candidate other than the chosen one."""
+    others = [
+        c
+        for c in layer.candidates
+        if math.isfinite(c.median_ms) and (c.tactic, c.config) != (layer.tactic, layer.config)
+    ]
+    return min(others, key=lambda c: c.median_ms, default=None)
+
+
+def _tensor(value: Value) -> dict[str, Any]:
+    shape = None if value.shape is None else list(value.shape)
+    return {"name": value.name, "origin": value.origin, "dtype": str(value.dtype), "shape": shape}
+
+
+def _problems_here(engine: Engine) -> list[str]:
+    """Why this engine cannot run on this machine (empty when it can)."""
+    try:
+        here = Environment.current(engine.config.device)
+    except UnsupportedError as error:
+        return [str(error)]
+    return compatibility_problems(engine.environment, here)
+
+
+def _parse(where: str, what: str, parse: Callable[[], Any]) -> Any:
+    try:
+        return parse()
+    except EngineFileError:
+        raise
+    except Exception as err:  # a malformed header: say where, never a raw traceback
+        raise EngineFileError(
+            f"the {what} in the header of {where} is malformed ({type(err).__name__}: {err}); rebuild the engine"
+        ) from None
