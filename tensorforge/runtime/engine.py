@@ -104,12 +104,20 @@ class Engine:
         save_engine_file(path, header, tensors, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Engine:
-        """Read an engine file; refuse one built for another device or software stack, saying what differs."""
+    def load(
+        cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None, check_environment: bool = True
+    ) -> Engine:
+        """Read an engine file; refuse one built for another device or software stack, saying what differs.
+
+        `check_environment=False` reads any engine (its weights stay on the CPU) to inspect it, not to run it.
+        """
         header, tensors = _read_header(path)
         config = _parse(path, "build config", lambda: BuildConfig.from_dict(header["config"]))
-        device = torch.device(device if device is not None else config.device)
-        check_runs_here(header["environment"], device, repr(str(path)))
+        if check_environment:
+            device = torch.device(device if device is not None else config.device)
+            check_runs_here(header["environment"], device, repr(str(path)))
+        else:
+            device = torch.device(device if device is not None else "cpu")
         model = _parse(path, "graph", lambda: model_from_dict(header["model"], tensors))
         plans = _parse(path, "plans", lambda: [Plan.from_dict(plan) for plan in header["plans"]])
         nodes = len(model.graph)

@@ -9,36 +9,20 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
-from ..build.config import BuildConfig
 from ..errors import UnsupportedError
 from ..ir import DType, Value, qualified_op
-from ..ir.serialize import model_from_dict
 from ..tactics.autotune import Candidate
 from ..tactics.variant import Variant, output_dtypes
-from .engine import FORMAT, Engine
-from .engine_file import EngineFileError, load_engine_file
+from .engine import Engine
 from .environment import Environment, compatibility_problems
 from .plan import Layer, Plan
 
 
 def load_for_inspection(path: str | os.PathLike[str]) -> Engine:
     """The engine in `path`, its weights on the CPU, whatever device it was built for (not for running)."""
-    where = repr(str(path))
-    header, tensors = load_engine_file(path, device="cpu", check_environment=False)
-    if header.get("format") != FORMAT:
-        raise EngineFileError(f"{where} is an engine file of format {header.get('format')!r}, not {FORMAT!r}")
-    config = _parse(where, "build config", lambda: BuildConfig.from_dict(header["config"]))
-    model = _parse(where, "graph", lambda: model_from_dict(header["model"], tensors))
-    plans = _parse(where, "plans", lambda: [Plan.from_dict(plan) for plan in header["plans"]])
-    nodes = len(model.graph)
-    for plan in plans:
-        bad = [layer.node for layer in plan.layers if not 0 <= layer.node < nodes]
-        if bad:
-            raise EngineFileError(f"{where}: layers name nodes {bad} outside the graph; rebuild the engine")
-    return Engine(model, config, plans, header["environment"], header.get("report"), device=config.device)
+    return Engine.load(path, check_environment=False)
 
 
 def describe_engine(engine: Engine) -> dict[str, Any]:
@@ -136,14 +120,3 @@ def _problems_here(engine: Engine) -> list[str]:
     except UnsupportedError as error:
         return [str(error)]
     return compatibility_problems(engine.environment, here)
-
-
-def _parse(where: str, what: str, parse: Callable[[], Any]) -> Any:
-    try:
-        return parse()
-    except EngineFileError:
-        raise
-    except Exception as err:  # a malformed header: say where, never a raw traceback
-        raise EngineFileError(
-            f"the {what} in the header of {where} is malformed ({type(err).__name__}: {err}); rebuild the engine"
-        ) from None
