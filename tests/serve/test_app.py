@@ -177,3 +177,17 @@ def test_many_loopback_clients_get_correct_answers_and_shutdown_finishes_in_flig
     thread.join(30)
     assert [status for status, _ in finished] == [200] * 6
     assert not thread.is_alive() and batcher.stats.completed == 46
+
+
+def test_one_server_serves_several_models(engine):
+    other = build_engine(import_model(zoo.export("transformer")), BuildConfig(effort=0))
+    with TestClient(create_app({"inception": engine, "encoder": other})) as client:
+        assert client.get("/v2/models/encoder").json()["inputs"][0]["shape"] == [-1, 16, 64]
+        x = np.random.default_rng(1).standard_normal((1, 16, 64)).astype(np.float32)
+        body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16, 64], "data": x.ravel().tolist()}]}
+        response = client.post("/v2/models/encoder/infer", json=body)
+        assert response.status_code == 200, response.text
+        got = np.asarray(response.json()["outputs"][0]["data"], dtype=np.float32).reshape(1, 16, 64)
+        want = other.create_context().run({"input": x})["output"].numpy()
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        assert client.post("/v2/models/inception/infer", json=_json_request(_x(1))).status_code == 200
