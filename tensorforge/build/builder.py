@@ -44,7 +44,7 @@ from ..tactics.autotune import Choice, autotune, build_layer_kernel
 from ..tactics.base import tactic_by_key
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
-from ..tactics.variant import ConstantCache, Variant, math_mode
+from ..tactics.variant import ConstantCache, full_float32
 from .config import BuildConfig, Profile
 from .memory import plan_graph
 
@@ -148,7 +148,7 @@ class Builder:
             kernel = build_layer_kernel(
                 tactic_by_key(choice.tactic), node, opset, self.device, choice.config, constants
             )
-            with torch.inference_mode(), math_mode(Variant("fp32")):
+            with torch.inference_mode(), full_float32():
                 outputs = kernel(
                     [t for v, t in zip(node.inputs, inputs, strict=True) if v is not None and not v.is_const]
                 )

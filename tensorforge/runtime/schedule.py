@@ -18,12 +18,11 @@ from ..errors import OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Model, Node, Value
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
-from ..tactics.variant import ConstantCache, LayerKernel, Variant, math_mode
+from ..tactics.variant import ConstantCache, LayerKernel, full_float32
 from .plan import Layer
 
 Observer = Callable[[Value, Any], None]
 Around = Callable[[Layer], AbstractContextManager[Any]]
-_FP32 = Variant("fp32")
 
 
 @dataclass(slots=True)
@@ -99,7 +98,7 @@ class Schedule:
         for name, slot in self._inputs:
             env[slot] = inputs[name]
         nodes = self.model.graph.nodes if observe is not None else None
-        with torch.inference_mode(), math_mode(_FP32):
+        with torch.inference_mode(), full_float32():
             for step in self._steps:
                 try:
                     if around is None:

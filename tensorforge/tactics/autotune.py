@@ -28,7 +28,7 @@ from .variant import (
     Variant,
     constant_inputs,
     convert,
-    math_mode,
+    full_float32,
     prepare_constants,
     variants,
 )
@@ -190,7 +190,7 @@ def _reference_outputs(node, opset, inputs, device) -> tuple[torch.Tensor, ...]:
 
     declared = [v.dtype if v is not None else DType.UNDEFINED for v in node.inputs]
     plain = [convert(t, d, _REFERENCE_VARIANT) for t, d in zip(inputs, declared, strict=True)]
-    with torch.inference_mode(), math_mode(_REFERENCE_VARIANT):
+    with torch.inference_mode(), full_float32():
         return ReferenceTactic().build(node, opset, device, {})(plain)
 
 
@@ -209,7 +209,7 @@ class _Trial:
         variant = Variant.of(self.config)
         try:
             kernel = build_layer_kernel(self.tactic, self.node, self.opset, self.device, self.config, self.constants)
-            with torch.inference_mode(), math_mode(_REFERENCE_VARIANT):
+            with torch.inference_mode(), full_float32():
                 outputs = kernel(args)
             is_reference = self.tactic.family == "reference" and variant.precision == "fp32"
             problem = "" if is_reference else _mismatch(outputs, reference, kernel.out_dtypes, variant)
@@ -219,7 +219,7 @@ class _Trial:
             return self._fail(f"wrong result: {problem}")
 
         def call():
-            with torch.inference_mode(), math_mode(_REFERENCE_VARIANT):
+            with torch.inference_mode(), full_float32():
                 kernel(args)
 
         timing = measure(call, device=self.device, **budget.as_kwargs())
