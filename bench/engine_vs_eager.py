@@ -133,6 +133,10 @@ def bench(name: str, batch: int, precision: str, device: torch.device, runs: int
         for l in sorted(engine.plans[0].layers, key=lambda l: -l.median_ms)[:12]
     ]
     results["sum_of_layers_ms"] = engine.plans[0].total_ms
+    slowest = max(engine.plans[0].layers, key=lambda l: l.median_ms)
+    results["slowest_layer_candidates"] = sorted(
+        ((c.median_ms, c.tactic, c.config, c.note) for c in slowest.candidates), key=lambda c: c[0]
+    )
     results["arena_mib"] = engine.plans[0].memory.arena_bytes / 2**20
     return results
 
@@ -199,6 +203,8 @@ def main() -> None:
             f"graph {row['cuda_graph_captured']}",
         )
         print("  plans:", row["plan_selection"], f"sum of layers {row['sum_of_layers_ms']:.3f} ms")
+        for candidate in row["slowest_layer_candidates"]:
+            print("  candidate of the slowest layer:", candidate)
         for layer in row["slowest_layers"][:6]:
             print(f"  {layer['ms']:.4f} ms {layer['op']} {layer['node']} {layer['tactic']} {layer['config']}")
 
