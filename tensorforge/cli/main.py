@@ -22,7 +22,7 @@ from ..runtime.engine import Engine
 from ..runtime.engine_file import MAGIC
 from ..summary import summarize_model
 from ..tensors import to_numpy
-from . import build_command, serve_command  # noqa: F401 - register `tensorforge build` and `serve`
+from . import bench_command, build_command, profile_command, serve_command  # noqa: F401 - register the commands
 from .common import app, choose_device, fail, out
 from .compare_command import compare_command  # noqa: F401 - registers `tensorforge compare`
 from .inspect_engine import inspect_engine

@@ -29,7 +29,7 @@ def serve(
     max_body_mib: Annotated[float, typer.Option(help="largest request body accepted (413 above)")] = 64.0,
     device: Annotated[str | None, typer.Option(help="run on this device (default: the engines' own)")] = None,
 ) -> None:
-    """Serve engines: /v2/health/{live,ready}, /v2/models/NAME[/ready|/infer], /metrics."""
+    """Serve engines over KServe v2 HTTP: health, model metadata and readiness, infer, and /metrics."""
     import uvicorn
 
     from ..serve.app import ServeOptions, create_app

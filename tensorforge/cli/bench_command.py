@@ -1,0 +1,178 @@
+"""`tensorforge bench`: throughput and latency of an engine (or of the reference executor), like trtexec."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from ..build.builder import build_engine
+from ..build.config import BuildConfig, Profile
+from ..errors import InputError, TensorforgeError
+from ..feeds import build_feeds, parse_assignments, parse_shape
+from ..frontend import load_onnx
+from ..ir import Model
+from ..runtime.bench import (
+    BenchOptions,
+    BenchResult,
+    bench_engine,
+    bench_executor,
+    engine_shapes,
+    model_shapes,
+)
+from ..runtime.engine import Engine
+from ..runtime.engine_file import MAGIC
+from .common import app, choose_device, err, fail, out
+
+Shapes = dict[str, tuple[int, ...]]
+InputsOption = Annotated[
+    list[str] | None, typer.Option("--input", "-i", help="NAME=file.npy (repeatable)", show_default=False)
+]
+ShapesOption = Annotated[
+    list[str] | None,
+    typer.Option("--shape", "-s", help="NAME=1x3x224x224 for the random inputs (repeatable)", show_default=False),
+]
+
+
+@app.command()
+def bench(
+    model_path: Annotated[Path, typer.Argument(help="an engine file or an ONNX model", show_default=False)],
+    inputs: InputsOption = None,
+    shapes: ShapesOption = None,
+    batch: Annotated[
+        int | None,
+        typer.Option("--batch", "-b", min=1, help="set every input's leading dim (must fit the engine's profiles)"),
+    ] = None,
+    streams: Annotated[
+        int, typer.Option(min=1, help="execution contexts, each on its own stream, run from as many threads")
+    ] = 1,
+    warmup: Annotated[float, typer.Option(help="seconds of untimed inferences first")] = 0.2,
+    duration: Annotated[float, typer.Option(help="seconds of timed inferences")] = 3.0,
+    cuda_graph: Annotated[
+        bool | None,
+        typer.Option("--cuda-graph/--no-cuda-graph", help="replay CUDA graphs (default: on with CUDA)"),
+    ] = None,
+    executor: Annotated[
+        bool, typer.Option("--executor", help="time the reference executor on an ONNX model instead of an engine")
+    ] = False,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (an engine: where it was built)")] = "auto",
+    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+) -> None:
+    """Throughput (inferences/s, samples/s), latency percentiles, host-to-device, GPU compute and
+    device-to-host times. An ONNX model is built into an engine with default settings first."""
+    try:
+        options = BenchOptions(warmup_s=warmup, duration_s=duration, streams=streams)
+        if is_engine_file(model_path):
+            if executor:
+                raise InputError("--executor times the reference executor on an ONNX model; this is an engine file")
+            engine = Engine.load(model_path, device=None if device == "auto" else choose_device(device))
+            feeds = feeds_for(engine.model, lambda given: engine_shapes(engine, given, batch), inputs, shapes, seed)
+            result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph), False
+        else:
+            model = load_onnx(model_path)
+            feeds = feeds_for(model, lambda given: model_shapes(model, given, batch), inputs, shapes, seed)
+            if executor:
+                if cuda_graph:
+                    raise InputError("--cuda-graph is for engines: the reference executor runs eagerly")
+                result, built = bench_executor(model, feeds, options, choose_device(device)), False
+            else:
+                engine = _build(model_path, model, feeds, choose_device(device))
+                result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph), True
+    except TensorforgeError as error:
+        fail(error)
+    if as_json:
+        print(json.dumps({"model": str(model_path), "built": built, **result.to_dict()}, indent=2))
+        return
+    print_bench(model_path, result)
+
+
+def is_engine_file(path: Path) -> bool:
+    """Whether `path` is a file that starts with the engine magic bytes."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as file:
+        return file.read(len(MAGIC)) == MAGIC
+
+
+def feeds_for(
+    model: Model,
+    resolve: Callable[[Shapes], Shapes],
+    inputs: list[str] | None,
+    shapes: list[str] | None,
+    seed: int,
+) -> dict[str, Any]:
+    """Feeds from `--input` files and random data at the shapes `resolve` makes of the given ones (`--shape`,
+    and the files' own shapes); a file whose shape is not the resolved one (say, after `--batch`) is an error."""
+    files = parse_assignments(inputs or [], "--input")
+    given = {name: parse_shape(text) for name, text in parse_assignments(shapes or [], "--shape").items()}
+    for name, path in files.items():
+        shape = _peek_shape(path)
+        if shape is not None:
+            given.setdefault(name, shape)
+    resolved = resolve(given)
+    feeds = build_feeds(model, files, resolved, seed=seed)
+    for name in files:
+        actual, wanted = tuple(feeds[name].shape), resolved.get(name)
+        if wanted is not None and actual != tuple(wanted):
+            raise InputError(
+                f"input file {files[name]!r} for {name!r} has shape {list(actual)}, but the run is for "
+                f"{list(wanted)} (from --shape or --batch)"
+            )
+    return feeds
+
+
+def _peek_shape(path: str) -> tuple[int, ...] | None:
+    """The shape of the `.npy` array at `path` without reading it; None if it cannot be read (build_feeds
+    then says why)."""
+    try:
+        return tuple(np.load(path, mmap_mode="r", allow_pickle=False).shape)
+    except (OSError, ValueError):
+        return None
+
+
+def _build(path: Path, model: Model, feeds: Mapping[str, Any], device: str) -> Engine:
+    shapes = {name: tuple(data.shape) for name, data in feeds.items()}
+    profile = Profile()
+    for name, shape in shapes.items():
+        profile = profile.add(name, shape, shape, shape)
+    given = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
+    err.print(
+        f"{path} is an ONNX model: building an engine for {device} with default settings at {given} "
+        "(use `tensorforge build` for other settings, or --executor to time the reference executor)"
+    )
+    return build_engine(model, BuildConfig(device=device, profiles=(profile,)))
+
+
+def print_bench(path: Path, result: BenchResult) -> None:
+    """trtexec's summary: what ran, throughput, then the time statistics in milliseconds."""
+    what = "reference executor" if result.runner == "executor" else "engine"
+    if result.cuda_graphs:
+        what += " (CUDA graphs)"
+    shapes = ", ".join(f"{name} {list(shape)}" for name, shape in result.shapes.items())
+    out.print(f"{path}: {what} on {result.device}, {result.streams} stream(s), batch {result.batch}: {shapes}")
+    for note in result.notes:
+        out.print(f"note: {note}", style="yellow")
+    out.print(
+        f"{result.iterations} inferences in {result.wall_s:.3f} s: {result.inferences_per_s:.1f} inferences/s, "
+        f"{result.samples_per_s:.1f} samples/s",
+        style="bold",
+    )
+    table = Table("ms", "min", "mean", "median", "p90", "p99", box=None)
+    on_cuda = result.h2d_ms is not None
+    rows = [  # on the CPU an inference is one call: latency, compute and enqueue are the same time
+        ("latency" + (" (H2D + compute + D2H)" if on_cuda else ""), result.latency_ms),
+        ("host-to-device", result.h2d_ms),
+        ("GPU compute", result.compute_ms if on_cuda else None),
+        ("device-to-host", result.d2h_ms),
+        ("enqueue (host)", result.enqueue_ms),
+    ]
+    for label, stats in rows:
+        if stats is not None:
+            table.add_row(label, *(f"{stats[key]:.4f}" for key in ("min", "mean", "median", "p90", "p99")))
+    out.print(table)
