@@ -95,6 +95,37 @@ def sliding_windows(
     return x[(..., *(slice(None, None, d) for d in dilations))]
 
 
+@dataclass(frozen=True)
+class PoolWindows:
+    """A pooling node's window, resolved from its ONNX attributes; `at(spatial)` gives the padding and the
+    output size for one input size (auto-padding depends on it)."""
+
+    kernel: list[int]
+    strides: list[int]
+    dilations: list[int]
+    pads: list[int] | None
+    auto_pad: str
+    ceil_mode: int
+
+    @classmethod
+    def of(cls, attributes: dict) -> PoolWindows:
+        kernel = list(attributes["kernel_shape"])
+        return cls(
+            kernel,
+            list(attributes.get("strides") or [1] * len(kernel)),
+            list(attributes.get("dilations") or [1] * len(kernel)),
+            attributes.get("pads"),
+            attributes.get("auto_pad", "NOTSET"),
+            attributes.get("ceil_mode", 0),
+        )
+
+    def at(self, spatial) -> tuple[list[int], list[int], list[int]]:
+        return window_geometry(
+            spatial, self.kernel, self.strides, self.dilations, self.pads, self.auto_pad, self.ceil_mode,
+            same_crops=True,
+        )  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class _Windows:
     """The resolved window geometry of one pooling node."""

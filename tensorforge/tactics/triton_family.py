@@ -8,7 +8,7 @@ import torch
 
 from ..ir import Node
 from ..kernels.triton.pool import max_pool2d
-from ..ops.pool import window_geometry
+from ..ops.pool import PoolWindows
 from .base import Kernel, Tactic, register_tactic
 
 
@@ -35,18 +35,12 @@ class TritonMaxPoolTactic(Tactic):
         return [{"block_c": 64}] if effort == 0 else [{"block_c": b} for b in (32, 64, 128)]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        kernel_shape = list(a["kernel_shape"])
-        strides = list(a.get("strides") or [1, 1])
-        dilations = list(a.get("dilations") or [1, 1])
+        windows = PoolWindows.of(node.attributes)
         block_c = config.get("block_c", 64)
 
         def kernel(inputs):
             x = inputs[0]
-            begin, _, out = window_geometry(
-                x.shape[2:], kernel_shape, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET"),
-                a.get("ceil_mode", 0), same_crops=True,
-            )  # fmt: skip
-            return (max_pool2d(x, kernel_shape, strides, begin, dilations, out, block_c),)
+            begin, _, out = windows.at(x.shape[2:])
+            return (max_pool2d(x, windows.kernel, windows.strides, begin, windows.dilations, out, block_c),)
 
         return kernel

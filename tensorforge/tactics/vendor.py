@@ -22,7 +22,7 @@ from ..ir import Node
 from ..ops import load_all
 from ..ops.conv import convolution
 from ..ops.fused import DOMAIN, epilogue
-from ..ops.pool import window_geometry
+from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
 from .base import Kernel, Tactic, register_tactic
 
@@ -268,24 +268,18 @@ class TorchMaxPoolTactic(Tactic):
         return None
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        kernel_shape = list(a["kernel_shape"])
+        windows = PoolWindows.of(node.attributes)
         pool = {3: F.max_pool1d, 4: F.max_pool2d, 5: F.max_pool3d}[node.inputs[0].rank]
-        strides = list(a.get("strides") or [1] * len(kernel_shape))
-        dilations = list(a.get("dilations") or [1] * len(kernel_shape))
 
         def kernel(inputs):
             x = inputs[0]
-            begin, end, out = window_geometry(
-                x.shape[2:], kernel_shape, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET"),
-                a.get("ceil_mode", 0), same_crops=True,
-            )  # fmt: skip
+            begin, end, out = windows.at(x.shape[2:])
             padding = 0
-            if begin == end and all(2 * b <= k for b, k in zip(begin, kernel_shape, strict=True)):
+            if begin == end and all(2 * b <= k for b, k in zip(begin, windows.kernel, strict=True)):
                 padding = begin  # torch pads with -inf itself, in any memory format
             elif any(begin) or any(end):
                 x = F.pad(x, [p for i in reversed(range(len(begin))) for p in (begin[i], end[i])], value=-math.inf)
-            y = pool(x, kernel_shape, strides, padding, dilations, ceil_mode=bool(a.get("ceil_mode", 0)))
+            y = pool(x, windows.kernel, windows.strides, padding, windows.dilations, ceil_mode=bool(windows.ceil_mode))
             if list(y.shape[2:]) != list(out):
                 raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
             return (y,)
