@@ -35,6 +35,7 @@ from ..ir.clone import clone_model
 from ..ir.serialize import model_to_dict
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
+from ..ops.math_flags import full_float32
 from ..passes.pipeline import optimize
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
@@ -44,7 +45,7 @@ from ..tactics.autotune import Choice, autotune, build_layer_kernel
 from ..tactics.base import tactic_by_key
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
-from ..tactics.variant import ConstantCache, full_float32
+from ..tactics.variant import ConstantCache
 from .config import BuildConfig, Profile
 from .memory import plan_graph
 

@@ -26,7 +26,7 @@ from ..runtime.bench import (
     model_shapes,
 )
 from ..runtime.engine import Engine
-from ..runtime.engine_file import MAGIC
+from ..runtime.engine_file import is_engine_file
 from .common import app, choose_device, err, fail, out
 
 Shapes = dict[str, tuple[int, ...]]
@@ -90,14 +90,6 @@ def bench(
         print(json.dumps({"model": str(model_path), "built": built, **result.to_dict()}, indent=2))
         return
     print_bench(model_path, result)
-
-
-def is_engine_file(path: Path) -> bool:
-    """Whether `path` is a file that starts with the engine magic bytes."""
-    if not path.is_file():
-        return False
-    with path.open("rb") as file:
-        return file.read(len(MAGIC)) == MAGIC
 
 
 def feeds_for(

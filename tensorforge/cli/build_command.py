@@ -16,6 +16,7 @@ from ..errors import InputError, TensorforgeError
 from ..feeds import parse_assignments, parse_shape
 from ..ir import qualified_op
 from ..runtime.engine import Engine
+from ..runtime.inspect import plan_selection_line
 from .common import app, choose_device, err, fail, out
 
 
@@ -119,10 +120,9 @@ def print_build_report(engine: Engine) -> None:
             )  # fmt: skip
         out.print(table)
         out.print(f"sum of layer times at opt: {plan.total_ms:.3f} ms")
-        selection = report.get("plan_selection", [])
-        if index < len(selection):
-            timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
-            out.print(f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}")
+        line = plan_selection_line(report, index)
+        if line:
+            out.print(line)
         out.print(plan.memory.report())
     cache = report.get("timing_cache", {})
     where = ""

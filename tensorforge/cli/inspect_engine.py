@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ..runtime.inspect import describe_engine, load_for_inspection
+from ..runtime.inspect import describe_engine, load_for_inspection, plan_selection_line
 from .common import out
 
 
@@ -93,10 +93,9 @@ def _print_profile(index: int, profile: dict[str, Any], report: dict[str, Any]) 
                 f"      out    {item['name']}{same}  {item['dtype']}{_shape(item['shape'])}{stored}  {arena}{inplace}"
             )
     out.print(f"  sum of layer times at opt: {profile['total_ms']:.3f} ms")
-    selection = report.get("plan_selection", [])
-    if index < len(selection):
-        timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
-        out.print(f"  whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}")
+    line = plan_selection_line(report, index)
+    if line:
+        out.print(f"  {line}")
     for line in profile["memory"]["report"].splitlines():
         out.print(f"  {line}")
 

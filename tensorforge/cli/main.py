@@ -19,7 +19,7 @@ from ..feeds import build_feeds, parse_assignments, parse_shape
 from ..frontend import load_onnx
 from ..ops import Executor
 from ..runtime.engine import Engine
-from ..runtime.engine_file import MAGIC
+from ..runtime.engine_file import is_engine_file
 from ..summary import summarize_model
 from ..tensors import to_numpy
 from . import bench_command, build_command, profile_command, serve_command  # noqa: F401 - register the commands
@@ -42,7 +42,7 @@ def inspect(
     every layer with the original nodes it fused, its tactic, precision, layout, outputs, time and runner-up,
     and the build report (the engine need not be built for this machine)."""
     try:
-        if _is_engine_file(model_path):
+        if is_engine_file(model_path):
             if optimize:
                 raise InputError("--optimize is for ONNX models: an engine's graph is already optimized")
             inspect_engine(model_path, as_json)
@@ -206,15 +206,7 @@ def run(
 def _load_engine(path: Path, device: str | None) -> Engine | None:
     """The engine in `path` if it is an engine file (by its magic bytes), else None (an ONNX model); with no
     `device`, on the device it was built for."""
-    return Engine.load(path, device=device) if _is_engine_file(path) else None
-
-
-def _is_engine_file(path: Path) -> bool:
-    """Whether `path` is a file that starts with the engine magic bytes."""
-    if not path.is_file():
-        return False
-    with path.open("rb") as file:
-        return file.read(len(MAGIC)) == MAGIC
+    return Engine.load(path, device=device) if is_engine_file(path) else None
 
 
 def _output_paths(model, output_dir: Path | None, force: bool) -> dict[str, Path]:

@@ -14,8 +14,9 @@ from rich.table import Table
 from ..errors import InputError, TensorforgeError
 from ..runtime.bench import engine_shapes
 from ..runtime.engine import Engine
+from ..runtime.engine_file import is_engine_file
 from ..runtime.profiler import LayerProfile, profile_engine
-from .bench_command import InputsOption, ShapesOption, feeds_for, is_engine_file
+from .bench_command import InputsOption, ShapesOption, feeds_for
 from .common import app, choose_device, fail, out
 
 

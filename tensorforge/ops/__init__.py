@@ -9,7 +9,7 @@ import importlib
 import pkgutil
 
 _LOADED = False
-_INFRA = {"registry", "executor", "infer", "helpers"}
+_INFRA = {"registry", "executor", "infer", "helpers", "math_flags"}
 
 
 def load_all() -> None:

@@ -5,7 +5,6 @@ after its last use.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from ..errors import InputError, OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Graph, Model, Node, Value, format_type
 from ..tensors import from_any
 from . import load_all
+from .math_flags import full_float32
 from .registry import REGISTRY, OpContext, OpDef
 
 
@@ -83,7 +83,7 @@ class Executor:
         """Run the graph on `feeds` (torch tensors, numpy arrays or DLPack objects) and return outputs."""
         graph = self.model.graph
         env = self.bind_inputs(feeds)
-        with torch.inference_mode(), _full_float32():
+        with torch.inference_mode(), full_float32():
             results = self._run_graph(graph, {}, ChainMap(env, self._constants))
         return {value.name: result for value, result in zip(graph.outputs, results, strict=True)}
 
@@ -203,24 +203,6 @@ def check_supported(model: Model) -> None:
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
         lines.append(f"{domain}::{op_type} (opset {opset}) {reason}: nodes {', '.join(names[:5])}{more}")
     raise UnsupportedError(f"the model uses {len(grouped)} unsupported op(s) or attribute(s):\n  " + "\n  ".join(lines))
-
-
-@contextlib.contextmanager
-def _full_float32():
-    """Reference semantics for float32 on CUDA: no TF32 in cuBLAS or cuDNN while the graph runs."""
-    matmul = torch.backends.cuda.matmul.allow_tf32
-    cudnn = torch.backends.cudnn
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        with cudnn.flags(
-            enabled=cudnn.enabled,
-            benchmark=cudnn.benchmark,
-            deterministic=cudnn.deterministic,
-            allow_tf32=False,
-        ):
-            yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 def _suggest(name: str, candidates: list[str]) -> str:

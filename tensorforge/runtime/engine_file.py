@@ -154,6 +154,15 @@ def _prepare_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[st
     return prepared
 
 
+def is_engine_file(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a file that starts with the engine magic bytes (else, e.g., an ONNX model)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with path.open("rb") as file:
+        return file.read(len(MAGIC)) == MAGIC
+
+
 def _read(path: Path) -> bytes:
     if not path.exists():
         raise EngineFileError(f"engine file {str(path)!r} does not exist")

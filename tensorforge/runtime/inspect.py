@@ -120,3 +120,12 @@ def _problems_here(engine: Engine) -> list[str]:
     except UnsupportedError as error:
         return [str(error)]
     return compatibility_problems(engine.environment, here)
+
+
+def plan_selection_line(report: dict[str, Any], index: int) -> str | None:
+    """The build report's whole-plan timings of profile `index` as one line, or None when none were taken."""
+    selection = report.get("plan_selection", [])
+    if index >= len(selection):
+        return None
+    timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
+    return f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}"

@@ -16,9 +16,10 @@ import torch
 
 from ..errors import OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Model, Node, Value
+from ..ops.math_flags import full_float32
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
-from ..tactics.variant import ConstantCache, LayerKernel, full_float32
+from ..tactics.variant import ConstantCache, LayerKernel
 from .plan import Layer
 
 Observer = Callable[[Value, Any], None]

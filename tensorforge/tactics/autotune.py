@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, qualified_op
+from ..ops.math_flags import full_float32
 from . import triton_family, vendor  # noqa: F401 - registers the reference, vendor and Triton families
 from .base import Tactic, tactics_for
 from .timing import Timing, TimingBudget, measure
@@ -28,7 +29,6 @@ from .variant import (
     Variant,
     constant_inputs,
     convert,
-    full_float32,
     prepare_constants,
     variants,
 )

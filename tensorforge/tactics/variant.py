@@ -12,9 +12,7 @@ Constant inputs (weights) are converted once, when the layer is prepared, never 
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +20,7 @@ import torch
 
 from ..ir import DType, Node, Value, qualified_op
 from ..ops.fused import DOMAIN
+from ..ops.math_flags import tf32_math
 from ..ops.registry import HOST_INPUTS
 from .base import Kernel, Tactic
 
@@ -93,53 +92,6 @@ def output_dtypes(node: Node, variant: Variant) -> tuple[torch.dtype | None, ...
 
 def constant_inputs(node: Node) -> dict[int, Value]:
     return {i: v for i, v in enumerate(node.inputs) if v is not None and v.is_const}
-
-
-_FLAGS_LOCK = threading.Lock()
-_FULL_FLOAT32_USERS = 0
-_SAVED_FLAGS: tuple[bool, bool] | None = None
-
-
-def _set_tf32(allow: bool) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = allow
-    torch.backends.cudnn.allow_tf32 = allow
-
-
-@contextlib.contextmanager
-def full_float32() -> Iterator[None]:
-    """No TF32 in cuDNN or cuBLAS while any schedule runs (float32 layers are full float32).
-
-    The flags are process-wide, so concurrent runs share one count: the first to enter turns TF32 off, the
-    last to leave restores the caller's setting. (Saving and restoring per run would let one thread switch
-    TF32 back on while another is running or capturing float32 layers.)
-    """
-    global _FULL_FLOAT32_USERS, _SAVED_FLAGS
-    with _FLAGS_LOCK:
-        if _FULL_FLOAT32_USERS == 0:
-            _SAVED_FLAGS = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-            _set_tf32(False)
-        _FULL_FLOAT32_USERS += 1
-    try:
-        yield
-    finally:
-        with _FLAGS_LOCK:
-            _FULL_FLOAT32_USERS -= 1
-            if _FULL_FLOAT32_USERS == 0 and _SAVED_FLAGS is not None:
-                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = _SAVED_FLAGS
-
-
-@contextlib.contextmanager
-def tf32_math() -> Iterator[None]:
-    """TF32 on for one tf32 layer, then off again (inside `full_float32`). A float32 layer of another thread
-    launched meanwhile would also get TF32: engines with tf32 layers should not run eagerly from several
-    threads at once (CUDA-graph replays are not affected: the math is fixed at capture)."""
-    with _FLAGS_LOCK:
-        _set_tf32(True)
-    try:
-        yield
-    finally:
-        with _FLAGS_LOCK:
-            _set_tf32(False)
 
 
 class LayerKernel:

@@ -4,7 +4,7 @@ import threading
 
 import torch
 
-from tensorforge.tactics.variant import full_float32, tf32_math
+from tensorforge.ops.math_flags import full_float32, tf32_math
 
 
 def _flags():
