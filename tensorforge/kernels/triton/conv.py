@@ -1,0 +1,451 @@
+"""2-D convolution as an implicit GEMM over channels_last activations, with FusedConv's epilogue inside.
+
+Per group g the convolution is a matrix product, `Y_g[m, n] = Σ_k A_g[m, k] · B_g[k, n]`, where
+m = (image, oh, ow) runs over the N·OH·OW output pixels, n over the Cout/G output channels of the group,
+k = (kh, kw, c) over KH·KW·Cin/G, and
+
+    A_g[m, k] = X[image, g·Cin/G + c, oh·SH − PH + kh·DH, ow·SW − PW + kw·DW]   (0 outside X: the padding)
+    B_g[k, n] = W[g·Cout/G + n, c, kh, kw]                                      (`pack_weight`'s layout)
+
+A is gathered from X one [BLOCK_M, BLOCK_K] tile at a time (no im2col buffer): with channels innermost (NHWC
+strides) a tile row is one contiguous run of channels. The K loop walks filter taps × blocks of channels
+("tap" order); when the channels of a group fill a block poorly (the 3-channel stem) it walks the flattened
+k instead ("dense" order, every element gathered by its own tap). A 1×1 filter skips the tap arithmetic, an
+unpadded window every bounds test. Products accumulate in float32 (`tl.dot`; float32 inputs in TF32 or in full
+IEEE float32), then the epilogue runs on the accumulator: `Y = post(pre(acc + bias) + Z)`, rounded once to
+Y's type and stored through Y's strides, so it writes into any caller-provided buffer.
+
+Split-K (for few output tiles over a long K, e.g. batch 1 with 3×3×512 filters) cuts the K loop into
+`splits` ranges whose float32 partial sums go to a workspace; a second kernel adds them and applies the
+epilogue once, so the result is the same sum rounded once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .epilogue import activate, activation_args
+
+Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
+NO_ACTIVATION: Activation = activation_args("")
+_FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_GRID_YZ = 65535  # CUDA's limit on the second and third grid axes
+_REDUCE_BLOCK_M, _REDUCE_BLOCK_N = 32, 64
+# "dense" K order once "tap" order would pad the K loop with more than this factor of wasted lanes
+_DENSE_K_WASTE = 1.5
+_MIN_K_TILES_PER_SPLIT = 4
+_MAX_SPLITS = 16
+
+
+@triton.jit
+def _epilogue(
+    acc, rows, cols, g, M, OH, OW, KG,
+    bias, res, srn, src, srh, srw,
+    y, syn, syc, syh, syw,
+    pre0, pre1, post0, post1,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
+):  # fmt: skip
+    """Store `post(pre(acc + bias) + Z)` for output pixels `rows` × channels `cols` of group g."""
+    ow = rows % OW
+    pixel = rows // OW
+    oh = pixel % OH
+    image = (pixel // OH).to(tl.int64)
+    channels = g * KG + cols
+    col_ok = cols < KG
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias + channels, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    acc = activate(acc, PRE, pre0, pre1)
+    if HAS_RES:
+        res_rows = image * srn + oh * srh + ow * srw
+        acc += tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0).to(tl.float32)
+    acc = activate(acc, POST, post0, post1)
+    out_rows = image * syn + oh * syh + ow * syw
+    tl.store(y + out_rows[:, None] + (channels * syc)[None, :], acc.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _conv2d_igemm(
+    x, w, bias, res, y, partial,
+    M, H, W, OH, OW, CG, KG,
+    SH, SW, PH, PW, DH, DW,
+    sxn, sxc, sxh, sxw,
+    srn, src, srh, srw,
+    syn, syc, syh, syw,
+    pre0, pre1, post0, post1,
+    K_TILES_PER_SPLIT,
+    KH: tl.constexpr, KW: tl.constexpr,
+    DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """One [BLOCK_M, BLOCK_N] tile of group `program_id(2)` over the K tiles of split `program_id(1)`.
+
+    CG, KG: input and output channels per group. Programs along axis 0 are swizzled: GROUP_M row tiles sweep
+    the column tiles together, so the weight columns they share stay in L2.
+    """
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    g = tl.program_id(2)
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    n_tiles = tl.cdiv(KG, BLOCK_N)
+    per_group = GROUP_M * n_tiles
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(m_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    safe_rows = rows % M  # rows past M repeat real pixels, so loads need no row mask (stores are masked)
+    ow = safe_rows % OW
+    pixel = safe_rows // OW
+    oh = pixel % OH
+    image = pixel // OH
+    ih0 = oh * SH - PH
+    iw0 = ow * SW - PW
+    x_rows = x + (image.to(tl.int64) * sxn + ih0 * sxh + iw0 * sxw + (g * CG).to(tl.int64) * sxc)
+    col_ok = cols < KG
+    k_total = KH * KW * CG
+    w_group = w + g.to(tl.int64) * k_total * KG + cols[None, :]
+
+    if DENSE_K:
+        k_tiles = tl.cdiv(k_total, BLOCK_K)
+    else:
+        k_tiles = KH * KW * tl.cdiv(CG, BLOCK_K)
+    c_tiles = tl.cdiv(CG, BLOCK_K)
+    first = split * K_TILES_PER_SPLIT
+    last = tl.minimum(first + K_TILES_PER_SPLIT, k_tiles)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kt in range(first, last):
+        if DENSE_K:
+            k = kt * BLOCK_K + rk
+            tap = k // CG
+            c = k - tap * CG
+            kh = tap // KW
+            kw = tap - kh * KW
+            a_ptrs = x_rows[:, None] + (kh * DH * sxh + kw * DW * sxw + c * sxc)[None, :]
+            if PADDED:
+                ih = ih0[:, None] + (kh * DH)[None, :]
+                iw = iw0[:, None] + (kw * DW)[None, :]
+                a_mask = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                if not EVEN_K:
+                    a_mask = a_mask & (k < k_total)[None, :]
+            elif EVEN_K:
+                a_mask = None
+            else:
+                a_mask = (k < k_total)[None, :]
+            w_rows = k
+            w_mask = (k < k_total)[:, None] & col_ok[None, :]
+        else:
+            if KH * KW == 1:
+                c = kt * BLOCK_K + rk
+                tap_offset = 0
+                w_rows = c
+                ih = ih0
+                iw = iw0
+            else:
+                tap = kt // c_tiles
+                c = (kt - tap * c_tiles) * BLOCK_K + rk
+                kh = tap // KW
+                kw = tap - kh * KW
+                tap_offset = kh * DH * sxh + kw * DW * sxw
+                w_rows = tap * CG + c
+                ih = ih0 + kh * DH
+                iw = iw0 + kw * DW
+            a_ptrs = x_rows[:, None] + tap_offset + (c * sxc)[None, :]
+            if PADDED:
+                inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                a_mask = inside[:, None] if EVEN_K else inside[:, None] & (c < CG)[None, :]
+            elif EVEN_K:
+                a_mask = None
+            else:
+                a_mask = (c < CG)[None, :]
+            w_mask = col_ok[None, :] if EVEN_K else (c < CG)[:, None] & col_ok[None, :]
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        b = tl.load(w_group + (w_rows * KG)[:, None], mask=w_mask, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    if SPLIT:
+        slab = (split * tl.num_programs(2) + g).to(tl.int64) * M
+        offsets = (slab + rows)[:, None] * KG + cols[None, :]
+        tl.store(partial + offsets, acc, mask=(rows < M)[:, None] & col_ok[None, :])
+    else:
+        _epilogue(
+            acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
+            pre0, pre1, post0, post1, HAS_BIAS, HAS_RES, PRE, POST,
+        )  # fmt: skip
+
+
+@triton.jit
+def _split_k_epilogue(
+    partial, splits, M, OH, OW, KG,
+    bias, res, srn, src, srh, srw,
+    y, syn, syc, syh, syw,
+    pre0, pre1, post0, post1,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Sum the `splits` float32 partial products of one tile (in split order) and apply the epilogue once."""
+    g = tl.program_id(2)
+    groups = tl.num_programs(2)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < KG)[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in range(splits):
+        slab = (s * groups + g).to(tl.int64) * M
+        acc += tl.load(partial + (slab + rows)[:, None] * KG + cols[None, :], mask=mask, other=0.0)
+    _epilogue(
+        acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
+        pre0, pre1, post0, post1, HAS_BIAS, HAS_RES, PRE, POST,
+    )  # fmt: skip
+
+
+# -- configurations --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """One tuning point of the kernel. `split_k`: how many K ranges (1: none), or "auto" to split only when
+    the output tiles would fill less than one wave of the device (see `split_k_for`)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+    split_k: int | str = "auto"
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any] | None) -> ConvConfig:
+        if config is None:
+            return cls()
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"unknown conv config keys {unknown}; known: {sorted(known)}")
+        made = cls(**config)
+        blocks = (made.block_m, made.block_n, made.block_k)
+        if any(b < 16 or b & (b - 1) for b in blocks):
+            raise ValueError(f"block sizes must be powers of two of at least 16 (tl.dot), got {blocks}")
+        if made.split_k != "auto" and not (isinstance(made.split_k, int) and made.split_k >= 1):
+            raise ValueError(f"split_k must be a positive integer or 'auto', got {made.split_k!r}")
+        return made
+
+
+def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8) -> dict[str, Any]:
+    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k))
+
+
+# Effort 0: the shapes of ResNet / MobileNet layers on Hopper: wide tiles for the large layers, 64-wide ones
+# for 64-channel layers, a 64×64 tile that with split-K also fills the device at batch 1.
+_EFFORT_0 = [
+    _config(128, 128, 64, 8, 3),
+    _config(128, 64, 64, 4, 4),
+    _config(64, 128, 64, 4, 4),
+    _config(64, 64, 64, 4, 4),
+]
+_EFFORT_1 = [
+    _config(128, 256, 64, 8, 3),
+    _config(256, 128, 64, 8, 3),
+    _config(128, 128, 32, 4, 4),
+    _config(128, 32, 64, 4, 4),  # narrow layers (16-40 output channels)
+    _config(64, 32, 64, 4, 5),
+    _config(32, 64, 128, 4, 4),  # few pixels, long K
+    _config(64, 64, 128, 4, 3),
+]
+_EFFORT_2 = [
+    _config(128, 128, 64, 8, 4),
+    _config(128, 128, 64, 4, 3),
+    _config(128, 64, 32, 4, 5),
+    _config(64, 128, 32, 4, 5),
+    _config(64, 64, 32, 2, 5),
+    _config(128, 64, 128, 8, 3),
+    _config(32, 32, 64, 2, 4),
+    _config(128, 128, 64, 8, 3, group_m=4),
+    _config(64, 64, 64, 4, 4, split_k=1),
+    _config(64, 64, 64, 4, 4, split_k=4),
+    _config(64, 64, 64, 4, 4, split_k=8),
+    _config(32, 64, 128, 4, 4, split_k=16),
+    _config(128, 64, 64, 4, 4, split_k=2),
+]
+
+
+def conv_configs(effort: int) -> list[dict[str, Any]]:
+    """The kernel configurations worth timing at `effort`: 4 at 0, 11 at 1, 24 at 2 (each level adds to the last)."""
+    levels = [_EFFORT_0, _EFFORT_1, _EFFORT_2]
+    return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 2)) + 1])]
+
+
+def split_k_for(tiles: int, k_tiles: int, slots: int) -> int:
+    """How many K ranges bring `tiles` output tiles up to about one wave of `slots` programs (the SM count),
+    each range keeping at least `_MIN_K_TILES_PER_SPLIT` K tiles; 1 when the tiles already fill half a wave."""
+    if 2 * tiles >= slots:
+        return 1
+    return max(1, min(triton.cdiv(slots, tiles), k_tiles // _MIN_K_TILES_PER_SPLIT, _MAX_SPLITS))
+
+
+def _slots(device: torch.device) -> int:
+    """Programs one wave runs on `device`: its SM count on CUDA; 1 elsewhere (the interpreter runs them in turn)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+# -- host side --------------------------------------------------------------------------------------------
+
+
+def pack_weight(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """W (Cout, Cin/G, KH, KW) as the kernel's B operand: a contiguous (G, KH, KW, Cin/G, Cout/G) tensor, so a
+    [BLOCK_K, BLOCK_N] tile reads rows of contiguous output channels. Done once per weight."""
+    if w.dim() != 4:
+        raise ValueError(f"pack_weight: a 2-D convolution weight has 4 axes (Cout, Cin/G, KH, KW), got {list(w.shape)}")
+    cout, cg, kh, kw = w.shape
+    if groups < 1 or cout % groups:
+        raise ValueError(f"pack_weight: {cout} output channels do not split into {groups} groups")
+    return w.reshape(groups, cout // groups, cg, kh, kw).permute(0, 3, 4, 2, 1).contiguous()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one call runs: K order, masks, split."""
+
+    dense_k: bool
+    even_k: bool
+    padded: bool
+    k_tiles: int
+    k_tiles_per_split: int
+    splits: int
+
+
+def _plan(
+    shape: Sequence[int], weight_shape: Sequence[int], out_hw, strides, pads_begin, dilations, m: int, cfg, device
+) -> _Plan:
+    _, _, h, w = shape
+    groups, kh, kw, cg, kg = weight_shape
+    bk = cfg.block_k
+    tap_k = kh * kw * triton.cdiv(cg, bk) * bk
+    dense_k_padded = triton.cdiv(kh * kw * cg, bk) * bk
+    dense = kh * kw > 1 and tap_k > _DENSE_K_WASTE * dense_k_padded
+    even_k = (kh * kw * cg) % bk == 0 if dense else cg % bk == 0
+    padded = False
+    for size, out, stride, pad, dilation, k in zip(
+        (h, w), out_hw, strides, pads_begin, dilations, (kh, kw), strict=True
+    ):
+        last = (out - 1) * stride - pad + (k - 1) * dilation
+        padded = padded or pad > 0 or last >= size
+    k_tiles = triton.cdiv(kh * kw * cg, bk) if dense else kh * kw * triton.cdiv(cg, bk)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n) * groups
+    wanted = split_k_for(tiles, k_tiles, _slots(device)) if cfg.split_k == "auto" else cfg.split_k
+    per_split = triton.cdiv(k_tiles, max(1, min(wanted, k_tiles)))
+    return _Plan(dense, even_k, padded, k_tiles, per_split, triton.cdiv(k_tiles, per_split))
+
+
+def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
+    """The output shape, after checking every operand against it (ValueError naming the operand)."""
+    if x.dim() != 4 or x.dtype not in _FLOAT_TYPES:
+        raise ValueError(f"conv2d_nhwc: x must be a 4-D float16/bfloat16/float32 tensor, got {x.dtype} {list(x.shape)}")
+    if weight.dim() != 5 or weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(
+            f"conv2d_nhwc: the weight must come from pack_weight (5-D, x's dtype and device), "
+            f"got {weight.dtype} {list(weight.shape)} on {weight.device}"
+        )
+    if len(out_hw) != 2 or min(out_hw) < 0:
+        raise ValueError(f"conv2d_nhwc: out_hw must be two sizes >= 0, got {list(out_hw)}")
+    groups, _, _, cg, kg = weight.shape
+    out_shape = (x.shape[0], groups * kg, int(out_hw[0]), int(out_hw[1]))
+    if x.shape[1] != groups * cg:
+        raise ValueError(f"conv2d_nhwc: x has {x.shape[1]} channels, the packed weight expects {groups} × {cg}")
+    if groups > _MAX_GRID_YZ:
+        raise ValueError(f"conv2d_nhwc: at most {_MAX_GRID_YZ} groups (a grid axis), got {groups}")
+    if bias is not None and (tuple(bias.shape) != (groups * kg,) or bias.device != x.device):
+        raise ValueError(f"conv2d_nhwc: bias must have shape [{groups * kg}] on {x.device}, got {list(bias.shape)}")
+    if residual is not None and residual.device != x.device:
+        raise ValueError(f"conv2d_nhwc: the residual is on {residual.device}, x on {x.device}")
+    if out is not None and (tuple(out.shape) != out_shape or out.dtype != x.dtype or out.device != x.device):
+        raise ValueError(
+            f"conv2d_nhwc: out is {out.dtype} {list(out.shape)} on {out.device}, needs {x.dtype} {list(out_shape)}"
+        )
+    return out_shape
+
+
+def conv2d_nhwc(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    *,
+    out_hw: Sequence[int],
+    strides: Sequence[int] = (1, 1),
+    pads_begin: Sequence[int] = (0, 0),
+    dilations: Sequence[int] = (1, 1),
+    pre: Activation = NO_ACTIVATION,
+    post: Activation = NO_ACTIVATION,
+    tf32: bool = False,
+    out: torch.Tensor | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> torch.Tensor:
+    """`post(pre(conv2d(x, W) + bias) + residual)` into (N, Cout, *out_hw), channels_last, or into `out`.
+
+    `x`: (N, Cin, H, W) in any strides (channels_last reads contiguously); `weight`: `pack_weight(W, groups)`
+    in x's dtype; `bias`: (Cout,); `residual`: broadcastable to the output, read through its own strides.
+    The input is zero-padded by `pads_begin` before and as far as `out_hw` needs after (ONNX pads and auto_pad
+    resolve to these through `ops.pool.window_geometry`). `pre` / `post`: `epilogue.activation_args` triples.
+    `tf32`: float32 inputs multiply in TF32 (else in full float32). `config`: a `conv_configs` entry.
+    """
+    out_shape = _check(x, weight, bias, residual, out_hw, out)
+    n, _, oh, ow = out_shape
+    groups, kh, kw, cg, kg = weight.shape
+    y = out
+    if y is None:
+        y = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    m = n * oh * ow
+    if m == 0 or kg == 0:
+        return y
+    if residual is not None:
+        try:
+            residual = residual.expand(out_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"conv2d_nhwc: the residual {list(residual.shape)} does not broadcast to the output {list(out_shape)}"
+            ) from None
+    cfg = ConvConfig.of(config)
+    plan = _plan(x.shape, weight.shape, (oh, ow), strides, pads_begin, dilations, m, cfg, x.device)
+    res = residual if residual is not None else y
+    res_strides = residual.stride() if residual is not None else (0, 0, 0, 0)
+    partial = torch.empty((plan.splits, groups, m, kg), dtype=torch.float32, device=x.device) if plan.splits > 1 else y
+    epilogue_args = (*pre[1:], *post[1:])
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n)
+    _conv2d_igemm[(tiles, plan.splits, groups)](
+        x, weight, bias if bias is not None else y, res, y, partial,
+        m, x.shape[2], x.shape[3], oh, ow, cg, kg,
+        strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
+        *x.stride(), *res_strides, *y.stride(), *epilogue_args,
+        plan.k_tiles_per_split,
+        KH=kh, KW=kw, DENSE_K=plan.dense_k, EVEN_K=plan.even_k, PADDED=plan.padded,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
+        SPLIT=plan.splits > 1, DOT_PRECISION="tf32" if tf32 and x.dtype == torch.float32 else "ieee",
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if plan.splits > 1:
+        grid = (triton.cdiv(m, _REDUCE_BLOCK_M), triton.cdiv(kg, _REDUCE_BLOCK_N), groups)
+        _split_k_epilogue[grid](
+            partial, plan.splits, m, oh, ow, kg,
+            bias if bias is not None else y, res, *res_strides,
+            y, *y.stride(), *epilogue_args,
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
+            BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
+        )  # fmt: skip
+    return y
