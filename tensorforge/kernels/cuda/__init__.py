@@ -1,0 +1,1 @@
+"""CUDA C kernels compiled at run time with NVRTC (`nvrtc.py`), as functions on torch tensors."""

@@ -1,0 +1,105 @@
+"""Device code shared by our CUDA C kernels: storage types, conversions, vector loads and the activations.
+
+A kernel source starts with `PRELUDE`, compiled with `-D` definitions:
+- `DT`: storage type of activations and weights, 0 float32, 1 float16, 2 bfloat16 (math is float32);
+- `PRE`, `POST`: activation codes of `kernels.activations` (the epilogue `post(pre(acc + bias) + z)`);
+- `VEC`: channels a thread loads at once (1, 2 or 4; the caller guarantees alignment).
+Half and bfloat16 conversions are inline PTX, so no CUDA header is needed. The host-side checks of the
+kernels' operands are here too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+PRELUDE = r"""
+#if DT == 0
+typedef float store_t;
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_store(float v) { return v; }
+#else
+typedef unsigned short store_t;
+#if DT == 1
+__device__ __forceinline__ float to_f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short to_store(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+#else
+__device__ __forceinline__ float to_f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ unsigned short to_store(float f) {
+  unsigned short b; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f)); return b;
+}
+#endif
+#endif
+
+// VEC consecutive elements of p (aligned to VEC elements) as floats.
+__device__ __forceinline__ void load_vec(const store_t* p, float* out) {
+#if VEC == 1
+  out[0] = to_f(p[0]);
+#elif DT == 0 && VEC == 2
+  float2 v = *reinterpret_cast<const float2*>(p); out[0] = v.x; out[1] = v.y;
+#elif DT == 0 && VEC == 4
+  float4 v = *reinterpret_cast<const float4*>(p); out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+#elif VEC == 2
+  unsigned int v = *reinterpret_cast<const unsigned int*>(p);
+  out[0] = to_f((unsigned short)(v & 0xffffu)); out[1] = to_f((unsigned short)(v >> 16));
+#elif VEC == 4
+  uint2 v = *reinterpret_cast<const uint2*>(p);
+  out[0] = to_f((unsigned short)(v.x & 0xffffu)); out[1] = to_f((unsigned short)(v.x >> 16));
+  out[2] = to_f((unsigned short)(v.y & 0xffffu)); out[3] = to_f((unsigned short)(v.y >> 16));
+#endif
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) {
+  float e = expf(-fabsf(x));
+  return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+__device__ __forceinline__ float tanh_f(float x) { return 2.f * sigmoid_f(2.f * x) - 1.f; }
+
+// The activations of kernels/activations.py, by code.
+template <int ACT>
+__device__ __forceinline__ float activate(float x, float p0, float p1) {
+  if constexpr (ACT == 1) return fmaxf(x, 0.f);
+  else if constexpr (ACT == 2) return fminf(fmaxf(x, p0), p1);
+  else if constexpr (ACT == 3) return x >= 0.f ? x : x * p0;
+  else if constexpr (ACT == 4) return sigmoid_f(x);
+  else if constexpr (ACT == 5) return fminf(fmaxf(x * p0 + p1, 0.f), 1.f);
+  else if constexpr (ACT == 6) return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
+  else if constexpr (ACT == 7) return x * sigmoid_f(x);
+  else if constexpr (ACT == 8) return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+  else if constexpr (ACT == 9) return 0.5f * x * (1.f + tanh_f(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  else if constexpr (ACT == 10) return tanh_f(x);
+  else if constexpr (ACT == 11) return x * tanh_f(fmaxf(x, 0.f) + logf(1.f + expf(-fabsf(x))));
+  else if constexpr (ACT == 12) return x > 0.f ? x : p0 * (expf(fminf(x, 0.f)) - 1.f);
+  else return x;
+}
+"""
+
+
+def nhwc_output(x: torch.Tensor, shape: tuple[int, ...], out: torch.Tensor | None, who: str) -> torch.Tensor:
+    """`out`, checked to be a channels_last tensor of `shape` in `x`'s dtype, or a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=x.dtype, device=x.device).to(memory_format=torch.channels_last)
+    if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous(memory_format=torch.channels_last):
+        raise ValueError(f"{who}: out must be a channels_last {x.dtype} tensor of shape {list(shape)}")
+    return out
+
+
+def check_operands(x: torch.Tensor, who: str, **operands: torch.Tensor | None) -> None:
+    """`x` is channels_last and every present operand has its dtype."""
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        raise ValueError(f"{who} reads channels_last (NHWC) inputs")
+    for name, tensor in operands.items():
+        if tensor is not None and tensor.dtype != x.dtype:
+            raise ValueError(f"{who}: the {name} is {tensor.dtype}, the input {x.dtype}")
+
+
+def storage_code(dtype: torch.dtype) -> int:
+    try:
+        return DTYPE_CODES[dtype]
+    except KeyError:
+        raise ValueError(f"CUDA C kernels store float32, float16 or bfloat16, not {dtype}") from None

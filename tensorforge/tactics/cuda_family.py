@@ -1,0 +1,116 @@
+"""The CUDA C family: our NVRTC-compiled kernels (`kernels/cuda/`) as FusedConv tactics, CUDA only.
+
+- `cuda.depthwise`: depthwise convolutions (group == input channels == output channels);
+- `cuda.direct-conv`: groups = 1, input tiles and filters staged in shared memory.
+Both read channels_last activations, keep the whole epilogue in the kernel and pack the weight once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..ir import Node
+from ..kernels.activations import ACTIVATION_CODES, activation_args
+from ..kernels.cuda.depthwise import depthwise_configs, depthwise_conv2d, pack_depthwise_weight
+from ..kernels.cuda.direct_conv import direct_configs, direct_conv2d, pack_direct_weight
+from ..kernels.cuda.nvrtc import unavailable
+from ..ops.fused import DOMAIN
+from ..ops.pool import window_geometry
+from .base import Kernel, Tactic, register_tactic
+
+
+def _common_reason(node: Node, device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "needs CUDA"
+    missing = unavailable()
+    if missing:
+        return missing
+    weight = node.inputs[1]
+    if weight.rank != 4:
+        return f"2-D convolutions only; the weight has rank {weight.rank}"
+    if not weight.is_const:
+        return "the weight must be a constant (it is packed once)"
+    if not node.inputs[0].dtype.is_float:
+        return "float inputs only"
+    a = node.attributes
+    for slot in ("pre", "post"):
+        if a.get(slot, "") not in ACTIVATION_CODES:
+            return f"no CUDA C epilogue for activation {a.get(slot)!r}"
+    return None
+
+
+class _CudaConv(Tactic):
+    family = "cuda"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp32", "fp16", "bf16")
+    layouts = ("NHWC",)
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    run: Callable[..., torch.Tensor]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides = list(a.get("strides") or [1, 1])
+        dilations = list(a.get("dilations") or [1, 1])
+        pre = activation_args(a.get("pre", ""), a.get("pre_params", ()))
+        post = activation_args(a.get("post", ""), a.get("post_params", ()))
+        packed: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        pack, run = type(self).pack, type(self).run
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            key = (w.data_ptr(), w.dtype)
+            weight = packed.get(key)
+            if weight is None:
+                weight = packed[key] = pack(w)
+            begin, _, out_hw = window_geometry(
+                x.shape[2:], w.shape[2:], strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
+            )
+            x = x.contiguous(memory_format=torch.channels_last)
+            y = run(
+                x, weight, list(w.shape[2:]), b, z, strides=strides, pads_begin=begin, dilations=dilations,
+                out_hw=out_hw, pre=pre, post=post, config=config,
+            )  # fmt: skip
+            return (y,)
+
+        return kernel
+
+
+@register_tactic
+class CudaDepthwiseTactic(_CudaConv):
+    name = "depthwise"
+    pack = staticmethod(pack_depthwise_weight)
+    run = staticmethod(depthwise_conv2d)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _common_reason(node, device)
+        if reason:
+            return reason
+        weight_shape = node.inputs[1].shape
+        group = node.attributes.get("group", 1)
+        if not (group > 1 and weight_shape[1] == 1 and weight_shape[0] == group):
+            return f"not depthwise: group {group}, weight {list(weight_shape)} (needs C output channels, 1 input each)"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return depthwise_configs(effort)
+
+
+@register_tactic
+class CudaDirectConvTactic(_CudaConv):
+    name = "direct-conv"
+    pack = staticmethod(pack_direct_weight)
+    run = staticmethod(direct_conv2d)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _common_reason(node, device)
+        if reason:
+            return reason
+        if node.attributes.get("group", 1) != 1:
+            return f"groups = 1 only; this layer has group {node.attributes.get('group')}"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return direct_configs(effort)
