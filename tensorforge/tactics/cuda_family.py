@@ -1,7 +1,8 @@
 """The CUDA C family: our NVRTC-compiled kernels (`kernels/cuda/`) as FusedConv tactics, CUDA only.
 
 - `cuda.depthwise`: depthwise convolutions (group == input channels == output channels);
-- `cuda.direct-conv`: groups = 1, input tiles and filters staged in shared memory.
+- `cuda.direct-conv`: groups = 1, input tiles and filters staged in shared memory;
+- `cuda.winograd`: 3×3 stride-1 groups = 1 as Winograd F(2×2, 3×3) (transforms in CUDA C, GEMMs in cuBLAS).
 Both read channels_last activations, keep the whole epilogue in the kernel and pack the weight once.
 """
 
@@ -17,6 +18,7 @@ from ..kernels.activations import ACTIVATION_CODES, activation_args
 from ..kernels.cuda.depthwise import depthwise_configs, depthwise_conv2d, pack_depthwise_weight
 from ..kernels.cuda.direct_conv import direct_configs, direct_conv2d, pack_direct_weight
 from ..kernels.cuda.nvrtc import unavailable
+from ..kernels.cuda.winograd import pack_winograd_weight, winograd_configs, winograd_conv2d
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
 from .base import Kernel, Tactic, register_tactic
@@ -114,3 +116,24 @@ class CudaDirectConvTactic(_CudaConv):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return direct_configs(effort)
+
+
+@register_tactic
+class CudaWinogradTactic(_CudaConv):
+    name = "winograd"
+    pack = staticmethod(pack_winograd_weight)
+    run = staticmethod(winograd_conv2d)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _common_reason(node, device)
+        if reason:
+            return reason
+        a = node.attributes
+        kernel = list(node.inputs[1].shape[2:])
+        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
+        if kernel != [3, 3] or strides != [1, 1] or dilations != [1, 1] or a.get("group", 1) != 1:
+            return f"F(2x2, 3x3) needs a 3x3 stride-1 undilated dense filter; this is {kernel} s{strides} d{dilations}"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return winograd_configs(effort)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tensorforge.kernels.activations import ACTIVATION_CODES, activation_args
-from tensorforge.kernels.cuda import depthwise, direct_conv, nvrtc
+from tensorforge.kernels.cuda import depthwise, direct_conv, nvrtc, winograd
 from tensorforge.ops import load_all
 from tensorforge.ops.fused import fused_conv
 from tensorforge.ops.pool import window_geometry
@@ -45,6 +45,25 @@ def test_depthwise_compiles_for_every_storage_type_and_vector_width(storage, vec
 def test_direct_conv_compiles_with_every_activation(activation):
     defines = _direct_defines(PRE=activation, POST=activation, KH=7, KW=7, SH=2, SW=2)
     assert len(nvrtc.compile_cubin(direct_conv.SOURCE, "conv_direct_nhwc", defines, "sm_90")) > 1000
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("storage", [0, 1, 2])
+def test_winograd_compiles(storage):
+    defines = {"DT": storage, "VEC": 1, "PRE": 1, "POST": 6, "HAS_BIAS": 1, "HAS_RES": 1}
+    assert len(nvrtc.compile_cubin(winograd.SOURCE, "winograd_f2x2_3x3", defines, "sm_90")) > 1000
+
+
+def test_winograd_weight_transform_reproduces_the_convolution():
+    """Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A on one tile equals the 3×3 correlation, in float64 on the CPU."""
+    torch.manual_seed(0)
+    d, g = torch.randn(4, 4, dtype=torch.float64), torch.randn(1, 1, 3, 3, dtype=torch.float64)
+    bt = torch.tensor([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=torch.float64)
+    at = torch.tensor([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=torch.float64)
+    u = winograd.pack_winograd_weight(g).reshape(4, 4)
+    y = at @ (u * (bt @ d @ bt.t())) @ at.t()
+    want = torch.nn.functional.conv2d(d[None, None], g)[0, 0]
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
 
 
 @needs_nvrtc
@@ -170,3 +189,32 @@ def test_kernels_refuse_mismatched_buffers():
         depthwise.depthwise_conv2d(x.contiguous(), packed, (3, 3), out_hw=(3, 3))
     with pytest.raises(ValueError, match="weight is torch.float32"):
         depthwise.depthwise_conv2d(x, packed.float(), (3, 3), out_hw=(3, 3))
+
+
+WINOGRAD_CASES = [((2, 64, 14, 14), 64, (1, 1, 1, 1)), ((1, 24, 9, 11), 40, (0, 1, 1, 0)), ((3, 8, 7, 7), 16, (0,) * 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "out_channels", "pads"), WINOGRAD_CASES)
+@pytest.mark.parametrize(("pre", "residual", "post"), [("Relu", False, ""), ("", True, "Relu")])
+def test_winograd_matches_the_reference(dtype, shape, out_channels, pads, pre, residual, post):
+    n, c, h, w = shape
+    x = torch.randn(shape, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    weight = (torch.randn(out_channels, c, 3, 3, device="cuda") / (9 * c) ** 0.5).to(dtype)
+    bias = torch.randn(out_channels, device="cuda").to(dtype)
+    attributes = {"kernel_shape": [3, 3], "pads": list(pads), "pre": pre, "post": post}
+    begin, _, out_hw = window_geometry((h, w), (3, 3), (1, 1), (1, 1), pads, "NOTSET")
+    z = torch.randn(n, out_channels, *out_hw, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    z = z if residual else None
+    want = _reference(x, weight, bias, z, attributes)
+    for config in winograd.winograd_configs(1):
+        out = torch.full((n, out_channels, *out_hw), float("nan"), device="cuda", dtype=dtype).contiguous(
+            memory_format=torch.channels_last
+        )
+        got = winograd.winograd_conv2d(
+            x, winograd.pack_winograd_weight(weight), (3, 3), bias, z, pads_begin=begin, out_hw=out_hw,
+            pre=activation_args(pre), post=activation_args(post), config=config, out=out,
+        )  # fmt: skip
+        assert got is out and not torch.isnan(got).any(), config
+        assert _error(got, want) <= TOLERANCE[dtype], config

@@ -39,7 +39,7 @@ def _layer(channels: int, out_channels: int, group: int, kernel: int, stride: in
 
 def test_cuda_tactics_explain_why_they_decline_on_the_cpu():
     node, _ = _layer(8, 8, 8, 3, 1, "Relu", False)
-    for key in ("cuda.depthwise", "cuda.direct-conv"):
+    for key in ("cuda.depthwise", "cuda.direct-conv", "cuda.winograd"):
         assert tactic_by_key(key).supports(node, 1, torch.device("cpu")) == "needs CUDA"
 
 
@@ -62,6 +62,7 @@ def test_cuda_tactics_claim_only_their_convolutions():
         (24, 24, 24, 5, 2, "Relu", False, "cuda.depthwise"),
         (16, 32, 1, 3, 1, "", True, "cuda.direct-conv"),
         (3, 16, 1, 7, 2, "Relu", False, "cuda.direct-conv"),
+        (16, 24, 1, 3, 1, "Relu", True, "cuda.winograd"),
     ],
 )
 def test_every_cuda_candidate_passes_the_autotuners_check(
