@@ -140,9 +140,7 @@ def _conv2d_igemm(
                 a_mask = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                 if not EVEN_K:
                     a_mask = a_mask & (k < k_total)[None, :]
-            elif EVEN_K:
-                a_mask = None
-            else:
+            elif not EVEN_K:
                 a_mask = (k < k_total)[None, :]
             w_rows = k
             w_mask = (k < k_total)[:, None] & col_ok[None, :]
@@ -166,12 +164,13 @@ def _conv2d_igemm(
             if PADDED:
                 inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                 a_mask = inside[:, None] if EVEN_K else inside[:, None] & (c < CG)[None, :]
-            elif EVEN_K:
-                a_mask = None
-            else:
+            elif not EVEN_K:
                 a_mask = (c < CG)[None, :]
             w_mask = col_ok[None, :] if EVEN_K else (c < CG)[:, None] & col_ok[None, :]
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        if PADDED or not EVEN_K:
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        else:
+            a = tl.load(a_ptrs)  # an unpadded window over whole blocks of channels: every element is inside
         b = tl.load(w_group + (w_rows * KG)[:, None], mask=w_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
