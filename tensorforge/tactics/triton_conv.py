@@ -1,0 +1,83 @@
+"""The Triton FusedConv tactic: `kernels.triton.conv`'s implicit GEMM with the whole epilogue inside, on NHWC."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import DType, Node
+from ..kernels.triton.conv import conv2d_nhwc, conv_configs, pack_weight
+from ..kernels.triton.epilogue import activation_args
+from ..ops.fused import DOMAIN
+from ..ops.pool import window_geometry
+from .base import Kernel, Tactic, register_tactic
+
+_FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
+
+
+def _activations(node: Node) -> tuple[tuple[int, float, float], tuple[int, float, float]]:
+    """The node's pre and post activations as the kernel's (code, p0, p1); ValueError when Triton has none."""
+    a = node.attributes
+    return activation_args(a.get("pre", ""), a.get("pre_params", ())), activation_args(
+        a.get("post", ""), a.get("post_params", ())
+    )
+
+
+@register_tactic
+class TritonConvTactic(Tactic):
+    """2-D FusedConv (any stride, padding, dilation, groups; bias, residual, pre/post activation) as one Triton
+    kernel over channels_last tensors; its tile configuration is tuned (`conv_configs`). The weight is packed
+    once per weight tensor; the output size and padding follow each input's shape (auto_pad included)."""
+
+    family = "triton"
+    name = "conv-igemm"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp16", "bf16", "tf32", "fp32")
+    layouts = ("NHWC",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
+        x, weight = node.inputs[0], node.inputs[1]
+        if weight.rank != 4:
+            return f"2-D convolutions only; the weight has rank {weight.rank}"
+        if not weight.is_const:
+            return "the weight is computed at run time; this kernel packs a constant weight once"
+        if x.dtype not in _FLOAT_INPUTS:
+            return f"float32, float16 and bfloat16 inputs only; the input is {x.dtype.name}"
+        try:
+            _activations(node)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return conv_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides = list(a.get("strides") or [1, 1])
+        dilations = list(a.get("dilations") or [1, 1])
+        pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
+        pre, post = _activations(node)
+        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
+
+        def packed_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            entry = packed.get(id(w))
+            if entry is None or entry[1].dtype != dtype:
+                entry = (w, pack_weight(w.to(dtype), groups))
+                packed[id(w)] = entry
+            return entry[1]
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            y = conv2d_nhwc(
+                x, packed_weight(w, x.dtype), b, z,
+                out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations, pre=pre, post=post,
+                tf32=torch.backends.cuda.matmul.allow_tf32, config=config,
+            )  # fmt: skip
+            return (y,)
+
+        return kernel
