@@ -8,7 +8,9 @@
    layer's candidates (tactic × config × precision × layout) are timed on the real outputs of the layers
    already chosen, so a cast or a layout change a candidate needs is part of its measured cost (a greedy
    choice along the schedule). Timings go to the timing cache; a warm cache re-times nothing.
-4. The memory plan is made at the profile's max shapes, with the dtypes the chosen layers write.
+4. The memory plan is made at the profile's max shapes, with the dtypes the chosen layers write, over the
+   outputs of the layers whose kernels can write into given buffers (`Tactic.writes_into`); an execution
+   context places those in its arena. The others' kernels allocate their outputs, and the plan lists them.
 """
 
 from __future__ import annotations
@@ -99,7 +101,13 @@ class Builder:
             greedy = self._tune(model, profile, precisions, cache, constants)
             layers, selection = self._select(model, profile, greedy, precisions, cache, constants)
             observed = self._observe(model, layers, {name: r.max for name, r in profile.ranges.items()}, constants)
-            memory = plan_graph(model.graph, observed.shapes, dtypes=observed.dtypes, exclude=observed.others)
+            memory = plan_graph(
+                model.graph,
+                observed.shapes,
+                dtypes=observed.dtypes,
+                exclude=observed.others,
+                outside=_allocated_by_kernels(model, layers),
+            )
             tuned = {name: r.opt for name, r in profile.ranges.items()}
             plans.append(Plan(profile, tuple(layers), memory, tuned))
             selections.append(selection)
@@ -308,6 +316,16 @@ def _specialize(model: Model, profiles: list[Profile]) -> None:
             dims.append(sizes.pop() if len(sizes) == 1 else declared or f"{value.name}_{axis}")
         value.shape = tuple(dims)
     infer_model(model, check=False)
+
+
+def _allocated_by_kernels(model: Model, layers: list[Layer]) -> set[str]:
+    """Outputs of the layers whose tactics allocate them (not `writes_into`): they stay out of the arena."""
+    names = set()
+    for layer in layers:
+        tactic = tactic_by_key(layer.tactic)
+        if tactic is None or not tactic.writes_into:
+            names.update(v.name for v in model.graph.nodes[layer.node].outputs if v.name)
+    return names
 
 
 def _refuse_control_flow(model: Model) -> None:

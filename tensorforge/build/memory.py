@@ -13,6 +13,7 @@ lower bound count those rounded sizes too, and the bound counts an in-place chai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ class MemoryPlan:
     lower_bound_bytes: int
     alignment: int
     inplace: dict[str, str] = field(default_factory=dict)  # tensor -> the tensor whose storage it took
+    outside: dict[str, int] = field(default_factory=dict)  # tensors their kernels allocate: name -> bytes at most
 
     def report(self) -> str:
         """Arena size against the naive sum and the liveness lower bound, in MiB and as ratios."""
@@ -83,6 +85,14 @@ class MemoryPlan:
                 f"  lower bound  {_mib(self.lower_bound_bytes)}   "
                 f"arena/bound {_ratio(self.arena_bytes, self.lower_bound_bytes)}",
             ]
+            + (
+                [
+                    f"  outside      {_mib(sum(self.outside.values()))}   {len(self.outside)} tensors whose kernels "
+                    "allocate their own outputs (torch's caching allocator reuses that memory)"
+                ]
+                if self.outside
+                else []
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,6 +104,7 @@ class MemoryPlan:
             "lower_bound_bytes": self.lower_bound_bytes,
             "tensors": {name: [self.offsets[name], self.sizes[name]] for name in self.offsets},
             "inplace": dict(self.inplace),
+            "outside": dict(self.outside),
         }
 
     @classmethod
@@ -108,6 +119,7 @@ class MemoryPlan:
                 lower_bound_bytes=int(data["lower_bound_bytes"]),
                 alignment=int(data["alignment"]),
                 inplace=dict(data.get("inplace", {})),
+                outside={name: int(size) for name, size in data.get("outside", {}).items()},
             )
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise ValueError(f"memory plan in the engine header is malformed ({error!r}); rebuild the engine") from None
@@ -261,6 +273,7 @@ def plan_graph(
     *,
     dtypes: Mapping[str, DType] | None = None,
     exclude: Iterable[str] = (),
+    outside: Iterable[str] = (),
     include_inputs: bool = False,
     alignment: int = DEFAULT_ALIGNMENT,
 ) -> MemoryPlan:
@@ -268,13 +281,15 @@ def plan_graph(
 
     `shapes` gives static shapes by value name and overrides the graph's own; `dtypes` does the same for
     element types (a layer built in fp16 writes its float32 values in half the bytes). Values named in
-    `exclude` (sequences, strings: not tensors of fixed size) stay out of the arena. Constants never go in the
+    `exclude` (sequences, strings: not tensors of fixed size) stay out of the arena, and so do those named in
+    `outside` (tensors whose kernels allocate them; the plan lists their sizes). Constants never go in the
     arena; graph inputs only with `include_inputs`; graph outputs only with `exclude_outputs=False` (they
     then live to the last step). An output of an `INPLACE_OPS` node may take over the storage of an input
     with its shape and dtype that this node reads last.
     """
     shapes = shapes or {}
     dtypes = dtypes or {}
+    outside = set(outside)
     excluded = set(exclude)
     nodes = graph.nodes
     step_of = {}
@@ -284,7 +299,8 @@ def plan_graph(
             step_of.update(dict.fromkeys(sub.all_nodes(), step))  # an outer value read inside a subgraph
     outputs = {value.name for value in graph.outputs}
 
-    def in_arena(value: Value) -> bool:
+    def planned(value: Value) -> bool:
+        """Whether `value` is a tensor the plan accounts for (in the arena, or outside it when so named)."""
         if value.is_const or value.name in graph.initializers or not value.name or value.name in excluded:
             return False
         if value.name in outputs and exclude_outputs:
@@ -298,7 +314,7 @@ def plan_graph(
     lives: dict[str, TensorLife] = {}
     typed: dict[str, tuple[tuple[int, ...], Any]] = {}
     for value in candidates:
-        if value.name in lives or not in_arena(value):
+        if value.name in lives or value.name in outside or not planned(value):
             continue
         shape, dtype, size = _size_bytes(value, shapes, dtypes)
         producer = value.producer()
@@ -309,6 +325,11 @@ def plan_graph(
         lives[value.name] = TensorLife(value.name, size, first, last)
         typed[value.name] = (shape, dtype)
 
+    outside_sizes = {
+        value.name: _size_bytes(value, shapes, dtypes)[2]
+        for value in candidates
+        if value.name in outside and planned(value)
+    }
     taken: set[str] = set()
     for step, node in enumerate(nodes):
         if (node.domain, node.op_type) not in INPLACE_OPS or len(node.outputs) != 1:
@@ -323,4 +344,5 @@ def plan_graph(
                 lives[out] = TensorLife(out, lives[out].size_bytes, step, lives[out].last_step, inplace_of=name)
                 taken.add(name)
                 break
-    return plan_memory(lives.values(), alignment)
+    plan = plan_memory(lives.values(), alignment)
+    return dataclasses.replace(plan, outside=outside_sizes) if outside_sizes else plan

@@ -86,6 +86,8 @@ def _print_profile(index: int, profile: dict[str, Any], report: dict[str, Any]) 
             arena = (
                 f"arena @{item['arena_offset']} +{item['arena_bytes']} B"
                 if item["arena_offset"] is not None
+                else f"allocated by its kernel ({item['outside_bytes']} B at most)"
+                if item.get("outside_bytes") is not None
                 else "not in the arena"
             )
             inplace = f" in place of {item['inplace_of']}" if item["inplace_of"] else ""

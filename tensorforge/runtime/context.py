@@ -6,8 +6,9 @@ new input shape runs eagerly and then captures the schedule into a CUDA graph; l
 the feeds into the graph's input buffers and replay it. A schedule that cannot be captured (a kernel that
 synchronizes with the host) stays eager for that shape, with the reason kept in `eager_shapes`.
 
-Several contexts may run one engine at once (threads, streams): each has its own stream, graphs and memory
-pool; the weights and kernels are the engine's.
+Several contexts may run one engine at once (threads, streams): each has its own stream, graphs, memory pool
+and arena (one per plan, the size of its memory plan, allocated on first use: the layers whose kernels write
+into given buffers put their outputs there); the weights and kernels are the engine's.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ class ExecutionContext:
         self._graphs: dict[ShapeKey, _Captured] = {}
         self.eager_shapes: dict[ShapeKey, str] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        self._arenas: dict[int, torch.Tensor] = {}
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the arenas this context has allocated so far."""
+        return sum(arena.numel() for arena in self._arenas.values())
+
+    def _arena(self, index: int, schedule) -> torch.Tensor | None:
+        if not schedule.binds_arena:
+            return None
+        arena = self._arenas.get(index)
+        if arena is None:
+            arena = torch.empty(schedule.arena_bytes, dtype=torch.uint8, device=self.device)
+            self._arenas[index] = arena
+        return arena
 
     @property
     def captured_shapes(self) -> list[ShapeKey]:
@@ -92,8 +108,9 @@ class ExecutionContext:
             value.name: tensor for value, tensor in bind_feeds(self.engine.model.graph, feeds, self.device).items()
         }
         schedule = self.engine.schedule(index)
+        arena = self._arena(index, schedule)
         if not self.cuda_graphs:
-            return schedule.execute(bound)
+            return schedule.execute(bound, arena=arena)
         key: ShapeKey = (index, tuple(sorted((n, tuple(t.shape), t.dtype) for n, t in bound.items())))
         captured = self._graphs.get(key)
         if captured is not None:
@@ -101,7 +118,7 @@ class ExecutionContext:
                 captured.inputs[name].copy_(tensor, non_blocking=True)
             captured.graph.replay()
             return captured.outputs
-        results = schedule.execute(bound)  # eager: warms up cuDNN / cuBLAS before the capture
+        results = schedule.execute(bound, arena=arena)  # eager: warms up cuDNN / cuBLAS before the capture
         if key not in self.eager_shapes:
             self._capture(key, schedule, bound)
         return results
@@ -111,7 +128,7 @@ class ExecutionContext:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                outputs = schedule.execute(static)
+                outputs = schedule.execute(static, arena=self._arena(key[0], schedule))
         except Exception as err:  # e.g. a kernel that reads a value back to the host
             self.eager_shapes[key] = f"{type(err).__name__}: {err}"
             return

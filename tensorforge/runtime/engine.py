@@ -63,7 +63,7 @@ class Engine:
             schedule = self._schedules.get(index)
             if schedule is None:
                 plan = self.plans[index]
-                schedule = Schedule(self.model, plan.layers, self.device, self._constants)
+                schedule = Schedule(self.model, plan.layers, self.device, self._constants, plan.memory)
                 self._schedules[index] = schedule
             return schedule
 

@@ -7,6 +7,7 @@ format the graph declares, whatever precision and layout their producers ran in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..build.memory import MemoryPlan
 from ..errors import OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Model, Node, Value
 from ..ops.math_flags import full_float32
@@ -33,6 +35,7 @@ class _Step:
     args: tuple[int, ...]  # slots of the non-constant inputs, in input order
     outputs: tuple[int, ...]  # slot per output (-1: an unused optional output)
     release: tuple[int, ...]
+    arena: tuple[tuple[int, int] | None, ...] | None  # (offset, bytes) per output placed in the arena
 
 
 class Schedule:
@@ -44,6 +47,7 @@ class Schedule:
         layers: Sequence[Layer],
         device: torch.device,
         constants: ConstantCache,
+        memory: MemoryPlan | None = None,
     ) -> None:
         graph = model.graph
         nodes = graph.nodes
@@ -69,10 +73,17 @@ class Schedule:
             unread = [v for v in node.outputs if v.name and v not in readers and v not in kept]
             release = tuple(self._slot[v] for v in read if readers.get(v) == layer.node and v not in kept)
             release += tuple(self._slot[v] for v in unread)
-            self._steps.append(_Step(layer, kernel, args, outputs, release))
+            arena = _arena_slots(node, kernel, memory)
+            self._steps.append(_Step(layer, kernel, args, outputs, release, arena))
         self._inputs = [(v.name, self._slot[v]) for v in graph.inputs if v.name not in graph.initializers]
         self._outputs = [self._output_source(v, device) for v in graph.outputs]
         self.slots = len(self._slot)
+        self.arena_bytes = memory.arena_bytes if memory is not None and self.binds_arena else 0
+
+    @property
+    def binds_arena(self) -> bool:
+        """Whether some layer writes its outputs into the arena of the memory plan."""
+        return any(step.arena is not None for step in self._steps)
 
     def _slot_of(self, value: Value) -> int:
         return self._slot.setdefault(value, len(self._slot))
@@ -88,25 +99,37 @@ class Schedule:
         return [step.layer for step in self._steps]
 
     def execute(
-        self, inputs: Mapping[str, Any], observe: Observer | None = None, around: Around | None = None
+        self,
+        inputs: Mapping[str, Any],
+        observe: Observer | None = None,
+        around: Around | None = None,
+        arena: torch.Tensor | None = None,
     ) -> list[Any]:
         """Run every layer on `inputs` (tensors on the device, by input name); return the graph outputs.
 
         `observe(value, tensor)` sees every value a layer writes (layerwise comparison, shape recording);
-        `around(layer)` is a context manager entered around each layer's kernel (per-layer timing).
+        `around(layer)` is a context manager entered around each layer's kernel (per-layer timing). With
+        `arena` (uint8, at least `arena_bytes`; one per execution context) the layers that can write into
+        given buffers put their outputs at the memory plan's offsets; an observer sees fresh tensors instead,
+        as it may keep them past the arena slot's lifetime.
         """
+        if arena is not None and arena.numel() < self.arena_bytes:
+            raise ValueError(f"the arena has {arena.numel()} bytes, the memory plan needs {self.arena_bytes}")
+        if observe is not None:
+            arena = None
         env: list[Any] = [None] * self.slots
         for name, slot in self._inputs:
             env[slot] = inputs[name]
         nodes = self.model.graph.nodes if observe is not None else None
         with torch.inference_mode(), full_float32():
             for step in self._steps:
+                alloc = _ArenaAlloc(arena, step.arena, self.device) if arena is not None and step.arena else None
                 try:
                     if around is None:
-                        results = step.kernel([env[slot] for slot in step.args])
+                        results = step.kernel([env[slot] for slot in step.args], alloc)
                     else:
                         with around(step.layer):
-                            results = step.kernel([env[slot] for slot in step.args])
+                            results = step.kernel([env[slot] for slot in step.args], alloc)
                 except TensorforgeError:
                     raise
                 except Exception as err:
@@ -125,6 +148,41 @@ class Schedule:
             return [
                 _as_declared(env[source] if kind == "slot" else source, dtype) for kind, source, dtype in self._outputs
             ]
+
+
+def _arena_slots(node: Node, kernel: LayerKernel, memory: MemoryPlan | None):
+    """(offset, bytes) per output of `node` that the plan placed in the arena, if its kernel can write there.
+    Tensors in an in-place chain are left out: only elementwise kernels may share an input's storage."""
+    if memory is None or not kernel.writes_into:
+        return None
+    chained = set(memory.inplace) | set(memory.inplace.values())
+    slots = tuple(
+        (memory.offsets[v.name], memory.sizes[v.name]) if v.name in memory.offsets and v.name not in chained else None
+        for v in node.outputs
+    )
+    return slots if any(slots) else None
+
+
+class _ArenaAlloc:
+    """A `writes_into` kernel's output buffers: views of the arena at the planned offsets (a new tensor for an
+    output the plan did not place, or one larger than planned)."""
+
+    __slots__ = ("arena", "device", "slots")
+
+    def __init__(self, arena: torch.Tensor, slots, device: torch.device) -> None:
+        self.arena, self.slots, self.device = arena, slots, device
+
+    def __call__(self, index, shape, dtype, memory_format) -> torch.Tensor:
+        slot = self.slots[index] if index < len(self.slots) else None
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if slot is None or nbytes > slot[1]:
+            return torch.empty(tuple(shape), dtype=dtype, device=self.device, memory_format=memory_format)
+        offset = slot[0]
+        flat = self.arena[offset : offset + nbytes].view(dtype)
+        if memory_format == torch.channels_last and len(shape) == 4:
+            _, c, h, w = shape
+            return flat.as_strided(tuple(shape), (h * w * c, 1, w * c, c))
+        return flat.view(tuple(shape))
 
 
 def _kernel(model: Model, node: Node, layer: Layer, device: torch.device, constants) -> LayerKernel:

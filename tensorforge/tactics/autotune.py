@@ -162,7 +162,8 @@ def build_layer_kernel(
     variant = Variant.of(config)
     space_config = {k: v for k, v in config.items() if k not in ("precision", "layout")}
     kernel = tactic.build(node, opset, device, space_config)
-    return LayerKernel(node, kernel, variant, prepare_constants(node, variant, device, constants))
+    constants = prepare_constants(node, variant, device, constants)
+    return LayerKernel(node, kernel, variant, constants, writes_into=tactic.writes_into)
 
 
 def _short(config: dict[str, Any]) -> str:

@@ -5,6 +5,10 @@ lists its configurations for an effort level, `precisions` and `layouts` the var
 `variant.py`; the autotuner crosses them with `space`), and `build` returns a `Kernel`: a callable from the
 layer's input tensors (constants first converted to the variant) to its output tensors. The autotuner
 times every supported candidate; one that fails to build or run scores inf and never aborts the build.
+
+A tactic with `writes_into` builds kernels that also take `alloc=`, an `Alloc`: they ask it for each output
+buffer (`alloc(output index, shape, dtype, memory format)`) and write there, so an execution context can place
+their outputs in its planned arena; without `alloc` they allocate as usual (`allocate`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,22 @@ import torch
 
 from ..ir import Node, qualified_op
 
-Kernel = Callable[[Sequence[torch.Tensor | None]], tuple[torch.Tensor, ...]]
+Kernel = Callable[..., tuple[torch.Tensor, ...]]  # (inputs[, alloc=]) -> outputs
+Alloc = Callable[[int, Sequence[int], torch.dtype, torch.memory_format], torch.Tensor]
+
+
+def allocate(
+    alloc: Alloc | None,
+    index: int,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    memory_format: torch.memory_format = torch.contiguous_format,
+) -> torch.Tensor:
+    """Output `index`'s buffer: from `alloc` when the caller gave one, else a new tensor."""
+    if alloc is not None:
+        return alloc(index, shape, dtype, memory_format)
+    return torch.empty(tuple(shape), dtype=dtype, device=device, memory_format=memory_format)
 
 
 class Tactic:
@@ -25,6 +44,7 @@ class Tactic:
     op_types: ClassVar[tuple[str, ...]] = ()  # qualified op types; empty: any op
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32", "fp16", "bf16")
     layouts: ClassVar[tuple[str, ...]] = ("any",)  # "any": 4-D tensors in the memory format they come in
+    writes_into: ClassVar[bool] = False  # its kernels take `alloc=` (see the module docstring)
 
     @property
     def key(self) -> str:

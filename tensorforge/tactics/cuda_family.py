@@ -21,7 +21,7 @@ from ..kernels.cuda.nvrtc import unavailable
 from ..kernels.cuda.winograd import pack_winograd_weight, winograd_configs, winograd_conv2d
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
-from .base import Kernel, Tactic, register_tactic
+from .base import Kernel, Tactic, allocate, register_tactic
 
 
 def _common_reason(node: Node, device: torch.device) -> str | None:
@@ -49,6 +49,7 @@ class _CudaConv(Tactic):
     op_types = (f"{DOMAIN}::FusedConv",)
     precisions = ("fp32", "fp16", "bf16")
     layouts = ("NHWC",)
+    writes_into = True
     pack: Callable[[torch.Tensor], torch.Tensor]
     run: Callable[..., torch.Tensor]
 
@@ -61,7 +62,7 @@ class _CudaConv(Tactic):
         packed: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         pack, run = type(self).pack, type(self).run
 
-        def kernel(inputs):
+        def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
             key = (w.data_ptr(), w.dtype)
             weight = packed.get(key)
@@ -71,9 +72,11 @@ class _CudaConv(Tactic):
                 x.shape[2:], w.shape[2:], strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
             )
             x = x.contiguous(memory_format=torch.channels_last)
+            shape = (x.shape[0], w.shape[0], *out_hw)
+            out = allocate(alloc, 0, shape, x.dtype, x.device, torch.channels_last)
             y = run(
                 x, weight, list(w.shape[2:]), b, z, strides=strides, pads_begin=begin, dilations=dilations,
-                out_hw=out_hw, pre=pre, post=post, config=config,
+                out_hw=out_hw, pre=pre, post=post, config=config, out=out,
             )  # fmt: skip
             return (y,)
 

@@ -22,7 +22,7 @@ from ..ir import DType, Node, Value, qualified_op
 from ..ops.fused import DOMAIN
 from ..ops.math_flags import tf32_math
 from ..ops.registry import HOST_INPUTS
-from .base import Kernel, Tactic
+from .base import Alloc, Kernel, Tactic
 
 ConstantCache = dict[tuple[str, ...], torch.Tensor]  # converted weights by (name, dtype, layout, device type)
 PRECISION_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -98,7 +98,7 @@ class LayerKernel:
     """A tactic's kernel run in a variant: constants bound and pre-converted, activations converted per call,
     outputs in the dtypes the variant promises. Called with the layer's non-constant inputs in order."""
 
-    __slots__ = ("_call", "_declared", "_slots", "constants", "kernel", "node", "out_dtypes", "variant")
+    __slots__ = ("_declared", "_slots", "constants", "kernel", "node", "out_dtypes", "variant", "writes_into")
 
     def __init__(
         self,
@@ -106,9 +106,11 @@ class LayerKernel:
         kernel: Kernel,
         variant: Variant,
         constants: Mapping[int, torch.Tensor],
+        writes_into: bool = False,
     ) -> None:
         self.node = node
         self.kernel = kernel
+        self.writes_into = writes_into
         self.variant = variant
         self.constants = dict(constants)
         self.out_dtypes = output_dtypes(node, variant)
@@ -125,19 +127,20 @@ class LayerKernel:
                 slots.append(("arg", count))
                 count += 1
         self._slots = slots
-        self._call = self._tf32 if variant.precision == "tf32" else kernel
 
-    def _tf32(self, inputs: Sequence[Any]) -> tuple[torch.Tensor, ...]:
-        with tf32_math():
-            return self.kernel(inputs)
-
-    def __call__(self, args: Sequence[Any]) -> tuple[Any, ...]:
+    def __call__(self, args: Sequence[Any], alloc: Alloc | None = None) -> tuple[Any, ...]:
+        """The outputs for `args`; a `writes_into` kernel asks `alloc` (when given) for its output buffers."""
         variant = self.variant
         inputs = [
             payload if kind == "const" else None if kind == "none" else convert(args[payload], declared, variant)
             for (kind, payload), declared in zip(self._slots, self._declared, strict=True)
         ]
-        outputs = self._call(inputs)
+        extra = {"alloc": alloc} if alloc is not None and self.writes_into else {}
+        if variant.precision == "tf32":
+            with tf32_math():
+                outputs = self.kernel(inputs, **extra)
+        else:
+            outputs = self.kernel(inputs, **extra)
         return tuple(
             out.to(dtype) if dtype is not None and isinstance(out, torch.Tensor) and out.dtype != dtype else out
             for out, dtype in zip(outputs, self.out_dtypes, strict=False)
