@@ -84,14 +84,22 @@ def _conv2d_igemm(
     KH: tl.constexpr, KW: tl.constexpr,
     DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] tile of group `program_id(2)` over the K tiles of split `program_id(1)`.
 
-    CG, KG: input and output channels per group. Programs along axis 0 are swizzled: GROUP_M row tiles sweep
-    the column tiles together, so the weight columns they share stay in L2.
+    CG, KG: input and output channels per group; they and the N, H, W strides are passed divided by ALIGN.
+    Programs along axis 0 are swizzled: GROUP_M row tiles sweep the column tiles together, so the weight columns
+    they share stay in L2.
     """
+    # The channel counts and pixel strides arrive divided by ALIGN: multiplied back here, their divisibility is
+    # known to the compiler (vector loads along channels), which Triton's own specialization gives only for 16.
+    CG = CG * ALIGN
+    KG = KG * ALIGN
+    sxn, sxh, sxw = sxn * ALIGN, sxh * ALIGN, sxw * ALIGN
+    srn, srh, srw = srn * ALIGN, srh * ALIGN, srw * ALIGN
+    syn, syh, syw = syn * ALIGN, syh * ALIGN, syw * ALIGN
     pid = tl.program_id(0)
     split = tl.program_id(1)
     g = tl.program_id(2)
@@ -379,6 +387,17 @@ def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
     return out_shape
 
 
+def _alignment(*values: int) -> int:
+    """The largest of 16, 8, 4, 2, 1 that divides every value."""
+    return next(a for a in (16, 8, 4, 2, 1) if all(v % a == 0 for v in values))
+
+
+def _scaled(strides: Sequence[int], align: int) -> tuple[int, ...]:
+    """(N, C, H, W) strides with the N, H and W ones divided by `align` (the kernel multiplies them back)."""
+    n, c, h, w = strides
+    return n // align, c, h // align, w // align
+
+
 def conv2d_nhwc(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -426,15 +445,17 @@ def conv2d_nhwc(
     partial = torch.empty((plan.splits, groups, m, kg), dtype=torch.float32, device=x.device) if plan.splits > 1 else y
     epilogue_args = (*pre[1:], *post[1:])
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n)
+    pixel_strides = [t[i] for t in (x.stride(), res_strides, y.stride()) for i in (0, 2, 3)]
+    align = _alignment(cg, kg, *pixel_strides)
     _conv2d_igemm[(tiles, plan.splits, groups)](
         x, weight, bias if bias is not None else y, res, y, partial,
-        m, x.shape[2], x.shape[3], oh, ow, cg, kg,
+        m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align,
         strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
-        *x.stride(), *res_strides, *y.stride(), *epilogue_args,
+        *_scaled(x.stride(), align), *_scaled(res_strides, align), *_scaled(y.stride(), align), *epilogue_args,
         plan.k_tiles_per_split,
         KH=kh, KW=kw, DENSE_K=plan.dense_k, EVEN_K=plan.even_k, PADDED=plan.padded,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
-        SPLIT=plan.splits > 1, DOT_PRECISION="tf32" if tf32 and x.dtype == torch.float32 else "ieee",
+        SPLIT=plan.splits > 1, DOT_PRECISION="tf32" if tf32 and x.dtype == torch.float32 else "ieee", ALIGN=align,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
