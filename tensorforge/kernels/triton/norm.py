@@ -1,0 +1,196 @@
+"""Row-wise Triton kernels over the last axis: softmax and layer normalization.
+
+Both view their input as [rows, N] and give each program BLOCK_R rows of a BLOCK_N-wide tile, computing in
+float32 and rounding once to the output type.
+
+- `softmax(x)`: `exp(x − max) / Σ exp(x − max)` along the last axis. A row that fits one tile is read once;
+  a longer row is streamed twice: an online pass keeps per-lane running maxima m and sums s
+  (s ← s·e^(m − m') + e^(x − m')), then a second pass writes. A row of −inf gives NaN, as torch does.
+- `layer_norm(x, scale, bias, epsilon)`: `(x − mean) / √(var + ε) · scale + bias` over the last axes
+  (population variance), with scale and bias of the normalized shape. Rows longer than a tile take a pass
+  for the mean, one for the variance (of x − mean: no cancellation) and one to write.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+
+def row_configs(effort: int) -> list[dict[str, int]]:
+    """Tile sizes (elements per program, at most) and warps worth timing at `effort`."""
+    levels = [[(4096, 8)], [(2048, 4), (8192, 16)], [(1024, 4), (16384, 16)]]
+    chosen = levels[: max(0, min(effort, len(levels) - 1)) + 1]
+    return [{"BLOCK": block, "num_warps": warps} for level in chosen for block, warps in level]
+
+
+@triton.jit
+def _softmax_kernel(
+    x, y, ROWS, N, sxr, sxc, syr, syc,
+    ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows_in = (rows < ROWS)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    x_rows = x + rows.to(tl.int64)[:, None] * sxr
+    y_rows = y + rows.to(tl.int64)[:, None] * syr
+    if ONE_PASS:
+        inside = rows_in & (cols < N)
+        value = tl.load(x_rows + cols * sxc, mask=inside, other=float("-inf")).to(tl.float32)
+        top = tl.max(value, axis=1)[:, None]
+        e = tl.exp(value - top)
+        e = tl.where(inside, e, 0.0)
+        tl.store(y_rows + cols * syc, (e / tl.sum(e, axis=1)[:, None]).to(y.dtype.element_ty), mask=inside)
+    else:
+        m = tl.full((BLOCK_R, BLOCK_N), float("-inf"), tl.float32)
+        s = tl.zeros((BLOCK_R, BLOCK_N), tl.float32)
+        for start in range(0, N, BLOCK_N):
+            inside = rows_in & (cols + start < N)
+            value = tl.load(x_rows + (cols + start) * sxc, mask=inside, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, value)
+            empty = m_new == float("-inf")  # nothing but -inf seen in this lane yet
+            s = tl.where(empty, 0.0, s * tl.exp(m - m_new) + tl.exp(value - m_new))
+            m = m_new
+        top = tl.max(m, axis=1)[:, None]
+        total = tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - top)), axis=1)[:, None]
+        for start in range(0, N, BLOCK_N):
+            inside = rows_in & (cols + start < N)
+            value = tl.load(x_rows + (cols + start) * sxc, mask=inside, other=float("-inf")).to(tl.float32)
+            out = tl.exp(value - top) / total
+            tl.store(y_rows + (cols + start) * syc, out.to(y.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _layer_norm_kernel(
+    x, scale, bias, y, ROWS, N, sxr, sxc, syr, syc, epsilon,
+    HAS_BIAS: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows_in = (rows < ROWS)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    x_rows = x + rows.to(tl.int64)[:, None] * sxr
+    y_rows = y + rows.to(tl.int64)[:, None] * syr
+    if ONE_PASS:
+        inside = rows_in & (cols < N)
+        value = tl.load(x_rows + cols * sxc, mask=inside, other=0.0).to(tl.float32)
+        mean = tl.sum(value, axis=1)[:, None] / N
+        centered = tl.where(inside, value - mean, 0.0)
+        inv_std = 1.0 / tl.sqrt_rn(tl.sum(centered * centered, axis=1)[:, None] / N + epsilon)
+        out = centered * inv_std * tl.load(scale + cols, mask=cols < N, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            out += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)
+        tl.store(y_rows + cols * syc, out.to(y.dtype.element_ty), mask=inside)
+    else:
+        total = tl.zeros((BLOCK_R, BLOCK_N), tl.float32)
+        for start in range(0, N, BLOCK_N):
+            inside = rows_in & (cols + start < N)
+            total += tl.load(x_rows + (cols + start) * sxc, mask=inside, other=0.0).to(tl.float32)
+        mean = tl.sum(total, axis=1)[:, None] / N
+        squares = tl.zeros((BLOCK_R, BLOCK_N), tl.float32)
+        for start in range(0, N, BLOCK_N):
+            inside = rows_in & (cols + start < N)
+            value = tl.load(x_rows + (cols + start) * sxc, mask=inside, other=0.0).to(tl.float32)
+            centered = tl.where(inside, value - mean, 0.0)
+            squares += centered * centered
+        inv_std = 1.0 / tl.sqrt_rn(tl.sum(squares, axis=1)[:, None] / N + epsilon)
+        for start in range(0, N, BLOCK_N):
+            in_row = cols + start < N
+            inside = rows_in & in_row
+            value = tl.load(x_rows + (cols + start) * sxc, mask=inside, other=0.0).to(tl.float32)
+            out = (value - mean) * inv_std * tl.load(scale + cols + start, mask=in_row, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                out += tl.load(bias + cols + start, mask=in_row, other=0.0).to(tl.float32)
+            tl.store(y_rows + (cols + start) * syc, out.to(y.dtype.element_ty), mask=inside)
+
+
+def softmax(x: torch.Tensor, *, out: torch.Tensor | None = None, config: dict[str, Any] | None = None) -> torch.Tensor:
+    """Softmax of float `x` along its last axis, in `x`'s dtype or into `out` (same shape, any float type)."""
+    rows_x, y, rows_y = _rows("softmax", x, out, x.shape[-1:])
+    if y.numel() == 0:
+        return y
+    launch = _tiling(rows_x.shape, config)
+    _softmax_kernel[launch.grid](
+        rows_x, rows_y, *rows_x.shape, *rows_x.stride(), *rows_y.stride(),
+        ONE_PASS=launch.one_pass, BLOCK_R=launch.block_r, BLOCK_N=launch.block_n, num_warps=launch.num_warps,
+    )  # fmt: skip
+    return y
+
+
+def layer_norm(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    epsilon: float = 1e-5,
+    out: torch.Tensor | None = None,
+    config: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """LayerNormalization of float `x` over its last `scale.dim()` axes (ONNX's `axis` = -scale.dim()),
+    scale and bias of the normalized shape (or broadcastable to it), in `x`'s dtype or into `out`."""
+    normalized = tuple(x.shape[x.dim() - scale.dim() :]) if scale.dim() else tuple(x.shape[-1:])
+    rows_x, y, rows_y = _rows("layer_norm", x, out, normalized)
+    n = rows_x.shape[1]
+    flat_scale = _parameter("scale", scale, normalized, n)
+    flat_bias = _parameter("bias", bias, normalized, n) if bias is not None else None
+    if y.numel() == 0:
+        return y
+    launch = _tiling(rows_x.shape, config)
+    _layer_norm_kernel[launch.grid](
+        rows_x, flat_scale, flat_bias if flat_bias is not None else flat_scale, rows_y,
+        *rows_x.shape, *rows_x.stride(), *rows_y.stride(), float(epsilon),
+        HAS_BIAS=flat_bias is not None, ONE_PASS=launch.one_pass,
+        BLOCK_R=launch.block_r, BLOCK_N=launch.block_n, num_warps=launch.num_warps,
+    )  # fmt: skip
+    return y
+
+
+def _rows(
+    what: str, x: torch.Tensor, out: torch.Tensor | None, normalized: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`x` as [rows, prod(normalized)] (a view when its strides allow), the output and its [rows, N] view."""
+    if not x.is_floating_point() or x.dim() == 0:
+        raise ValueError(f"{what}: needs a float tensor with at least one dim, got {x.dtype} {list(x.shape)}")
+    n = math.prod(normalized)
+    rows = x.reshape(-1, n) if n else x.reshape(0, 0)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+    if tuple(y.shape) != tuple(x.shape) or y.device != x.device or not y.is_floating_point():
+        raise ValueError(f"{what}: out is {y.dtype} {list(y.shape)} on {y.device}, needs a float {list(x.shape)}")
+    try:
+        rows_y = y.view(-1, n) if n else y.view(0, 0)
+    except RuntimeError:
+        raise ValueError(f"{what}: out's strides do not allow a [rows, {n}] view; pass a contiguous tensor") from None
+    return rows, y, rows_y
+
+
+def _parameter(name: str, tensor: torch.Tensor, normalized: tuple[int, ...], n: int) -> torch.Tensor:
+    try:
+        return tensor.broadcast_to(normalized).reshape(n).contiguous()
+    except RuntimeError:
+        raise ValueError(
+            f"layer_norm: {name} of shape {list(tensor.shape)} does not broadcast to the normalized shape "
+            f"{list(normalized)}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Tiling:
+    block_r: int
+    block_n: int
+    one_pass: bool
+    grid: tuple[int]
+    num_warps: int
+
+
+def _tiling(shape: torch.Size, config: dict[str, Any] | None) -> _Tiling:
+    """Rows per program and tile width: a whole row per tile when it fits `BLOCK`, several short rows too."""
+    config = config or row_configs(0)[0]
+    rows, n = shape
+    block_n = min(triton.next_power_of_2(max(n, 1)), config["BLOCK"])
+    block_r = max(1, min(config["BLOCK"] // block_n, triton.next_power_of_2(rows)))
+    grid = (triton.cdiv(rows, block_r),)
+    return _Tiling(block_r, block_n, n <= block_n, grid, config["num_warps"])
