@@ -126,13 +126,16 @@ def layer_norm(
     scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    axis: int = -1,
     epsilon: float = 1e-5,
     out: torch.Tensor | None = None,
     config: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    """LayerNormalization of float `x` over its last `scale.dim()` axes (ONNX's `axis` = -scale.dim()),
-    scale and bias of the normalized shape (or broadcastable to it), in `x`'s dtype or into `out`."""
-    normalized = tuple(x.shape[x.dim() - scale.dim() :]) if scale.dim() else tuple(x.shape[-1:])
+    """LayerNormalization of float `x` over the axes [axis, rank) as ONNX defines it (stash type float32), with
+    scale and bias broadcastable to the normalized shape, in `x`'s dtype or into `out`."""
+    if not -x.dim() <= axis < x.dim():
+        raise ValueError(f"layer_norm: axis {axis} is out of range for a rank-{x.dim()} input")
+    normalized = tuple(x.shape[axis % x.dim() :])
     rows_x, y, rows_y = _rows("layer_norm", x, out, normalized)
     n = rows_x.shape[1]
     flat_scale = _parameter("scale", scale, normalized, n)
