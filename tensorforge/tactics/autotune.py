@@ -19,7 +19,7 @@ import torch
 
 from ..ir import DType, Node, qualified_op
 from ..ops.math_flags import full_float32
-from . import cuda_family, triton_conv, triton_family, vendor  # noqa: F401 - registers the tactic families
+from . import cuda_family, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
 from .base import Tactic, tactics_for
 from .timing import Timing, TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
