@@ -57,13 +57,11 @@ _NAN = "tl.PropagateNan.ALL"
 _COMPARISONS = {"Equal": "==", "Greater": ">", "Less": "<", "GreaterOrEqual": ">=", "LessOrEqual": "<="}
 _LOGICAL = {"And": "&", "Or": "|", "Xor": "^"}
 _BOOLEAN_RESULT = {*_COMPARISONS, *_LOGICAL, "Not", "IsNaN", "IsInf"}
-# Activations evaluated by the shared epilogue function, as (ACTIVATION_CODES name, attribute defaults).
+# Activations evaluated by the shared epilogue function, as (ACTIVATION_CODES name, attribute defaults); the
+# clamping ones are written below instead, with NaN-propagating min/max as the reference's.
 _VIA_ACTIVATE = {
     "Sigmoid": ("Sigmoid", ()),
     "Tanh": ("Tanh", ()),
-    "HardSigmoid": ("HardSigmoid", (("alpha", 0.2), ("beta", 0.5))),
-    "HardSwish": ("HardSwish", ()),
-    "Elu": ("Elu", (("alpha", 1.0),)),
     "Mish": ("Mish", ()),
 }
 _FLOAT_UNARY = {
@@ -194,13 +192,22 @@ class _Emitter:
             name, defaults = _VIA_ACTIVATE[op_type]
             code, p0, p1 = activation_args(name, [attrs.get(key, default) for key, default in defaults])
             return f"activate({a}, {code}, {_literal(p0)}, {_literal(p1)})"
+        if op_type in ("HardSigmoid", "HardSwish"):
+            hard_sigmoid = op_type == "HardSigmoid"
+            alpha, beta = (attrs.get("alpha", 0.2), attrs.get("beta", 0.5)) if hard_sigmoid else (1 / 6, 0.5)
+            line = f"{a} * {_literal(alpha)} + {_literal(beta)}"
+            clamped = f"tl.minimum(tl.maximum({line}, 0.0, propagate_nan={_NAN}), 1.0, propagate_nan={_NAN})"
+            return clamped if op_type == "HardSigmoid" else f"{a} * {clamped}"
+        if op_type == "Elu":
+            return f"tl.where({a} < 0, {_literal(attrs.get('alpha', 1.0))} * (tl.exp({a}) - 1.0), {a})"
         if op_type == "Selu":
             alpha = _literal(attrs.get("alpha", 1.67326319217681884765625))
             gamma = _literal(attrs.get("gamma", 1.05070102214813232421875))
             return f"{gamma} * tl.where({a} > 0, {a}, {alpha} * (tl.exp({a}) - 1.0))"
         if op_type == "Celu":
             alpha = _literal(attrs.get("alpha", 1.0))
-            return f"tl.maximum({a}, 0.0) + tl.minimum({alpha} * (tl.exp({a} / {alpha}) - 1.0), 0.0)"
+            negative = f"tl.minimum({alpha} * (tl.exp({a} / {alpha}) - 1.0), 0.0, propagate_nan={_NAN})"
+            return f"tl.maximum({a}, 0.0, propagate_nan={_NAN}) + {negative}"
         if op_type == "ThresholdedRelu":
             return f"tl.where({a} > {_literal(attrs.get('alpha', 1.0))}, {a}, 0.0)"
         if op_type == "Shrink":
@@ -283,7 +290,8 @@ _SUPPORTED = frozenset(
     {
         "Add", "Sub", "Mul", "Div", "Sum", "Mean", "Max", "Min", "Neg", "Abs", "Relu", "Sign", "Clip", "IsNaN",
         "IsInf", "LeakyRelu", "PRelu", "Where", "Identity", "Cast", "Not", "Sqrt", "Reciprocal", "Selu", "Celu",
-        "ThresholdedRelu", "Shrink", "Pow", *_COMPARISONS, *_LOGICAL, *_VIA_ACTIVATE, *_FLOAT_UNARY,
+        "ThresholdedRelu", "Shrink", "Pow", "HardSigmoid", "HardSwish", "Elu",
+        *_COMPARISONS, *_LOGICAL, *_VIA_ACTIVATE, *_FLOAT_UNARY,
     }
 )  # fmt: skip
 
@@ -517,7 +525,7 @@ class PointwiseKernel:
         kernel = load_kernel(source)
         cols, rows = sizes[-1], math.prod(sizes[:-1])
         block_c = min(triton.next_power_of_2(cols), block)
-        block_r = max(1, block // block_c)
+        block_r = max(1, min(block // block_c, triton.next_power_of_2(rows)))  # rank 1: one row
         grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
         scalars = [rows, cols, *sizes[:-1], *(st for s in folded for st in s)]
         return kernel, grid, scalars, block_r, block_c
