@@ -41,7 +41,7 @@ import torch
 
 from ..errors import TensorforgeError
 from ..ir.dtypes import DType
-from .timing import Timing
+from .timing import METHOD, Timing
 
 FORMAT = "tensorforge-timing-cache"
 FORMAT_VERSION = 1
@@ -66,7 +66,8 @@ def device_key(device: torch.device | str) -> str:
 
 
 def software_versions() -> dict[str, str]:
-    """The versions a timing depends on: tensorforge, torch, CUDA, cuDNN and Triton ("none" when absent)."""
+    """The versions a timing depends on: tensorforge, torch, CUDA, cuDNN and Triton ("none" when absent), and
+    the timing method."""
     from .. import __version__
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -76,6 +77,7 @@ def software_versions() -> dict[str, str]:
         "cuda": torch.version.cuda or "none",
         "cudnn": str(cudnn) if cudnn else "none",
         "triton": _package_version("triton"),
+        "timing": METHOD,
     }
 
 

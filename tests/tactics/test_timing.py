@@ -183,3 +183,27 @@ def test_cuda_failure_scores_inf():
     assert not timing.ok
     assert math.isinf(timing.median)
     assert "RuntimeError" in timing.error
+
+
+@pytest.mark.gpu
+def test_cuda_timing_replays_a_graph_so_host_overhead_does_not_count():
+    x = torch.randn(1024, device="cuda")
+
+    def slow_host():  # 5 ms of Python before one tiny kernel
+        time.sleep(0.005)
+        x.add_(1.0)
+
+    timing = measure(slow_host, device="cuda", warmup=1, repeats=10, min_time_s=0.0)
+    assert timing.ok and timing.median < 0.5
+
+
+@pytest.mark.gpu
+def test_a_call_that_cannot_be_captured_is_timed_eagerly():
+    x = torch.randn(1024, device="cuda")
+
+    def synchronizing():  # reading a value back to the host is not allowed during capture
+        x.add_(1.0)
+        return x[0].item()
+
+    timing = measure(synchronizing, device="cuda", warmup=1, repeats=5, min_time_s=0.0)
+    assert timing.ok and timing.median > 0.0

@@ -189,7 +189,7 @@ def test_device_key_and_versions_describe_this_machine():
     assert key.startswith("cpu:") and key.endswith(f"{torch.get_num_threads()}threads")
     versions = software_versions()
     assert versions["torch"] == torch.__version__
-    assert set(versions) == {"tensorforge", "torch", "cuda", "cudnn", "triton"}
+    assert set(versions) == {"tensorforge", "torch", "cuda", "cudnn", "triton", "timing"}
     assert all(isinstance(v, str) and v for v in versions.values())
     with pytest.raises(ValueError, match="'meta'"):
         device_key("meta")
