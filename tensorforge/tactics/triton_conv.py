@@ -11,7 +11,7 @@ from ..kernels.triton.conv import conv2d_nhwc, conv_configs, pack_weight
 from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
-from .base import Kernel, Tactic, register_tactic
+from .base import Kernel, Tactic, allocate, register_tactic
 
 _FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
@@ -35,6 +35,7 @@ class TritonConvTactic(Tactic):
     op_types = (f"{DOMAIN}::FusedConv",)
     precisions = ("fp16", "bf16", "tf32", "fp32")
     layouts = ("NHWC",)
+    writes_into = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
@@ -70,13 +71,14 @@ class TritonConvTactic(Tactic):
                 packed[id(w)] = entry
             return entry[1]
 
-        def kernel(inputs):
+        def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
             begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
             y = conv2d_nhwc(
                 x, packed_weight(w, x.dtype), b, z,
                 out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations, pre=pre, post=post,
-                tf32=torch.backends.cuda.matmul.allow_tf32, config=config,
+                tf32=torch.backends.cuda.matmul.allow_tf32, config=config, out=out,
             )  # fmt: skip
             return (y,)
 
