@@ -1,6 +1,6 @@
 """Generated Triton kernels for FusedPointwise programs: one pass over memory for a whole elementwise DAG.
 
-`PointwiseKernel(program, outputs, constants)` turns a program (the steps of `ops.fused.parse_program`) into
+`PointwiseKernel(program, num_inputs, outputs, constants)` turns a program (the steps of `ops.fused.parse_program`) into
 the source of one Triton kernel per (input dtypes, rank after folding, which outputs are broadcast, 32/64-bit
 indexing). The kernel reads every input once, through its strides (stride 0 along a broadcast dim), computes
 every step in registers, and stores each requested output cast to its type.
