@@ -218,3 +218,18 @@ def test_winograd_matches_the_reference(dtype, shape, out_channels, pads, pre, r
         )  # fmt: skip
         assert got is out and not torch.isnan(got).any(), config
         assert _error(got, want) <= TOLERANCE[dtype], config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["Relu", "Clip", "HardSigmoid", "Elu"])
+def test_nan_propagates_through_the_epilogue(activation):
+    params = {"Clip": [-1.0, 1.0]}.get(activation, [])
+    x = torch.randn(1, 8, 5, 5, device="cuda").contiguous(memory_format=torch.channels_last)
+    x[0, 3, 2, 2] = float("nan")
+    weight = torch.randn(8, 1, 3, 3, device="cuda")
+    got = depthwise.depthwise_conv2d(
+        x, depthwise.pack_depthwise_weight(weight), (3, 3), pads_begin=(1, 1), out_hw=(5, 5),
+        pre=activation_args(activation, params),
+    )  # fmt: skip
+    want = _reference(x, weight, None, None, {"group": 8, "pads": [1] * 4, "pre": activation, "pre_params": params})
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.isnan(want).sum() == 9

@@ -28,12 +28,13 @@ def test_every_fused_activation_has_a_code():
 @pytest.mark.parametrize("name", sorted(ACTIVATION_CODES))
 def test_activation_matches_the_reference(device, name):
     torch.manual_seed(0)
-    x = torch.cat([torch.randn(200) * 3, torch.tensor([0.0, -30.0, 30.0, -100.0, 100.0])]).to(device)
+    x = torch.cat([torch.randn(200) * 3, torch.tensor([0.0, -30.0, 30.0, -100.0, 100.0, float("nan")])]).to(device)
     y = torch.full_like(x, float("nan"))
     code, p0, p1 = activation_args(name, PARAMS.get(name, []))
     _apply[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), code, p0, p1, BLOCK=128)
     want = apply_activation(x.double(), name, PARAMS.get(name, [])).float()
-    torch.testing.assert_close(y, want, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(y, want, rtol=2e-6, atol=2e-6, equal_nan=True)
+    assert torch.isnan(y[-1]), "NaN must propagate"
 
 
 def test_default_parameters_and_bad_names():

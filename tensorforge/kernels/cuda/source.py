@@ -60,21 +60,21 @@ __device__ __forceinline__ float sigmoid_f(float x) {
 }
 __device__ __forceinline__ float tanh_f(float x) { return 2.f * sigmoid_f(2.f * x) - 1.f; }
 
-// The activations of kernels/activations.py, by code.
+// The activations of kernels/activations.py, by code; clamps are selects so that NaN propagates.
 template <int ACT>
 __device__ __forceinline__ float activate(float x, float p0, float p1) {
-  if constexpr (ACT == 1) return fmaxf(x, 0.f);
-  else if constexpr (ACT == 2) return fminf(fmaxf(x, p0), p1);
+  if constexpr (ACT == 1) return x < 0.f ? 0.f : x;
+  else if constexpr (ACT == 2) return x < p0 ? p0 : (x > p1 ? p1 : x);
   else if constexpr (ACT == 3) return x >= 0.f ? x : x * p0;
   else if constexpr (ACT == 4) return sigmoid_f(x);
-  else if constexpr (ACT == 5) return fminf(fmaxf(x * p0 + p1, 0.f), 1.f);
+  else if constexpr (ACT == 5) { const float v = x * p0 + p1; return v < 0.f ? 0.f : (v > 1.f ? 1.f : v); }
   else if constexpr (ACT == 6) return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
   else if constexpr (ACT == 7) return x * sigmoid_f(x);
   else if constexpr (ACT == 8) return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
   else if constexpr (ACT == 9) return 0.5f * x * (1.f + tanh_f(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   else if constexpr (ACT == 10) return tanh_f(x);
   else if constexpr (ACT == 11) return x * tanh_f(fmaxf(x, 0.f) + logf(1.f + expf(-fabsf(x))));
-  else if constexpr (ACT == 12) return x > 0.f ? x : p0 * (expf(fminf(x, 0.f)) - 1.f);
+  else if constexpr (ACT == 12) return x > 0.f ? x : p0 * (expf(x) - 1.f);
   else return x;
 }
 """

@@ -5,6 +5,7 @@ compile time) to a float32 block; `activation_args(name, params)` (from `kernels
 launcher that code and the two float parameters.
 sigmoid is computed from e^−|x| (it never overflows), tanh as 2·sigmoid(2x) − 1 and softplus as
 max(x, 0) + log(1 + e^−|x|): Triton's core math covers them on every backend and in the interpreter.
+Clamps are written as selects so that NaN propagates, as in the reference (min/max would drop it).
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ def _tanh(x):
 def activate(x, ACT: tl.constexpr, p0, p1):
     """`x` (float32) through activation `ACT` with parameters p0, p1."""
     if ACT == 1:
-        x = tl.maximum(x, 0.0)
+        x = tl.where(x < 0.0, 0.0, x)
     elif ACT == 2:
-        x = tl.minimum(tl.maximum(x, p0), p1)
+        x = tl.where(x < p0, p0, tl.where(x > p1, p1, x))
     elif ACT == 3:
         x = tl.where(x >= 0.0, x, x * p0)
     elif ACT == 4:
         x = _sigmoid(x)
     elif ACT == 5:
-        x = tl.minimum(tl.maximum(x * p0 + p1, 0.0), 1.0)
+        x = x * p0 + p1
+        x = tl.where(x < 0.0, 0.0, tl.where(x > 1.0, 1.0, x))
     elif ACT == 6:
         x = x * tl.minimum(tl.maximum(x / 6.0 + 0.5, 0.0), 1.0)
     elif ACT == 7:
@@ -55,5 +57,5 @@ def activate(x, ACT: tl.constexpr, p0, p1):
         softplus = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
         x = x * _tanh(softplus)
     elif ACT == 12:
-        x = tl.where(x > 0.0, x, p0 * (tl.exp(tl.minimum(x, 0.0)) - 1.0))
+        x = tl.where(x > 0.0, x, p0 * (tl.exp(tl.where(x > 0.0, 0.0, x)) - 1.0))
     return x
