@@ -10,7 +10,7 @@ from ..ir import DType, Node, qualified_op
 from ..kernels.triton.epilogue import ACTIVATION_CODES
 from ..kernels.triton.gemm import gemm, gemm_configs
 from ..ops.fused import DOMAIN
-from .base import Kernel, Tactic, register_tactic
+from .base import Kernel, Tactic, allocate, register_tactic
 
 _FUSED_GEMM = f"{DOMAIN}::FusedGemm"
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -23,6 +23,7 @@ class TritonGemmTactic(Tactic):
 
     family = "triton"
     name = "gemm"
+    writes_into = True
     op_types = ("MatMul", "Gemm", _FUSED_GEMM)
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
@@ -60,9 +61,13 @@ class TritonGemmTactic(Tactic):
         }
         tile = dict(config) if config else gemm_configs(0)[0]
 
-        def kernel(inputs):
+        def kernel(inputs, alloc=None):
             a, b, c, z = (list(inputs) + [None] * 4)[:4]
             precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-            return (gemm(a, b, c, z, **options, input_precision=precision, config=tile),)
+            m = a.shape[-1] if options["trans_a"] else a.shape[-2]
+            n = b.shape[-2] if options["trans_b"] else b.shape[-1]
+            shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), m, n)
+            out = allocate(alloc, 0, shape, a.dtype, a.device)
+            return (gemm(a, b, c, z, **options, input_precision=precision, config=tile, out=out),)
 
         return kernel

@@ -10,7 +10,7 @@ from ..ir import DType, Node
 from ..kernels.triton.norm import layer_norm, row_configs, softmax
 from ..kernels.triton.pointwise import PointwiseKernel, UnsupportedPointwise, pointwise_configs
 from ..ops.fused import DOMAIN
-from .base import Kernel, Tactic, register_tactic
+from .base import Kernel, Tactic, allocate, register_tactic
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
@@ -77,6 +77,7 @@ class TritonSoftmaxTactic(Tactic):
 
     family = "triton"
     name = "softmax"
+    writes_into = True
     op_types = ("Softmax", f"{DOMAIN}::Softmax")
     precisions = ("fp32", "fp16", "bf16")
 
@@ -91,7 +92,12 @@ class TritonSoftmaxTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         launch = dict(config) if config else row_configs(0)[0]
-        return lambda inputs: (softmax(inputs[0], config=launch),)
+
+        def kernel(inputs, alloc=None):
+            x = inputs[0]
+            return (softmax(x, config=launch, out=allocate(alloc, 0, x.shape, x.dtype, x.device)),)
+
+        return kernel
 
 
 @register_tactic
@@ -100,6 +106,7 @@ class TritonLayerNormTactic(Tactic):
 
     family = "triton"
     name = "layernorm"
+    writes_into = True
     op_types = ("LayerNormalization", f"{DOMAIN}::LayerNormalization")
     precisions = ("fp32", "fp16", "bf16")
 
@@ -123,8 +130,9 @@ class TritonLayerNormTactic(Tactic):
         epsilon = float(node.attributes.get("epsilon", 1e-5))
         launch = dict(config) if config else row_configs(0)[0]
 
-        def kernel(inputs):
+        def kernel(inputs, alloc=None):
             x, scale, bias = (list(inputs) + [None] * 3)[:3]
-            return (layer_norm(x, scale, bias, axis=axis, epsilon=epsilon, config=launch),)
+            out = allocate(alloc, 0, x.shape, x.dtype, x.device)
+            return (layer_norm(x, scale, bias, axis=axis, epsilon=epsilon, config=launch, out=out),)
 
         return kernel
