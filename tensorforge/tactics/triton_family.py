@@ -1,4 +1,12 @@
-"""The Triton family: our own kernels (`kernels/triton/`) as tactics, CUDA only."""
+"""The Triton family's depthwise convolution and pooling tactics: `kernels/triton/` depthwise and pool, CUDA only.
+
+- `triton.depthwise`: FusedConv with one input channel per group (group == Cin, Cout = M·Cin) on NHWC, the
+  whole epilogue inside, its weight packed once.
+- `triton.maxpool`, `triton.avgpool`: 2-D MaxPool / AveragePool over tiles of pixels × channels.
+- `triton.global-avgpool`: GlobalAveragePool, and ReduceMean over axes [2, 3] keeping them (the same mean).
+
+Each kernel writes into the buffer the execution context gives (`writes_into`).
+"""
 
 from __future__ import annotations
 
@@ -6,41 +14,237 @@ from typing import Any
 
 import torch
 
-from ..ir import Node
-from ..kernels.triton.pool import max_pool2d
-from ..ops.pool import PoolWindows
-from .base import Kernel, Tactic, register_tactic
+from ..ir import DType, Node
+from ..kernels.triton.depthwise import depthwise_configs, depthwise_conv2d, pack_depthwise_weight
+from ..kernels.triton.epilogue import activation_args
+from ..kernels.triton.pool import (
+    avg_pool2d,
+    global_avg_pool,
+    global_pool_configs,
+    max_pool2d,
+    pool_configs,
+)
+from ..ops.fused import DOMAIN
+from ..ops.pool import PoolWindows, window_geometry
+from .base import Kernel, Tactic, allocate, register_tactic
+
+_FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
+_NEEDS_CUDA = "needs CUDA (Triton runs CPU tensors only under its interpreter)"
+
+
+def _float_rank4_reason(node: Node) -> str | None:
+    """Why the first input is not a rank-4 float tensor, or None."""
+    x = node.inputs[0]
+    if x.rank != 4:
+        return f"2-D (rank-4 NCHW) inputs only; the input has rank {x.rank}"
+    if x.dtype not in _FLOATS:
+        return f"float32, float16 and bfloat16 inputs only; the input is {x.dtype.name}"
+    return None
+
+
+def _memory_format(x: torch.Tensor) -> torch.memory_format:
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _activations(node: Node) -> tuple[tuple[int, float, float], tuple[int, float, float]]:
+    """The node's pre and post activations as the kernel's (code, p0, p1); ValueError when Triton has none."""
+    a = node.attributes
+    pre = activation_args(a.get("pre", ""), a.get("pre_params", ()))
+    return pre, activation_args(a.get("post", ""), a.get("post_params", ()))
+
+
+@register_tactic
+class TritonDepthwiseConvTactic(Tactic):
+    """2-D depthwise FusedConv (one input channel per group, any channel multiplier, kernel size, stride,
+    padding, dilation; bias, residual, pre/post activation) as one Triton kernel over channels_last tensors;
+    its tile is tuned (`depthwise_configs`). The weight is packed once per weight tensor; the output size and
+    padding follow each input's shape (auto_pad included)."""
+
+    family = "triton"
+    name = "depthwise"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp16", "bf16", "fp32")
+    layouts = ("NHWC",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return _NEEDS_CUDA
+        x, weight = node.inputs[0], node.inputs[1]
+        if weight.rank != 4:
+            return f"2-D convolutions only; the weight has rank {weight.rank}"
+        if not weight.is_const:
+            return "the weight is computed at run time; this kernel packs a constant weight once"
+        group = node.attributes.get("group", 1)
+        cout, per_group = weight.shape[0], weight.shape[1]
+        if per_group != 1:
+            return f"depthwise only (one input channel per group); this layer has {per_group} per group"
+        channels = x.shape[1] if x.shape is not None and len(x.shape) > 1 else None
+        if isinstance(channels, int) and channels != group:
+            return f"depthwise only (group == input channels); group is {group}, the input has {channels} channels"
+        if cout % group:
+            return f"{cout} output channels are not a multiple of the {group} groups"
+        reason = _float_rank4_reason(node)
+        if reason is not None:
+            return reason
+        try:
+            _activations(node)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return depthwise_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides = list(a.get("strides") or [1, 1])
+        dilations = list(a.get("dilations") or [1, 1])
+        pads, auto_pad = a.get("pads"), a.get("auto_pad", "NOTSET")
+        pre, post = _activations(node)
+        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
+
+        def packed_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            entry = packed.get(id(w))
+            if entry is None or entry[1].dtype != dtype:
+                entry = (w, pack_depthwise_weight(w.to(dtype)))
+                packed[id(w)] = entry
+            return entry[1]
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
+            y = depthwise_conv2d(
+                x, packed_weight(w, x.dtype), b, z,
+                out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations, pre=pre, post=post,
+                out=out, config=config,
+            )  # fmt: skip
+            return (y,)
+
+        return kernel
+
+
+def _window_pool_reason(node: Node, device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return _NEEDS_CUDA
+    reason = _float_rank4_reason(node)
+    if reason is not None:
+        return reason
+    if len(node.attributes.get("kernel_shape", ())) != 2:
+        return f"2-D windows only; kernel_shape is {list(node.attributes.get('kernel_shape', ()))}"
+    return None
 
 
 @register_tactic
 class TritonMaxPoolTactic(Tactic):
-    """2-D MaxPool, channels innermost (coalesced on NHWC); the block of channels per program is tuned."""
+    """2-D MaxPool over tiles of pixels × channels (coalesced on NHWC); the tile is tuned (`pool_configs`)."""
 
     family = "triton"
     name = "maxpool"
     op_types = ("MaxPool",)
+    writes_into = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "needs CUDA"
         if len(node.outputs) > 1 and node.outputs[1].name:
             return "the indices output is computed only by the reference"
-        if node.inputs[0].rank != 4:
-            return f"2-D windows only; the input has rank {node.inputs[0].rank}"
-        if not node.inputs[0].dtype.is_float:
-            return "float inputs only"
-        return None
+        return _window_pool_reason(node, device)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
-        return [{"block_c": 64}] if effort == 0 else [{"block_c": b} for b in (32, 64, 128)]
+        return pool_configs(effort)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = PoolWindows.of(node.attributes)
-        block_c = config.get("block_c", 64)
 
-        def kernel(inputs):
+        def kernel(inputs, alloc=None):
             x = inputs[0]
-            begin, _, out = windows.at(x.shape[2:])
-            return (max_pool2d(x, windows.kernel, windows.strides, begin, windows.dilations, out, block_c),)
+            begin, _, out_hw = windows.at(x.shape[2:])
+            out = allocate(alloc, 0, (*x.shape[:2], *out_hw), x.dtype, x.device, _memory_format(x))
+            y = max_pool2d(x, windows.kernel, windows.strides, begin, windows.dilations, out_hw, out=out, **config)
+            return (y,)
+
+        return kernel
+
+
+@register_tactic
+class TritonAvgPoolTactic(Tactic):
+    """2-D AveragePool (count_include_pad either way, ceil mode, asymmetric pads) over tiles of pixels ×
+    channels, float32 sums; the tile is tuned (`pool_configs`)."""
+
+    family = "triton"
+    name = "avgpool"
+    op_types = ("AveragePool",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        return _window_pool_reason(node, device)
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return pool_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        windows = PoolWindows.of(node.attributes)
+        include_pad = bool(node.attributes.get("count_include_pad", 0))
+
+        def kernel(inputs, alloc=None):
+            x = inputs[0]
+            begin, end, out_hw = windows.at(x.shape[2:])
+            out = allocate(alloc, 0, (*x.shape[:2], *out_hw), x.dtype, x.device, _memory_format(x))
+            y = avg_pool2d(
+                x, windows.kernel, windows.strides, begin, end, windows.dilations, out_hw, include_pad, out,
+                **config,
+            )  # fmt: skip
+            return (y,)
+
+        return kernel
+
+
+def _reduce_mean_reason(node: Node, opset: int) -> str | None:
+    """Why a ReduceMean is not the global average pool (axes 2 and 3 of a rank-4 input, kept), or None."""
+    a = node.attributes
+    if opset >= 18:
+        axes_value = node.inputs[1] if len(node.inputs) > 1 else None
+        if axes_value is None:
+            return "ReduceMean without axes reduces every axis, not only H and W"
+        if not axes_value.is_const:
+            return "the axes are computed at run time"
+        axes = [int(v) for v in torch.as_tensor(axes_value.const).reshape(-1).tolist()]
+    else:
+        axes = list(a.get("axes") or [])
+    if sorted(axis % 4 for axis in axes) != [2, 3]:
+        return f"only the mean over axes [2, 3] (H and W); the axes are {axes}"
+    if not a.get("keepdims", 1):
+        return "only keepdims=1 (a (N, C, 1, 1) output)"
+    return None
+
+
+@register_tactic
+class TritonGlobalAvgPoolTactic(Tactic):
+    """GlobalAveragePool (and ReduceMean over axes [2, 3] with keepdims=1) of rank-4 NHWC or NCHW inputs: a
+    program reduces a block of channels over a range of pixels in float32; ranges split so that batch 1 fills
+    the device. The tile is tuned (`global_pool_configs`)."""
+
+    family = "triton"
+    name = "global-avgpool"
+    op_types = ("GlobalAveragePool", "ReduceMean")
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return _NEEDS_CUDA
+        reason = _float_rank4_reason(node)
+        if reason is None and node.op_type == "ReduceMean":
+            reason = _reduce_mean_reason(node, opset)
+        return reason
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return global_pool_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        def kernel(inputs, alloc=None):
+            x = inputs[0]
+            out = allocate(alloc, 0, (*x.shape[:2], 1, 1), x.dtype, x.device)
+            return (global_avg_pool(x, out, **config),)
 
         return kernel
