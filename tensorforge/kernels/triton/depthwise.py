@@ -66,11 +66,11 @@ def _depthwise_conv2d(
     image = (rest // OH).to(tl.int64)
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
-    x_pixels = x + (image * sxn + ih0 * sxh + iw0 * sxw)
     if MULT == 1:
         x_channels = channels * sxc
     else:
         x_channels = (channels // MULT) * sxc
+    x_tile = x + (image * sxn + ih0 * sxh + iw0 * sxw)[:, None] + x_channels[None, :]  # tap (0, 0) of the window
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for kh in tl.static_range(KH):
         ih = ih0 + kh * DH
@@ -84,7 +84,7 @@ def _depthwise_conv2d(
                 ok = ok & (iw >= 0) & (iw < W)
             mask = ok[:, None] if EVEN_C else ok[:, None] & channel_ok[None, :]
             tap_offset = kh * DH * sxh + kw * DW * sxw
-            value = tl.load(x_pixels[:, None] + tap_offset + x_channels[None, :], mask=mask, other=0.0)
+            value = tl.load(x_tile + tap_offset, mask=mask, other=0.0)
             if EVEN_C:
                 tap = tl.load(w + (kh * KW + kw) * C + channels)
             else:

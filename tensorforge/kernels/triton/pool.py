@@ -55,8 +55,7 @@ def _pool2d(
     image = (rest // OH).to(tl.int64)
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
-    x_pixels = x + (image * sxn + ih0 * sxh + iw0 * sxw)
-    x_channels = channels * sxc
+    x_tile = x + (image * sxn + ih0 * sxh + iw0 * sxw)[:, None] + (channels * sxc)[None, :]  # window cell (0, 0)
     acc = tl.full([BLOCK_P, BLOCK_C], FILL, tl.float32)
     for kh in tl.static_range(KH):
         ih = ih0 + kh * DH
@@ -64,8 +63,8 @@ def _pool2d(
         for kw in tl.static_range(KW):
             iw = iw0 + kw * DW
             ok = row_ok & (iw >= 0) & (iw < W)
-            offsets = x_pixels[:, None] + (kh * DH * sxh + kw * DW * sxw) + x_channels[None, :]
-            value = tl.load(offsets, mask=ok[:, None] & channel_ok[None, :], other=FILL).to(tl.float32)
+            mask = ok[:, None] & channel_ok[None, :]
+            value = tl.load(x_tile + (kh * DH * sxh + kw * DW * sxw), mask=mask, other=FILL).to(tl.float32)
             if AVERAGE:
                 acc += value
             else:
