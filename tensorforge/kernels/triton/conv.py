@@ -295,6 +295,21 @@ def conv_configs(effort: int) -> list[dict[str, Any]]:
     return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 2)) + 1])]
 
 
+def _check_shared_memory(cfg: ConvConfig, element_bytes: int, device: torch.device) -> None:
+    """Refuse, before compiling, a config whose pipelined A and B tiles cannot fit in a block's shared memory
+    (e.g. 128×256×64 tiles in 3 stages of float32 need 288 KiB): compiling it would only fail at launch."""
+    if device.type != "cuda":
+        return
+    props = torch.cuda.get_device_properties(device)
+    limit = getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024
+    needed = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * element_bytes
+    if needed > limit:
+        raise ValueError(
+            f"conv2d_nhwc: config {cfg.block_m}x{cfg.block_n}x{cfg.block_k} in {cfg.num_stages} stages needs "
+            f"{needed // 1024} KiB of shared memory at {8 * element_bytes}-bit; a block gets {limit // 1024} KiB here"
+        )
+
+
 def split_k_for(tiles: int, k_tiles: int, slots: int) -> int:
     """How many K ranges bring `tiles` output tiles up to about one wave of `slots` programs (the SM count),
     each range keeping at least `_MIN_K_TILES_PER_SPLIT` K tiles; 1 when the tiles already fill half a wave."""
@@ -439,6 +454,7 @@ def conv2d_nhwc(
                 f"conv2d_nhwc: the residual {list(residual.shape)} does not broadcast to the output {list(out_shape)}"
             ) from None
     cfg = ConvConfig.of(config)
+    _check_shared_memory(cfg, x.element_size(), x.device)
     plan = _plan(x.shape, weight.shape, (oh, ow), strides, pads_begin, dilations, m, cfg, x.device)
     res = residual if residual is not None else y
     res_strides = residual.stride() if residual is not None else (0, 0, 0, 0)
