@@ -9,7 +9,9 @@ at least float32 and rounded once to the output type).
   batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
 - `FusedPointwise(X0, X1, ...)`: a small DAG of elementwise ONNX ops in one node (see `pointwise_program`).
 - `LayerNormalization`, `Gelu`, `Softmax`: the ONNX ops (opset 17, 20, 13 semantics) in this domain, so the
-  optimizer can introduce them into models whose opset predates them.
+  optimizer can introduce them into models whose opset predates them; so are `QuantizeLinear` and
+  `DequantizeLinear` (opset 21 semantics: per-axis and blocked scales), for quantizing models older than
+  opset 13.
 
 `pre` and `post` name an activation from `ACTIVATIONS` ("" for none), with its float parameters in
 `pre_params` / `post_params`.
@@ -204,3 +206,17 @@ def gelu(ctx: OpContext, x, *, approximate="none"):
 @register("Softmax", since=OPSET, domain=DOMAIN)
 def softmax(ctx: OpContext, x, *, axis=-1):
     return REGISTRY.lookup("Softmax", "", 13).impl(ctx, x, axis=axis)
+
+
+@register("QuantizeLinear", since=OPSET, domain=DOMAIN)
+def quantize_linear(ctx: OpContext, x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_size=0, output_dtype=0):
+    impl = REGISTRY.lookup("QuantizeLinear", "", 21).impl
+    return impl(
+        ctx, x, y_scale, y_zero_point, axis=axis, saturate=saturate, block_size=block_size, output_dtype=output_dtype
+    )
+
+
+@register("DequantizeLinear", since=OPSET, domain=DOMAIN)
+def dequantize_linear(ctx: OpContext, x, x_scale, x_zero_point=None, *, axis=1, block_size=0):
+    impl = REGISTRY.lookup("DequantizeLinear", "", 21).impl
+    return impl(ctx, x, x_scale, x_zero_point, axis=axis, block_size=block_size)
