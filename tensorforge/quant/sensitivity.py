@@ -1,0 +1,169 @@
+"""Which layers INT8 hurts, and a greedy mixed-precision search that returns the worst to float.
+
+Agreement between the float model's output `a` and the quantized one's `b` on one output tensor, over the
+data: `cosine` is the mean over samples (axis 0) of `a·b / (‖a‖‖b‖)` (1 when both are zero), `top1` the
+fraction of positions whose argmax over the last axis agrees (per image for a classifier, per time step for
+a CTC recognizer).
+
+`layer_sensitivity` quantizes one layer at a time (the others stay float). `mixed_precision` quantizes every
+layer, then moves layers back to float, most sensitive first by the target's metric, until the target is met;
+with every layer in float the model is the float model, so the search always ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..ir import Model
+from ..ops.executor import Executor
+from .calibration import CalibrationTable
+from .fingerprint import model_fingerprint
+from .layers import quantizable_layers
+from .simulate import simulate_int8
+
+METRICS = ("cosine", "top1")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Reach `value` of `metric` ("cosine" or "top1") against the float model."""
+
+    metric: str
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise InputError(f"unknown target metric {self.metric!r}: choose from {list(METRICS)}")
+        if not 0 <= self.value <= 1:
+            raise InputError(f"target {self.metric} must be in [0, 1], got {self.value}")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    cosine: float
+    top1: float
+
+    def metric(self, name: str) -> float:
+        return self.cosine if name == "cosine" else self.top1
+
+
+@dataclass(frozen=True)
+class LayerSensitivity:
+    """The model's agreement with float when only `layer` is quantized."""
+
+    layer: str
+    op_type: str
+    agreement: Agreement
+
+
+@dataclass
+class MixedPrecisionResult:
+    target: Target
+    all_int8: Agreement  # every layer quantized
+    achieved: Agreement  # with `keep_float` in float
+    keep_float: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    layers: int = 0
+
+    @property
+    def met(self) -> bool:
+        return self.achieved.metric(self.target.metric) >= self.target.value
+
+
+def agreement(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> Agreement:
+    """Cosine and top-1 agreement of `candidate` outputs with `reference` outputs (one array per batch)."""
+    cosines, matches, positions = [], 0, 0
+    for a, b in zip(reference, candidate, strict=True):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        rows_a, rows_b = a64.reshape(a64.shape[0], -1), b64.reshape(b64.shape[0], -1)
+        norms = np.linalg.norm(rows_a, axis=1) * np.linalg.norm(rows_b, axis=1)
+        dots = (rows_a * rows_b).sum(axis=1)
+        both_zero = (np.linalg.norm(rows_a, axis=1) == 0) & (np.linalg.norm(rows_b, axis=1) == 0)
+        cosines.extend(np.where(both_zero, 1.0, dots / np.where(norms == 0, 1.0, norms)).tolist())
+        matches += int((a.argmax(axis=-1) == b.argmax(axis=-1)).sum())
+        positions += a.argmax(axis=-1).size
+    return Agreement(float(np.mean(cosines)), matches / positions)
+
+
+class _Evaluator:
+    """Runs float and quantized variants of one model on fixed data and compares one output."""
+
+    def __init__(self, model: Model, table: CalibrationTable, feeds: Iterable[Mapping[str, Any]], output, device):
+        self.model, self.table, self.device = model, table, torch.device(device)
+        self.feeds = list(feeds)
+        if not self.feeds:
+            raise InputError("the evaluation set is empty: give at least one batch of inputs")
+        fingerprint = model_fingerprint(model)
+        if table.fingerprint != fingerprint:
+            raise InputError("the calibration table was computed for another model: calibrate this model")
+        names = [v.name for v in model.graph.outputs]
+        if output is not None and output not in names:
+            raise InputError(f"unknown output {output!r}; the model's outputs are {names}")
+        self.output = output or names[0]
+        self.reference = self._outputs(model)
+
+    def _outputs(self, model: Model) -> list[np.ndarray]:
+        executor = Executor(model, self.device)
+        return [executor.run(feed)[self.output].float().cpu().numpy() for feed in self.feeds]
+
+    def quantized(self, keep_float: Iterable[str]) -> Agreement:
+        simulated = simulate_int8(self.model, self.table, keep_float=keep_float, verify=False)
+        return agreement(self.reference, self._outputs(simulated))
+
+    def sensitivities(self) -> list[LayerSensitivity]:
+        layers = quantizable_layers(self.model)
+        names = [layer.name for layer in layers]
+        found = []
+        for layer in layers:
+            others = [n for n in names if n != layer.name]
+            found.append(LayerSensitivity(layer.name, layer.node.op_type, self.quantized(others)))
+        return found
+
+
+def layer_sensitivity(
+    model: Model,
+    table: CalibrationTable,
+    feeds: Iterable[Mapping[str, Any]],
+    *,
+    output: str | None = None,
+    device: str | torch.device = "cpu",
+) -> list[LayerSensitivity]:
+    """Each quantizable layer quantized alone, in graph order."""
+    return _Evaluator(model, table, feeds, output, device).sensitivities()
+
+
+def mixed_precision(
+    model: Model,
+    table: CalibrationTable,
+    feeds: Iterable[Mapping[str, Any]],
+    target: Target,
+    *,
+    output: str | None = None,
+    device: str | torch.device = "cpu",
+    sensitivities: Sequence[LayerSensitivity] | None = None,
+) -> MixedPrecisionResult:
+    """Quantize everything, then return the most sensitive layers to float until `target` is met.
+
+    `sensitivities` (from `layer_sensitivity` on the same data) saves measuring them again."""
+    evaluator = _Evaluator(model, table, feeds, output, device)
+    ranked = list(sensitivities) if sensitivities is not None else evaluator.sensitivities()
+    ranked.sort(key=lambda s: s.agreement.metric(target.metric))
+    everything = evaluator.quantized(())
+    result = MixedPrecisionResult(target, everything, everything, layers=len(ranked))
+    for rank, item in enumerate(ranked, start=1):
+        if result.met:
+            break
+        result.keep_float.append(item.layer)
+        result.achieved = evaluator.quantized(result.keep_float)
+        result.reasons[item.layer] = (
+            f"quantized alone it gives {target.metric} {item.agreement.metric(target.metric):.5f} "
+            f"(rank {rank} of {len(ranked)}); with it in float the model reaches "
+            f"{result.achieved.metric(target.metric):.5f} (target {target.value})"
+        )
+    return result

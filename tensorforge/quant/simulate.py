@@ -1,0 +1,110 @@
+"""Simulated INT8: QuantizeLinear → DequantizeLinear pairs in front of every quantizable layer.
+
+For an operand `x` of a quantized layer, the layer reads `DQ(Q(x)) = clip(round(x / s), −127, 127) · s`
+(int8, zero point 0) instead of `x`: activations with their calibrated per-tensor scale, weights with
+per-output-channel scales (`weights.py`). Run by the reference executor this gives, on any device, the
+numerics of an INT8 engine that accumulates `Σ q_x · q_w` exactly and rescales by `s_x · s_w[c]` before the
+float bias and epilogue: the CPU path of a quantized engine and what the INT8 GPU kernels must match. An
+activation read by several quantized layers gets one shared pair; layers named in `keep_float` read float.
+Scales have the operand's float type. Models older than opset 13 (whose Q/DQ lack `axis`) get the
+tensorforge-domain Q/DQ, which follow opset 21.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from ..errors import InputError
+from ..ir import DType, Model, Node, Value, validate
+from ..ir.clone import clone_model
+from ..ops.fused import DOMAIN, OPSET
+from ..passes.base import Pass, PassContext
+from ..passes.utils import add_initializer
+from .calibration import CalibrationTable
+from .fingerprint import model_fingerprint
+from .layers import Operand, QuantLayer, quantizable_layers
+from .weights import weight_scales
+
+QDQ_OPSET = 13  # the first ONNX opset whose QuantizeLinear takes `axis`
+
+
+class InsertQDQ(Pass):
+    """Insert int8 Q/DQ pairs on the operands of every quantizable layer not in `keep_float`."""
+
+    name = "insert-qdq"
+
+    def __init__(self, table: CalibrationTable, keep_float: Iterable[str] = ()) -> None:
+        self.table = table
+        self.keep_float = frozenset(keep_float)
+
+    def run(self, ctx: PassContext) -> bool:
+        layers = quantizable_layers(ctx.model)
+        unknown = sorted(self.keep_float - {layer.name for layer in layers})
+        if unknown:
+            known = [layer.name for layer in layers]
+            raise InputError(f"keep_float names unknown layers {unknown}; the quantizable layers are {known}")
+        domain = "" if ctx.opset() >= QDQ_OPSET else DOMAIN
+        shared: dict[Value, Value] = {}
+        changed = False
+        for layer in layers:
+            if layer.name in self.keep_float:
+                continue
+            for operand in layer.operands:
+                if operand.is_weight:
+                    fake = self._fake_weight(ctx, layer, operand, domain)
+                else:
+                    fake = shared.get(operand.value)
+                    if fake is None:
+                        fake = shared[operand.value] = self._fake_activation(ctx, operand.value, domain)
+                layer.node.set_input(operand.index, fake)
+                changed = True
+        if changed and domain:
+            ctx.model.opset_imports.setdefault(DOMAIN, OPSET)
+        return changed
+
+    def _fake_activation(self, ctx: PassContext, value: Value, domain: str) -> Value:
+        scale = torch.tensor(self.table.scale(value.name), dtype=value.dtype.torch)
+        return _qdq(ctx, value, scale, None, domain, value.name)
+
+    def _fake_weight(self, ctx: PassContext, layer: QuantLayer, operand: Operand, domain: str) -> Value:
+        weight = operand.value
+        scales = weight_scales(weight.const, operand.axis).to(weight.dtype.torch)
+        if operand.axis is None:
+            scales = scales.reshape(())
+        return _qdq(ctx, weight, scales, operand.axis, domain, f"{layer.name}.w{operand.index}")
+
+
+def simulate_int8(
+    model: Model, table: CalibrationTable, *, keep_float: Iterable[str] = (), verify: bool = True
+) -> Model:
+    """A copy of `model` with int8 Q/DQ in front of its quantizable layers (those in `keep_float` stay
+    float). With `verify`, the table must have been calibrated on this very model."""
+    if verify:
+        fingerprint = model_fingerprint(model)
+        if table.fingerprint != fingerprint:
+            raise InputError(
+                f"the calibration table was computed for another model (fingerprint {table.fingerprint}, this "
+                f"model has {fingerprint}): calibrate this model"
+            )
+    copy = clone_model(model)
+    InsertQDQ(table, keep_float).run(PassContext(copy))
+    copy.graph.sort()
+    validate(copy.graph)
+    return copy
+
+
+def _qdq(ctx: PassContext, source: Value, scale: torch.Tensor, axis: int | None, domain: str, hint: str) -> Value:
+    graph = ctx.model.graph
+    scale_value = add_initializer(graph, ctx.new_value(f"{hint}.scale"), scale)
+    zero = torch.zeros(scale.shape, dtype=torch.int8)
+    zero_value = add_initializer(graph, ctx.new_value(f"{hint}.zero_point"), zero)
+    attributes = {} if axis is None else {"axis": axis}
+    quantized = Value(ctx.fresh_name(f"{hint}.int8"), DType.INT8, source.shape)
+    restored = Value(ctx.fresh_name(f"{hint}.fake_quant"), source.dtype, source.shape)
+    inputs = [source, scale_value, zero_value]
+    graph.append(Node("QuantizeLinear", inputs, [quantized], attributes, domain=domain, name=quantized.name))
+    dq_inputs = [quantized, scale_value, zero_value]
+    graph.append(Node("DequantizeLinear", dq_inputs, [restored], attributes, domain=domain, name=restored.name))
+    return restored
