@@ -9,8 +9,9 @@ saturate. The calibrators trade clipping error against rounding error differentl
   last non-empty bin), P is the histogram's first `i` bins with the counts beyond folded into bin `i − 1`,
   and Q is those `i` bins merged into 128 levels and spread back evenly over the non-empty bins of each
   level. The threshold is the upper edge of bin `i − 1` for the `i` of smallest KL(P ‖ Q).
-- `mse`: the bin edge `t` that minimizes `Σ count · (c − fq_t(c))²` over bin centres `c` (exact zeros
-  counted as error-free), where `fq_t` fake-quantizes with `s = t / 127`.
+- `mse`: the bin edge `t` that minimizes the expected squared error of fake quantization with `s = t / 127`,
+  taking the values of each bin as spread evenly over it (exact, not sampled at bin centres, so a step
+  wider than a bin is judged right) and exact zeros as error-free.
 """
 
 from __future__ import annotations
@@ -71,18 +72,33 @@ def mse_amax(hist: Histogram, stride: int = 1) -> float:
     if used == 0:
         return hist.amax
     width = hist.bin_width
-    centres = (np.arange(used) + 0.5) * width
-    weights = hist.counts[:used].astype(np.float64)
-    weights[0] -= hist.zeros
+    lower = np.arange(used) * width
+    density = hist.counts[:used].astype(np.float64) / width
+    density[0] -= hist.zeros / width
     candidates = np.arange(stride, used + 1, stride, dtype=np.float64) * width
     candidates = np.unique(np.append(np.minimum(candidates, hist.amax), hist.amax))
     errors = np.empty(candidates.size)
     for start in range(0, candidates.size, 256):
-        chunk = candidates[start : start + 256, None]
-        step = chunk / QMAX
-        quantized = np.minimum(np.round(centres / step), QMAX) * step
-        errors[start : start + 256] = ((centres - quantized) ** 2 * weights).sum(axis=1)
+        threshold = candidates[start : start + 256, None]
+        errors[start : start + 256] = (density * _squared_error(lower, lower + width, threshold)).sum(axis=1)
     return float(candidates[int(np.argmin(errors))])
+
+
+def _squared_error(a: np.ndarray, b: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    """`∫_a^b (x − fq(x))² dx` for symmetric int8 fake quantization with `s = threshold / 127`: rounding
+    error below the threshold (the sawtooth `e(x) = x − s·round(x/s)`, whose square integrates to
+    `k·s³/12 + (e³ + s³/8)/3` over `[0, x]` with `k = floor(x/s + 1/2)`), clipping error `x − threshold`
+    above it."""
+    step = threshold / QMAX
+
+    def sawtooth_integral(x: np.ndarray) -> np.ndarray:
+        periods = np.floor(x / step + 0.5)
+        error = x - periods * step
+        return periods * step**3 / 12 + (error**3 + step**3 / 8) / 3
+
+    rounding = sawtooth_integral(np.minimum(b, threshold)) - sawtooth_integral(np.minimum(a, threshold))
+    clipping = ((np.maximum(b, threshold) - threshold) ** 3 - (np.maximum(a, threshold) - threshold) ** 3) / 3
+    return rounding + clipping
 
 
 CALIBRATORS: dict[str, Callable[..., float]] = {

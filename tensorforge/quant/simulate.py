@@ -1,7 +1,8 @@
 """Simulated INT8: QuantizeLinear → DequantizeLinear pairs in front of every quantizable layer.
 
-For an operand `x` of a quantized layer, the layer reads `DQ(Q(x)) = clip(round(x / s), −127, 127) · s`
-(int8, zero point 0) instead of `x`: activations with their calibrated per-tensor scale, weights with
+For an operand `x` of a quantized layer, the layer reads `DQ(Q(x)) = clip(round(x / s), −128, 127) · s`
+(int8, zero point 0, ONNX's saturation: with `s = amax / 127` only values below `−127.5 s` reach −128)
+instead of `x`: activations with their calibrated per-tensor scale, weights with
 per-output-channel scales (`weights.py`). Run by the reference executor this gives, on any device, the
 numerics of an INT8 engine that accumulates `Σ q_x · q_w` exactly and rescales by `s_x · s_w[c]` before the
 float bias and epilogue: the CPU path of a quantized engine and what the INT8 GPU kernels must match. An
