@@ -6,8 +6,9 @@ fraction of positions whose argmax over the last axis agrees (per image for a cl
 a CTC recognizer).
 
 `layer_sensitivity` quantizes one layer at a time (the others stay float). `mixed_precision` quantizes every
-layer, then moves layers back to float, most sensitive first by the target's metric, until the target is met;
-with every layer in float the model is the float model, so the search always ends.
+layer, then moves layers back to float, most sensitive first by the target's metric (ties, common for top-1
+on little data, broken by cosine), until the target is met; with every layer in float the model is the
+float model, so the search always ends.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def mixed_precision(
     `sensitivities` (from `layer_sensitivity` on the same data) saves measuring them again."""
     evaluator = _Evaluator(model, table, feeds, output, device)
     ranked = list(sensitivities) if sensitivities is not None else evaluator.sensitivities()
-    ranked.sort(key=lambda s: s.agreement.metric(target.metric))
+    ranked.sort(key=lambda s: (s.agreement.metric(target.metric), s.agreement.cosine))
     everything = evaluator.quantized(())
     result = MixedPrecisionResult(target, everything, everything, layers=len(ranked))
     for rank, item in enumerate(ranked, start=1):
