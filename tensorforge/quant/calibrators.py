@@ -8,7 +8,9 @@ saturate. The calibrators trade clipping error against rounding error differentl
 - `entropy`: TensorRT's KL-divergence method. For each candidate of `i` bins (from `start_bin` = 128 to the
   last non-empty bin), P is the histogram's first `i` bins with the counts beyond folded into bin `i − 1`,
   and Q is those `i` bins merged into 128 levels and spread back evenly over the non-empty bins of each
-  level. The threshold is the upper edge of bin `i − 1` for the `i` of smallest KL(P ‖ Q).
+  level. The threshold is the upper edge of bin `i − 1` for the `i` of smallest KL(P ‖ Q). With fewer than
+  `min_samples` nonzero values (a squeeze-excitation input sees one value per channel and image) the
+  histogram is too sparse to estimate P, and the threshold is `max |x|`.
 - `mse`: the bin edge `t` that minimizes the expected squared error of fake quantization with `s = t / 127`,
   taking the values of each bin as spread evenly over it (exact, not sampled at bin centres, so a step
   wider than a bin is judged right) and exact zeros as error-free.
@@ -47,12 +49,12 @@ def percentile_amax(hist: Histogram, percentile: float = 99.99) -> float:
     return min((index + fraction) * hist.bin_width, hist.amax)
 
 
-def entropy_amax(hist: Histogram, start_bin: int = 128, stride: int = 1) -> float:
+def entropy_amax(hist: Histogram, start_bin: int = 128, stride: int = 1, min_samples: int = 2048) -> float:
     if start_bin < QUANT_LEVELS or stride < 1:
         raise InputError(f"entropy calibration needs start_bin >= {QUANT_LEVELS} and stride >= 1")
     used = _used_bins(hist)
-    if used <= start_bin:
-        return hist.amax  # too few non-empty bins to clip anything
+    if used <= start_bin or hist.total - hist.zeros < min_samples:
+        return hist.amax  # too few non-empty bins to clip anything, or too few values to estimate P
     counts = hist.counts.astype(np.float64)
     tail = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # tail[i] = counts[i:].sum()
     best_kl, best_bins = math.inf, used
@@ -109,7 +111,7 @@ CALIBRATORS: dict[str, Callable[..., float]] = {
 }
 PARAMETERS: dict[str, tuple[str, ...]] = {
     "minmax": (),
-    "entropy": ("start_bin", "stride"),
+    "entropy": ("start_bin", "stride", "min_samples"),
     "percentile": ("percentile",),
     "mse": ("stride",),
 }

@@ -52,6 +52,14 @@ def test_entropy_clips_rare_outliers_of_a_gaussian():
     assert quantization_mse(bulk, amax) < 0.05 * quantization_mse(bulk, hist.amax)
 
 
+def test_entropy_keeps_the_range_of_a_sparse_histogram():
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(0, 1, 300), [9.0]])  # 301 values: far fewer than the 2048 bins
+    hist = histogram_of(x)
+    assert compute_amax(hist, "entropy") == hist.amax
+    assert compute_amax(hist, "entropy", {"min_samples": 100}) < hist.amax
+
+
 def test_entropy_keeps_the_range_of_a_uniform_distribution():
     x = np.random.default_rng(4).uniform(-1, 1, 200_000)
     assert compute_amax(histogram_of(x), "entropy") > 0.95
