@@ -1,2 +1,42 @@
 """Post-training INT8 quantization: calibration (minmax, entropy, percentile, MSE), the calibration cache,
 per-channel weight scales, simulated quantization with Q/DQ and the per-layer sensitivity search."""
+
+from .cache import read_cache, write_cache
+from .calibration import (
+    CalibrationStatistics,
+    CalibrationTable,
+    TensorRange,
+    calibrate,
+    collect_histograms,
+    load_calibration_data,
+    table_from_histograms,
+)
+from .calibrators import CALIBRATORS
+from .fingerprint import file_fingerprint, model_fingerprint
+from .layers import QuantLayer, quantizable_layers
+from .sensitivity import LayerSensitivity, MixedPrecisionResult, Target, layer_sensitivity, mixed_precision
+from .simulate import InsertQDQ, simulate_int8
+
+__all__ = [
+    "CALIBRATORS",
+    "CalibrationStatistics",
+    "CalibrationTable",
+    "InsertQDQ",
+    "LayerSensitivity",
+    "MixedPrecisionResult",
+    "QuantLayer",
+    "Target",
+    "TensorRange",
+    "calibrate",
+    "collect_histograms",
+    "file_fingerprint",
+    "layer_sensitivity",
+    "load_calibration_data",
+    "mixed_precision",
+    "model_fingerprint",
+    "quantizable_layers",
+    "read_cache",
+    "simulate_int8",
+    "table_from_histograms",
+    "write_cache",
+]

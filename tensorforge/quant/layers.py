@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import GraphError
 from ..ir import DType, Model, Node, Value, qualified_op
 from .weights import output_channel_axis
 
@@ -61,7 +62,7 @@ def quantizable_layers(model: Model) -> list[QuantLayer]:
     names = [layer.name for layer in layers]
     if len(set(names)) != len(names):
         duplicates = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"layers {duplicates} share a name: quantization needs unique layer names")
+        raise GraphError(f"layers {duplicates} share a name: quantization needs unique node names")
     return layers
 
 

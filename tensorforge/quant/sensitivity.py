@@ -95,7 +95,14 @@ def agreement(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) 
 class _Evaluator:
     """Runs float and quantized variants of one model on fixed data and compares one output."""
 
-    def __init__(self, model: Model, table: CalibrationTable, feeds: Iterable[Mapping[str, Any]], output, device):
+    def __init__(
+        self,
+        model: Model,
+        table: CalibrationTable,
+        feeds: Iterable[Mapping[str, Any]],
+        output: str | None,
+        device: str | torch.device,
+    ) -> None:
         self.model, self.table, self.device = model, table, torch.device(device)
         self.feeds = list(feeds)
         if not self.feeds:

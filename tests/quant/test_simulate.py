@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
 from tensorforge import Executor
-from tensorforge.errors import InputError
+from tensorforge.errors import GraphError, InputError
 from tensorforge.frontend import import_model
 from tensorforge.quant.calibration import TensorRange, _observing, calibrate
 from tensorforge.quant.simulate import simulate_int8
@@ -140,3 +140,10 @@ def test_tables_from_other_models_are_refused():
         simulate_int8(model, table)
     table.ranges["r1"] = TensorRange(1.0, 1.0 / 127)
     assert simulate_int8(model, table) is not None
+
+
+def test_duplicate_layer_names_are_refused():
+    model = small_conv_model()
+    model.graph.nodes[2].name = "conv1"
+    with pytest.raises(GraphError, match=r"layers \['conv1'\] share a name"):
+        calibrate(model, random_batches(1), "minmax")
