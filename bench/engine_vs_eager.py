@@ -16,59 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from suite import eager_module, graphed, median_ms
 
 from tensorforge import __version__, zoo
 from tensorforge.build.builder import build_engine
 from tensorforge.build.config import BuildConfig, Profile
 from tensorforge.frontend import import_model
 from tensorforge.tactics.autotune import relative_error
-
-
-def _median_ms(fn, device: torch.device, runs: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
-def _eager(name: str, device: torch.device, dtype: torch.dtype):
-    module = zoo.build(name).to(device=device, dtype=dtype)
-    if device.type == "cuda":
-        module = module.to(memory_format=torch.channels_last)
-    return module
-
-
-def _graphed(module, x):
-    static = x.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.inference_mode():
-        for _ in range(3):
-            module(static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        out = module(static)
-
-    def replay():
-        static.copy_(x)
-        graph.replay()
-        return out
-
-    return replay
 
 
 def bench(name: str, batch: int, precision: str, device: torch.device, runs: int, warmup: int, effort: int) -> dict:
@@ -94,17 +53,17 @@ def bench(name: str, batch: int, precision: str, device: torch.device, runs: int
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     x32 = torch.randn(shape, device=device)
     x = x32.to(dtype).contiguous(memory_format=torch.channels_last) if device.type == "cuda" else x32.to(dtype)
-    module = _eager(name, device, dtype)
+    module = eager_module(name, size, device, precision)
     context = engine.create_context()
     with torch.inference_mode():
-        reference = zoo.build(name).double().to(device)(x32.double())
+        reference = zoo.build(name, size=size).double().to(device)(x32.double())
     results = {"model": name, "batch": batch, "precision": precision, "build_s": build_s, "rebuild_s": rebuild_s}
     with torch.inference_mode():
-        results["eager_ms"] = _median_ms(lambda: module(x), device, runs, warmup)
+        results["eager_ms"] = median_ms(lambda: module(x), device, runs, warmup)
         eager_out = module(x)
     if device.type == "cuda":
-        replay = _graphed(module, x)
-        results["eager_graph_ms"] = _median_ms(replay, device, runs, warmup)
+        replay = graphed(module, [x])
+        results["eager_graph_ms"] = median_ms(replay, device, runs, warmup)
     engine.schedule(0)  # weights converted and kernels built before the memory is measured
     if device.type == "cuda":  # the memory a context takes for activations: eager run, capture, replays
         torch.cuda.synchronize()
@@ -113,7 +72,7 @@ def bench(name: str, batch: int, precision: str, device: torch.device, runs: int
         for _ in range(3):
             context.run({"input": x32})
         results["context_peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
-    results["tensorforge_ms"] = _median_ms(lambda: context.run({"input": x32}), device, runs, warmup)
+    results["tensorforge_ms"] = median_ms(lambda: context.run({"input": x32}), device, runs, warmup)
     ours = context.run({"input": x32})["output"]
     results["error_vs_float64"] = relative_error(ours, reference)
     results["eager_error_vs_float64"] = relative_error(eager_out, reference)

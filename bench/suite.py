@@ -1,0 +1,497 @@
+"""Side-by-side benchmark suite: tensorforge engines against PyTorch eager, eager + CUDA graph, torch.compile and
+ONNX Runtime, for each zoo model × batch size × precision, all measured in one process.
+
+Systems (`--systems`):
+- `tensorforge`: an engine built for the fixed batch with `fp32` plus the precision asked for (fp16, bf16,
+  tf32), run through `ExecutionContext.run` (CUDA graph replays on CUDA), fed float32 as the model declares;
+- `eager`: the PyTorch module in the precision (channels_last on CUDA; tf32 turns on TF32 matmul and cuDNN
+  convolutions, fp32 turns both off);
+- `eager+graph`: that module captured in one CUDA graph and replayed (CUDA only);
+- `compile`, `compile-max`: `torch.compile` in mode "default" or "max-autotune" (minutes per model on a GPU);
+- `ort`: ONNX Runtime's CPU execution provider on the exported model (fp32 only).
+
+Each time is the median of `--runs` synchronized calls after `--warmup` calls; build/compile/session time is
+recorded, and the accuracy as max|y − y₆₄| / max|y₆₄| against the module in float64. Precisions other than
+fp32 run on CUDA only. A system that fails records its error and the suite goes on.
+
+    python bench/suite.py --models resnet50 bert_base --batch 1 --batch 64 --precision fp16 --out DIR
+    python bench/suite.py --models yolo --batch 8 --systems compile-max --merge --out DIR   # adds to DIR
+    python bench/suite.py report DIR                                                          # md + png again
+
+Writes `results.json` (the invocations with device, versions, date, command line; one row per model, batch,
+system, precision), `results.md` (a table per model: systems × batch sizes) and `results.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tensorforge import __version__, zoo
+from tensorforge.build.builder import build_engine
+from tensorforge.build.config import BuildConfig, Profile
+from tensorforge.frontend import import_model
+from tensorforge.tactics.autotune import relative_error
+
+SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "compile-max", "ort")
+DEFAULT_SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "ort")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Image side or sequence length each model is benchmarked at (others: the zoo's default size).
+BENCH_SIZES = {
+    "resnet50": 224,
+    "mobilenetv3": 224,
+    "mobilenetv3_relu6": 224,
+    "efficientnet_b0": 224,
+    "convnext_tiny": 224,
+    "vit_s16": 224,
+    "yolo": 640,
+    "bert_base": 128,
+}
+RESULTS_JSON, RESULTS_MD, RESULTS_PNG = "results.json", "results.md", "results.png"
+
+Feeds = dict[str, torch.Tensor]
+
+
+# -- timing helpers ----------------------------------------------------------------------------------------
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def median_ms(fn: Callable[[], Any], device: torch.device, runs: int, warmup: int) -> float:
+    """Median wall time in ms of `runs` calls of `fn`, each followed by a device synchronization, after
+    `warmup` calls (a latency: one call is one request)."""
+    sync = synchronizer(device)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def graphed(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
+    """`module(*inputs)` captured in one CUDA graph (after three warm-up calls on a side stream); the returned
+    function copies `inputs` into the graph's static inputs, replays it and returns its static output."""
+    static = [x.clone() for x in inputs]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.inference_mode():
+        for _ in range(3):
+            module(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        out = module(*static)
+
+    def replay():
+        for buffer, x in zip(static, inputs, strict=True):
+            buffer.copy_(x)
+        graph.replay()
+        return out
+
+    return replay
+
+
+@contextlib.contextmanager
+def math_mode(precision: str) -> Iterator[None]:
+    """TF32 matmuls and cuDNN convolutions on for `tf32`, off otherwise; the previous flags restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def eager_inputs(feeds: Feeds, device: torch.device, precision: str) -> list[torch.Tensor]:
+    """The feeds on `device`, floating ones in the precision's dtype, 4-d ones channels_last on CUDA."""
+    out = []
+    for x in feeds.values():
+        x = x.to(device)
+        if x.is_floating_point():
+            x = x.to(DTYPES[precision])
+        if device.type == "cuda" and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out.append(x)
+    return out
+
+
+def eager_module(name: str, size: int | None, device: torch.device, precision: str) -> torch.nn.Module:
+    module = zoo.build(name, size=size).to(device=device, dtype=DTYPES[precision])
+    return module.to(memory_format=torch.channels_last) if device.type == "cuda" else module
+
+
+# -- one measurement per system ----------------------------------------------------------------------------
+
+
+class Case:
+    """One model at one batch size on one device: its feeds, its ONNX export and its float64 reference."""
+
+    def __init__(self, name: str, batch: int, size: int, device: torch.device, runs: int, warmup: int, effort: int):
+        self.name, self.batch, self.size, self.device = name, batch, size, device
+        self.runs, self.warmup, self.effort = runs, warmup, effort
+        self.feeds = zoo.example_inputs(name, batch, size, seed=1)
+        self.proto = zoo.export(name, batch=batch, size=size, dynamic_batch=False)
+        reference = zoo.build(name, size=size).double().to(device)
+        with torch.inference_mode():
+            self.reference = reference(
+                *[x.to(device).double() if x.is_floating_point() else x.to(device) for x in self.feeds.values()]
+            )
+        del reference
+
+    def time(self, fn: Callable[[], Any]) -> float:
+        return median_ms(fn, self.device, self.runs, self.warmup)
+
+    def error(self, output: Any) -> float:
+        output = torch.as_tensor(output).to(self.reference.device)
+        return relative_error(output, self.reference)
+
+
+Measurement = dict[str, float]
+
+
+def run_tensorforge(case: Case, precision: str) -> Measurement:
+    model = import_model(case.proto)
+    profile = Profile()
+    for input_name, x in case.feeds.items():
+        profile = profile.add(input_name, tuple(x.shape), tuple(x.shape), tuple(x.shape))
+    precisions = ("fp32",) if precision == "fp32" else ("fp32", precision)
+    with tempfile.TemporaryDirectory() as scratch:
+        config = BuildConfig(
+            device=str(case.device),
+            precisions=precisions,
+            profiles=(profile,),
+            effort=case.effort,
+            timing_cache=str(Path(scratch) / "timing.json"),
+        )
+        started = time.perf_counter()
+        engine = build_engine(model, config)
+        build_s = time.perf_counter() - started
+    context = engine.create_context()
+    feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
+    ms = case.time(lambda: context.run(feeds))
+    return {"ms": ms, "build_s": build_s, "error_vs_fp64": case.error(context.run(feeds)["output"])}
+
+
+def run_eager(case: Case, precision: str, *, graph: bool = False, compile_mode: str | None = None) -> Measurement:
+    module = eager_module(case.name, case.size, case.device, precision)
+    inputs = eager_inputs(case.feeds, case.device, precision)
+    build_s = 0.0
+    with math_mode(precision), torch.inference_mode():
+        if compile_mode is not None:
+            module = torch.compile(module, mode=compile_mode)
+            started = time.perf_counter()
+            module(*inputs)
+            synchronizer(case.device)()
+            build_s = time.perf_counter() - started
+        if graph:
+            started = time.perf_counter()
+            fn = graphed(module, inputs)
+            build_s = time.perf_counter() - started
+        else:
+
+            def fn():
+                return module(*inputs)
+
+        ms = case.time(fn)
+        output = fn().float()
+    return {"ms": ms, "build_s": build_s, "error_vs_fp64": case.error(output)}
+
+
+def run_ort(case: Case, precision: str) -> Measurement:
+    import onnxruntime as ort
+
+    started = time.perf_counter()
+    session = ort.InferenceSession(case.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    build_s = time.perf_counter() - started
+    feeds = {k: v.numpy() for k, v in case.feeds.items()}
+    ms = median_ms(lambda: session.run(None, feeds), torch.device("cpu"), case.runs, case.warmup)
+    return {"ms": ms, "build_s": build_s, "error_vs_fp64": case.error(session.run(None, feeds)[0])}
+
+
+RUNNERS: dict[str, Callable[[Case, str], Measurement]] = {
+    "tensorforge": run_tensorforge,
+    "eager": run_eager,
+    "eager+graph": lambda case, precision: run_eager(case, precision, graph=True),
+    "compile": lambda case, precision: run_eager(case, precision, compile_mode="default"),
+    "compile-max": lambda case, precision: run_eager(case, precision, compile_mode="max-autotune"),
+    "ort": run_ort,
+}
+
+
+def not_applicable(system: str, precision: str, device: torch.device) -> str | None:
+    """Why `system` does not run at `precision` on `device` (None when it does)."""
+    if device.type == "cpu" and precision != "fp32":
+        return f"{precision} runs on CUDA only"
+    if system == "eager+graph" and device.type != "cuda":
+        return "CUDA graphs need CUDA"
+    if system == "ort" and precision != "fp32":
+        return "ONNX Runtime's CPU provider runs fp32 only"
+    return None
+
+
+def measure_system(case: Case, system: str, precision: str) -> dict[str, Any]:
+    """One result row; a failure is recorded in it (status "error", the exception and its last frames)."""
+    row: dict[str, Any] = {
+        "model": case.name,
+        "size": case.size,
+        "batch": case.batch,
+        "system": system,
+        "precision": precision,
+        "device": "cpu" if system == "ort" else str(case.device),
+        "runs": case.runs,
+        "warmup": case.warmup,
+    }
+    try:
+        row.update(RUNNERS[system](case, precision))
+        row["status"] = "ok"
+        row["throughput"] = 1e3 * case.batch / row["ms"]
+    except Exception as error:  # the suite goes on: the row says what broke
+        row["status"] = "error"
+        row["error"] = f"{type(error).__name__}: {error}"
+        row["traceback"] = traceback.format_exc(limit=-4)
+    finally:
+        if case.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+# -- results: JSON, merge, markdown, plot ------------------------------------------------------------------
+
+
+def row_key(row: Mapping[str, Any]) -> tuple:
+    return row["model"], row["batch"], row["system"], row["precision"]
+
+
+def invocation(device: torch.device, argv: Sequence[str]) -> dict[str, Any]:
+    """Where and with what the results were measured."""
+    versions: dict[str, str | None] = {"torch": torch.__version__, "tensorforge": __version__}
+    for module in ("triton", "onnxruntime"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            versions[module] = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "CPU")
+    return {
+        "device": name,
+        "device_type": device.type,
+        "cpu_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        **versions,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python", "bench/suite.py", *argv]),
+    }
+
+
+def merge_results(old: Mapping[str, Any] | None, meta: Mapping[str, Any], rows: Sequence[dict]) -> dict[str, Any]:
+    """`old`'s invocations plus `meta`, and its rows with those of `rows` replacing any of the same key
+    (model, batch, system, precision)."""
+    merged = {row_key(row): row for row in (old or {}).get("results", [])}
+    merged.update({row_key(row): row for row in rows})
+    return {"invocations": [*(old or {}).get("invocations", []), dict(meta)], "results": list(merged.values())}
+
+
+def _reference_row(rows: Sequence[dict], row: Mapping[str, Any]) -> dict | None:
+    """The eager row a row is compared with: same model and batch, same precision, else fp32."""
+    eager = {row_key(r): r for r in rows if r["system"] == "eager" and r["status"] == "ok"}
+    for precision in (row["precision"], "fp32"):
+        found = eager.get((row["model"], row["batch"], "eager", precision))
+        if found is not None:
+            return found
+    return None
+
+
+def relative_to_eager(rows: Sequence[dict], row: Mapping[str, Any]) -> float | None:
+    """Throughput of `row` over that of its eager row (> 1: faster than eager)."""
+    reference = _reference_row(rows, row)
+    if reference is None or row["status"] != "ok":
+        return None
+    return reference["ms"] / row["ms"]
+
+
+def _ordered(rows: Sequence[dict]) -> list[tuple[str, str]]:
+    series = {(r["system"], r["precision"]) for r in rows}
+    return sorted(series, key=lambda s: (PRECISIONS.index(s[1]), SYSTEMS.index(s[0])))
+
+
+def _cell(rows: Sequence[dict], row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if row["status"] != "ok":
+        return f"failed: {row['error'].splitlines()[0][:80].replace('|', '/')}"
+    ratio = relative_to_eager(rows, row)
+    vs = "-" if ratio is None else f"{ratio:.2f}×"
+    return (
+        f"{row['ms']:.3f} ms · {row['throughput']:,.0f}/s · {vs} · {row['error_vs_fp64']:.1e} · "
+        f"build {row['build_s']:.1f} s"
+    )
+
+
+def markdown(data: Mapping[str, Any]) -> str:
+    """One table per model: a row per system and precision, a column per batch size."""
+    rows = data["results"]
+    lines = ["# Benchmark suite", ""]
+    for meta in data["invocations"]:
+        versions = ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton", "onnxruntime", "tensorforge"))
+        lines.append(
+            f"- {meta['date']}, {meta['device']} ({meta['cpu_threads']} CPU threads), {versions}: `{meta['command']}`"
+        )
+    lines += [
+        "",
+        "Each cell: median latency · samples (images or sequences) per second · throughput relative to eager "
+        "in the same precision (fp32 eager for ONNX Runtime) · max-norm relative error against float64 eager · "
+        "build, compile or session-creation time.",
+    ]
+    for model in sorted({r["model"] for r in rows}):
+        model_rows = [r for r in rows if r["model"] == model]
+        batches = sorted({r["batch"] for r in model_rows})
+        sizes = sorted({r["size"] for r in model_rows})
+        lines += ["", f"## {model} (size {', '.join(map(str, sizes))})", ""]
+        lines.append("| system | precision | " + " | ".join(f"batch {b}" for b in batches) + " |")
+        lines.append("|---|---|" + "---|" * len(batches))
+        for system, precision in _ordered(model_rows):
+            by_batch = {r["batch"]: r for r in model_rows if (r["system"], r["precision"]) == (system, precision)}
+            cells = " | ".join(_cell(rows, by_batch.get(b)) for b in batches)
+            lines.append(f"| {system} | {precision} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: Mapping[str, Any], path: Path) -> None:
+    """Grouped bars per model: for each batch size, every system's throughput relative to eager."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["results"]
+    models = sorted({r["model"] for r in rows})
+    figure, axes = plt.subplots(len(models), 1, figsize=(10, 3.2 * len(models)), squeeze=False)
+    for axis, model in zip(axes[:, 0], models, strict=True):
+        model_rows = [r for r in rows if r["model"] == model]
+        batches = sorted({r["batch"] for r in model_rows})
+        series = _ordered(model_rows)
+        width = 0.8 / max(len(series), 1)
+        for index, (system, precision) in enumerate(series):
+            heights = []
+            for batch in batches:
+                row = next((r for r in model_rows if row_key(r) == (model, batch, system, precision)), None)
+                ratio = None if row is None else relative_to_eager(rows, row)
+                heights.append(math.nan if ratio is None else ratio)
+            positions = [b + (index - (len(series) - 1) / 2) * width for b in range(len(batches))]
+            axis.bar(positions, heights, width, label=f"{system} {precision}")
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+        axis.set_ylabel("throughput / eager")
+        axis.set_title(model)
+        axis.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_reports(out: Path) -> None:
+    """`results.md` and `results.png` in `out`, from its `results.json`."""
+    data = json.loads((out / RESULTS_JSON).read_text())
+    (out / RESULTS_MD).write_text(markdown(data))
+    plot(data, out / RESULTS_PNG)
+
+
+# -- command line ------------------------------------------------------------------------------------------
+
+
+def parse_sizes(items: Sequence[str]) -> dict[str, int]:
+    """`["yolo=320", "bert_base=64"]` → sizes by model; a bare number applies to every model."""
+    sizes: dict[str, int] = {}
+    for item in items:
+        name, _, value = item.rpartition("=")
+        if not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"--size {item!r}: give MODEL=SIZE or SIZE, SIZE a positive integer")
+        sizes[name or "*"] = int(value)
+    return sizes
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here; use --device cpu")
+    unknown = sorted(set(args.models) - set(zoo.MODELS))
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}: choose from {sorted(zoo.MODELS)}")
+    sizes = parse_sizes(args.size or [])
+    rows = []
+    for name in args.models:
+        size = sizes.get(name, sizes.get("*", BENCH_SIZES.get(name, zoo.MODELS[name].default_size)))
+        for batch in args.batch or [1]:
+            case = Case(name, batch, size, device, args.runs, args.warmup, args.effort)
+            for precision in args.precision or ["fp32"]:
+                for system in args.systems:
+                    reason = not_applicable(system, precision, device)
+                    if reason:
+                        print(f"skip {name} batch {batch} {system} {precision}: {reason}", flush=True)
+                        continue
+                    row = measure_system(case, system, precision)
+                    rows.append(row)
+                    summary = f"{row['ms']:.3f} ms" if row["status"] == "ok" else row["error"].splitlines()[0]
+                    print(f"{name} batch {batch} {system} {precision}: {summary}", flush=True)
+            del case
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / RESULTS_JSON
+    old = json.loads(path.read_text()) if args.merge and path.exists() else None
+    data = merge_results(old, invocation(device, argv), rows)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_reports(args.out)
+    return data
+
+
+def run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], prog="bench/suite.py")
+    parser.add_argument("--models", nargs="+", default=["resnet50"], metavar="MODEL")
+    parser.add_argument("--batch", type=int, action="append", help="repeatable (default 1)")
+    parser.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--precision", action="append", choices=PRECISIONS, help="repeatable (default fp32)")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--effort", type=int, default=1, help="tensorforge build effort")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--size", action="append", metavar="[MODEL=]SIZE", help="image side / sequence length")
+    parser.add_argument("--merge", action="store_true", help="add to DIR/results.json instead of overwriting it")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/suite"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:
+        parser = argparse.ArgumentParser(prog="bench/suite.py report", description="results.md/png from JSON")
+        parser.add_argument("out", type=Path)
+        write_reports(parser.parse_args(argv[1:]).out)
+        return
+    args = run_parser().parse_args(argv)
+    if args.runs < 1 or args.warmup < 0:
+        raise SystemExit("--runs must be at least 1 and --warmup at least 0")
+    data = run(args, argv)
+    print(markdown(data))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The side-by-side benchmark suite on the CPU: a tiny model, few runs; the files it writes, merging, failures."""
+
+import json
+
+import pytest
+
+from bench import suite
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("matplotlib")
+
+TINY = ["--models", "inception", "--size", "inception=6", "--runs", "2", "--warmup", "1", "--effort", "0"]
+
+
+def _rows(out):
+    data = json.loads((out / suite.RESULTS_JSON).read_text())
+    return data, {suite.row_key(r): r for r in data["results"]}
+
+
+def test_suite_writes_json_markdown_and_plot_and_merges(tmp_path):
+    suite.main(
+        [*TINY, "--batch", "1", "--batch", "2", "--systems", "tensorforge", "eager", "ort", "--out", str(tmp_path)]
+    )
+    data, rows = _rows(tmp_path)
+    assert set(rows) == {("inception", b, s, "fp32") for b in (1, 2) for s in ("tensorforge", "eager", "ort")}
+    for row in rows.values():
+        assert row["status"] == "ok" and row["size"] == 6 and row["runs"] == 2
+        assert row["ms"] > 0 and row["throughput"] == pytest.approx(1e3 * row["batch"] / row["ms"])
+        assert 0 < row["error_vs_fp64"] < 1e-5  # float32 against float64, really computed
+        assert row["build_s"] >= 0
+    (meta,) = data["invocations"]
+    assert meta["device_type"] == "cpu" and meta["torch"] and meta["onnxruntime"] and meta["date"]
+    assert meta["command"].startswith("python bench/suite.py --models inception")
+    md = (tmp_path / suite.RESULTS_MD).read_text()
+    assert "## inception (size 6)" in md and "| tensorforge | fp32 |" in md and "| batch 1 | batch 2 |" in md
+    eager_row = next(line for line in md.splitlines() if line.startswith("| eager | fp32 |"))
+    assert eager_row.count("1.00×") == 2
+    png = (tmp_path / suite.RESULTS_PNG).read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+
+    # a second invocation with --merge replaces the rows it measures again and keeps the others
+    old_eager = rows[("inception", 1, "eager", "fp32")]
+    suite.main([*TINY, "--batch", "1", "--systems", "eager", "--merge", "--out", str(tmp_path)])
+    data, merged = _rows(tmp_path)
+    assert len(data["invocations"]) == 2 and set(merged) == set(rows)
+    assert merged[("inception", 2, "ort", "fp32")] == rows[("inception", 2, "ort", "fp32")]
+    assert merged[("inception", 1, "eager", "fp32")]["ms"] != old_eager["ms"]
+    # without --merge the results are replaced
+    suite.main([*TINY, "--batch", "4", "--systems", "eager", "--out", str(tmp_path)])
+    data, replaced = _rows(tmp_path)
+    assert len(data["invocations"]) == 1 and set(replaced) == {("inception", 4, "eager", "fp32")}
+
+
+def test_a_failing_system_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
+    def broken(case, precision):
+        raise RuntimeError("session creation failed: out of memory")
+
+    monkeypatch.setitem(suite.RUNNERS, "ort", broken)
+    suite.main([*TINY, "--systems", "ort", "eager", "--out", str(tmp_path)])
+    _, rows = _rows(tmp_path)
+    failed = rows[("inception", 1, "ort", "fp32")]
+    assert failed["status"] == "error" and failed["error"] == "RuntimeError: session creation failed: out of memory"
+    assert "broken" in failed["traceback"] and "ms" not in failed
+    assert rows[("inception", 1, "eager", "fp32")]["status"] == "ok"
+    assert "failed: RuntimeError: session creation failed" in (tmp_path / suite.RESULTS_MD).read_text()
+
+
+def test_report_regenerates_markdown_and_plot(tmp_path):
+    suite.main([*TINY, "--systems", "eager", "--out", str(tmp_path)])
+    (tmp_path / suite.RESULTS_MD).unlink()
+    (tmp_path / suite.RESULTS_PNG).unlink()
+    suite.main(["report", str(tmp_path)])
+    assert "## inception" in (tmp_path / suite.RESULTS_MD).read_text()
+    assert (tmp_path / suite.RESULTS_PNG).read_bytes().startswith(b"\x89PNG")
+
+
+def test_combinations_that_cannot_run_are_skipped_not_failed(tmp_path):
+    suite.main(
+        [
+            *TINY,
+            "--systems",
+            "eager+graph",
+            "eager",
+            "--precision",
+            "fp16",
+            "--precision",
+            "fp32",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    _, rows = _rows(tmp_path)
+    assert set(rows) == {("inception", 1, "eager", "fp32")}
+    cpu = suite.torch.device("cpu")
+    assert suite.not_applicable("eager", "bf16", cpu) == "bf16 runs on CUDA only"
+    assert suite.not_applicable("eager+graph", "fp32", cpu) == "CUDA graphs need CUDA"
+    assert suite.not_applicable("ort", "fp16", suite.torch.device("cuda")) is not None
+
+
+def test_bad_options_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="unknown model"):
+        suite.main(["--models", "resnet51", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="MODEL=SIZE"):
+        suite.main([*TINY, "--size", "yolo=big", "--out", str(tmp_path)])
