@@ -121,7 +121,9 @@ def sweep_layer(node: Node, opset: int, device: torch.device, effort: int) -> di
         baseline = measure(_unfused(node, inputs, device), device=device, warmup=10, repeats=50)
     row["cudnn_torch_ms"] = baseline.median
     for family in ("vendor", "triton", "cuda"):
-        choice = autotune(node, opset, inputs, device, effort=effort, precisions=("fp16",), families=[family])
+        choice = autotune(
+            node, opset, inputs, device, effort=effort, precisions=("fp16",), families=[family], exhaustive=True
+        )
         row[f"{family}_ms"], row[f"{family}_choice"] = _best(choice, family)
     best = min(("triton", "cuda"), key=lambda f: row[f"{f}_ms"])
     row["ours_ms"], row["ours_choice"] = row[f"{best}_ms"], row[f"{best}_choice"]

@@ -97,8 +97,9 @@ class Builder:
         plans = []
         tuning_started = time.perf_counter()
         selections = []
+        tuning = {"prepare_s": 0.0, "timing_s": 0.0, "skipped": 0}
         for profile in profiles:
-            greedy = self._tune(model, profile, precisions, cache, constants)
+            greedy = self._tune(model, profile, precisions, cache, constants, tuning)
             layers, selection = self._select(model, profile, greedy, precisions, cache, constants)
             observed = self._observe(model, layers, {name: r.max for name, r in profile.ranges.items()}, constants)
             memory = plan_graph(
@@ -123,6 +124,7 @@ class Builder:
             },
             "plan_selection": selections,
             "tuning_seconds": round(tuning_seconds, 3),
+            "tuning": {key: round(value, 3) for key, value in tuning.items()},
             "timing_cache": {"path": self.config.timing_cache, "entries_before": cached_keys, "entries": len(cache)},
             "build_seconds": round(time.perf_counter() - started, 3),
         }
@@ -132,8 +134,9 @@ class Builder:
         path = self.config.timing_cache
         return TimingCache.load(path) if path and Path(path).exists() else TimingCache()
 
-    def _tune(self, model: Model, profile: Profile, precisions, cache: TimingCache, constants) -> list[Layer]:
-        """Each layer's fastest candidate on the real outputs of the layers chosen before it."""
+    def _tune(self, model: Model, profile: Profile, precisions, cache: TimingCache, constants, tuning) -> list[Layer]:
+        """Each layer's fastest candidate on the real outputs of the layers chosen before it; `tuning` adds up
+        where the time went."""
         graph = model.graph
         nodes = graph.nodes
         env: dict[Value, Any] = dict(_random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device))
@@ -167,6 +170,9 @@ class Builder:
             for value in [v for v in node.inputs if v is not None] + list(node.outputs):
                 if last_reader.get(value, index) <= index and value not in kept:
                     env.pop(value, None)
+            tuning["prepare_s"] += choice.prepare_s
+            tuning["timing_s"] += choice.timing_s
+            tuning["skipped"] += choice.skipped
             candidates = tuple(choice.candidates)
             layers.append(Layer(index, choice.tactic, choice.config, choice.median_ms, candidates, choice.from_cache))
             if self.on_layer is not None:

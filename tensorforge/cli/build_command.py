@@ -16,7 +16,7 @@ from ..errors import InputError, TensorforgeError
 from ..feeds import parse_assignments, parse_shape
 from ..ir import qualified_op
 from ..runtime.engine import Engine
-from ..runtime.inspect import plan_selection_line
+from ..runtime.inspect import build_time_line, plan_selection_line
 from .common import app, choose_device, err, fail, out
 
 
@@ -124,9 +124,4 @@ def print_build_report(engine: Engine) -> None:
         if line:
             out.print(line)
         out.print(plan.memory.report())
-    cache = report.get("timing_cache", {})
-    where = ""
-    if cache.get("path"):
-        where = f" (timing cache {cache['path']}: {cache['entries_before']} -> {cache['entries']} entries)"
-    seconds = f"built in {report.get('build_seconds', 0):.1f} s, tuning {report.get('tuning_seconds', 0):.1f} s"
-    out.print(seconds + where)
+    out.print(build_time_line(report))

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ..runtime.inspect import describe_engine, load_for_inspection, plan_selection_line
+from ..runtime.inspect import build_time_line, describe_engine, load_for_inspection, plan_selection_line
 from .common import out
 
 
@@ -103,12 +103,7 @@ def _print_profile(index: int, profile: dict[str, Any], report: dict[str, Any]) 
 
 
 def _print_build(report: dict[str, Any]) -> None:
-    cache = report.get("timing_cache", {})
-    where = ""
-    if cache.get("path"):
-        where = f" (timing cache {cache['path']}: {cache['entries_before']} -> {cache['entries']} entries)"
-    seconds = f"built in {report.get('build_seconds', 0):.1f} s, tuning {report.get('tuning_seconds', 0):.1f} s"
-    out.print(seconds + where)
+    out.print(build_time_line(report))
 
 
 def _config(config: dict[str, Any]) -> str:

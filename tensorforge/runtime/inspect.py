@@ -130,3 +130,18 @@ def plan_selection_line(report: dict[str, Any], index: int) -> str | None:
         return None
     timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
     return f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}"
+
+
+def build_time_line(report: dict[str, Any]) -> str:
+    """How long the build took and where the tuning time went, and the timing cache it used, as one line."""
+    line = f"built in {report.get('build_seconds', 0):.1f} s, tuning {report.get('tuning_seconds', 0):.1f} s"
+    tuning = report.get("tuning", {})
+    if tuning:
+        line += (
+            f" ({tuning['prepare_s']:.1f} s building, compiling and checking candidates, {tuning['timing_s']:.1f} s"
+            f" timing them; {tuning['skipped']} configurations of slower tactics not tried)"
+        )
+    cache = report.get("timing_cache", {})
+    if cache.get("path"):
+        line += f"; timing cache {cache['path']}: {cache['entries_before']} -> {cache['entries']} entries"
+    return line

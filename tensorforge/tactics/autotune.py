@@ -10,8 +10,12 @@ so a rebuild with the cache re-times nothing.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +25,7 @@ from ..ir import DType, Node, qualified_op
 from ..ops.math_flags import full_float32
 from . import cuda_family, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
 from .base import Tactic, tactics_for
-from .timing import Timing, TimingBudget, measure
+from .timing import TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
 from .variant import (
     ConstantCache,
@@ -38,6 +42,9 @@ from .variant import (
 TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 5e-3, "bf16": 3e-2}
 DTYPE_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 _REFERENCE_VARIANT = Variant("fp32", "NCHW")
+# Below effort 2, a (tactic, precision, layout) whose first configuration runs slower than this many times the
+# best first configuration is not tuned further: it is a slow kernel family or precision for the layer.
+CONTENDER_RATIO = 2.0
 
 
 @dataclass
@@ -66,6 +73,9 @@ class Choice:
     median_ms: float
     candidates: list[Candidate] = field(default_factory=list)
     from_cache: bool = False
+    skipped: int = 0  # configurations not tried: their tactic and variant were slow in its first one
+    prepare_s: float = 0.0  # wall time building, compiling and checking candidates
+    timing_s: float = 0.0  # wall time timing them
 
     def table(self, layer: str) -> str:
         """The build-log table: each candidate's time and % of the best, the winner marked."""
@@ -75,6 +85,8 @@ class Choice:
             mark = "*" if (c.tactic, c.config) == (self.tactic, self.config) else " "
             time = f"{c.median_ms:9.4f} ms" if math.isfinite(c.median_ms) else "      inf"
             lines.append(f"  {mark} {c.tactic:<24} {time} {share}  {c.note}".rstrip())
+        if self.skipped:
+            lines.append(f"  ({self.skipped} configurations of slower tactics not tried; effort 2 tries them all)")
         return "\n".join(lines)
 
 
@@ -108,46 +120,68 @@ def autotune(
     families: Sequence[str] | None = None,
     cache: TimingCache | None = None,
     constants: ConstantCache | None = None,
+    exhaustive: bool = False,
+    workers: int | None = None,
 ) -> Choice:
     """The fastest correct candidate for `node` on `inputs` (on `device`), with every candidate's score.
 
     `inputs` are the layer's inputs as its producers deliver them (a constant input may be passed as None:
     the node's value is used). `precisions` are the ones the build allows; `constants` caches the converted
     weights across layers and calls.
+
+    The search runs in two rounds: first every (tactic, precision, layout) in the first configuration of its
+    tuning space, then the rest of the space of those whose first time is within `CONTENDER_RATIO` of the
+    best or failed (all of them at effort 2 or when `exhaustive`). In each round the candidates are built, compiled
+    and checked by `workers` threads at once (compiling is most of a GPU build; default `compile_workers`),
+    then timed one after another.
     """
     device = torch.device(device)
     constants = {} if constants is None else constants
+    workers = compile_workers(device) if workers is None else workers
     inputs = _with_constants(node, inputs, device)
     key, description = layer_signature(node, inputs, device)
     reference = _reference_outputs(node, opset, inputs, device)
     budget = TimingBudget.for_effort(effort)
-    candidates = []
     from_cache = cache is not None and key in cache
+    search = _Search(node, opset, device, inputs, reference, budget, constants, cache, key, description, workers)
+    groups = []
     for tactic in tactics_for(node, None):
         if families is not None and tactic.family not in families and tactic.family != "reference":
             continue
         reason = tactic.supports(node, opset, device)
         if reason is not None:
-            candidates.append(Candidate(tactic.key, {}, math.inf, f"unsupported: {reason}"))
+            search.candidates.append(Candidate(tactic.key, {}, math.inf, f"unsupported: {reason}"))
             continue
+        space = tactic.space(effort)
         for variant in variants(tactic, node, precisions, device):
-            for space_config in tactic.space(effort):
-                config = {"precision": variant.precision, "layout": variant.layout, **space_config}
-                cached = cache.get(key, tactic.key, config) if cache is not None else None
-                if cached is not None:
-                    note = f"cached failure: {cached.error}" if cached.error else "cached"
-                    candidates.append(Candidate(tactic.key, config, cached.median_ms, note))
-                    continue
-                trial = _Trial(tactic, node, opset, device, config, constants)
-                candidate, timing = trial.run(inputs, reference, budget)
-                candidates.append(candidate)
-                if cache is not None and timing is not None:
-                    cache.record(key, tactic.key, config, timing, description=description)
+            configs = [{"precision": variant.precision, "layout": variant.layout, **c} for c in space]
+            groups.append((tactic, configs))
+    first = search.score([(tactic, configs[0]) for tactic, configs in groups])
+    best_first = min((c.median_ms for c in first), default=math.inf)
+    rest, skipped = [], 0
+    for (tactic, configs), head in zip(groups, first, strict=True):
+        # A first configuration that failed says nothing of the others: they are tried.
+        contender = head.median_ms <= CONTENDER_RATIO * best_first or math.isinf(head.median_ms)
+        if exhaustive or effort >= 2 or contender:
+            rest.extend((tactic, config) for config in configs[1:])
+        else:
+            skipped += len(configs) - 1
+    search.score(rest)
+    candidates = search.candidates
     best = min(candidates, key=lambda c: c.median_ms)
     if not math.isfinite(best.median_ms):
         notes = "; ".join(f"{c.tactic} {_short(c.config)}: {c.note}" for c in candidates)
         raise RuntimeError(f"{node.label}: no tactic ran correctly ({notes})")
-    return Choice(best.tactic, best.config, best.median_ms, candidates, from_cache)
+    return Choice(
+        best.tactic, best.config, best.median_ms, candidates, from_cache,
+        skipped=skipped, prepare_s=search.prepare_s, timing_s=search.timing_s,
+    )  # fmt: skip
+
+
+def compile_workers(device: torch.device) -> int:
+    """Threads that build and check candidates at once: on CUDA, up to 8 (compiles run in parallel: Triton's
+    and NVRTC's compilers release the GIL); on the CPU one, as the candidates' first runs compete for cores."""
+    return min(8, os.cpu_count() or 1) if device.type == "cuda" else 1
 
 
 def build_layer_kernel(
@@ -195,37 +229,89 @@ def _reference_outputs(node, opset, inputs, device) -> tuple[torch.Tensor, ...]:
         return ReferenceTactic().build(node, opset, device, {})(plain)
 
 
-class _Trial:
-    """One candidate: build it, check it against the reference, time it."""
+class _Search:
+    """One layer's candidates as they are scored: from the timing cache where it has them; else built, run once
+    and checked against the reference by worker threads (that is where kernels compile), then timed in turn
+    (timing needs the GPU to itself)."""
 
-    def __init__(self, tactic: Tactic, node: Node, opset: int, device: torch.device, config, constants) -> None:
-        self.tactic, self.node, self.opset, self.device = tactic, node, opset, device
-        self.config, self.constants = config, constants
+    def __init__(self, node, opset, device, inputs, reference, budget, constants, cache, key, description, workers):
+        self.node, self.opset, self.device = node, opset, device
+        self.args = _activations(node, inputs)
+        self.reference, self.budget, self.constants = reference, budget, constants
+        self.cache, self.key, self.description = cache, key, description
+        self.workers = workers
+        self.candidates: list[Candidate] = []
+        self.trials = 0
+        self.prepare_s = 0.0
+        self.timing_s = 0.0
 
-    def _fail(self, note: str) -> tuple[Candidate, None]:
-        return Candidate(self.tactic.key, self.config, math.inf, note), None
+    def score(self, items: Sequence[tuple[Tactic, dict[str, Any]]]) -> list[Candidate]:
+        """The candidates of `items`, in order; they are also added to `candidates`."""
+        results: list[Candidate | None] = [None] * len(items)
+        pending = []
+        for index, (tactic, config) in enumerate(items):
+            cached = self.cache.get(self.key, tactic.key, config) if self.cache is not None else None
+            if cached is None:
+                pending.append(index)
+                continue
+            note = f"cached failure: {cached.error}" if cached.error else "cached"
+            results[index] = Candidate(tactic.key, config, cached.median_ms, note)
+        started = time.perf_counter()
+        prepared = self._prepare([items[index] for index in pending])
+        self.prepare_s += time.perf_counter() - started
+        started = time.perf_counter()
+        for index, (kernel, problem) in zip(pending, prepared, strict=True):
+            results[index] = self._time(*items[index], kernel, problem)
+        self.timing_s += time.perf_counter() - started
+        self.trials += len(pending)
+        self.candidates.extend(results)
+        return results
 
-    def run(self, inputs, reference, budget: TimingBudget) -> tuple[Candidate, Timing | None]:
-        args = _activations(self.node, inputs)
-        variant = Variant.of(self.config)
+    def _prepare(self, items) -> list[tuple[LayerKernel | None, str]]:
+        """Each item built and checked, in parallel where it can be. TF32 candidates go one by one afterwards:
+        TF32 is a process-wide switch, which would also reach float32 candidates running beside them."""
+        prepared: list[tuple[LayerKernel | None, str] | None] = [None] * len(items)
+        together = [index for index, (_, config) in enumerate(items) if config["precision"] != "tf32"]
+        if self.workers > 1 and len(together) > 1:
+            with ThreadPoolExecutor(min(self.workers, len(together)), thread_name_prefix="tensorforge-tune") as pool:
+                done = pool.map(lambda index: self._prepare_one(*items[index]), together)
+                for index, result in zip(together, done, strict=True):
+                    prepared[index] = result
+        for index, item in enumerate(items):
+            if prepared[index] is None:
+                prepared[index] = self._prepare_one(*item)
+        return prepared
+
+    def _prepare_one(self, tactic: Tactic, config: dict[str, Any]) -> tuple[LayerKernel | None, str]:
+        """The candidate's kernel and "" when it runs correctly; else None or the kernel, and what went wrong."""
+        variant = Variant.of(config)
+        device_guard = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
         try:
-            kernel = build_layer_kernel(self.tactic, self.node, self.opset, self.device, self.config, self.constants)
-            with torch.inference_mode(), full_float32():
-                outputs = kernel(args)
-            is_reference = self.tactic.family == "reference" and variant.precision == "fp32"
-            problem = "" if is_reference else _mismatch(outputs, reference, kernel.out_dtypes, variant)
+            with device_guard:
+                kernel = build_layer_kernel(tactic, self.node, self.opset, self.device, config, self.constants)
+                with torch.inference_mode(), full_float32():
+                    outputs = kernel(self.args)
+                    if tactic.family == "reference" and variant.precision == "fp32":
+                        return kernel, ""
+                    problem = _mismatch(outputs, self.reference, kernel.out_dtypes, variant)
         except Exception as err:  # a failing candidate scores inf; the build goes on
-            return self._fail(f"failed: {type(err).__name__}: {err}")
-        if problem:
-            return self._fail(f"wrong result: {problem}")
+            return None, f"failed: {type(err).__name__}: {err}"
+        return kernel, f"wrong result: {problem}" if problem else ""
+
+    def _time(self, tactic: Tactic, config, kernel: LayerKernel | None, problem: str) -> Candidate:
+        if kernel is None or problem:
+            return Candidate(tactic.key, config, math.inf, problem)
+        args = self.args
 
         def call():
             with torch.inference_mode(), full_float32():
                 kernel(args)
 
-        timing = measure(call, device=self.device, **budget.as_kwargs())
+        timing = measure(call, device=self.device, **self.budget.as_kwargs())
+        if self.cache is not None:
+            self.cache.record(self.key, tactic.key, config, timing, description=self.description)
         note = "" if timing.ok else f"failed while timed: {timing.error}"
-        return Candidate(self.tactic.key, self.config, timing.median, note), timing
+        return Candidate(tactic.key, config, timing.median, note)
 
 
 def _mismatch(

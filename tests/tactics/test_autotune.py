@@ -1,4 +1,7 @@
 import math
+import threading
+import time
+from typing import ClassVar
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from tensorforge.tactics import base
 from tensorforge.tactics.autotune import autotune
 from tensorforge.tactics.base import Tactic
 from tensorforge.tactics.timing_cache import TimingCache
+from tensorforge.tactics.vendor import ReferenceTactic
 from tests.helpers import make_model, tensor_info
 
 
@@ -83,6 +87,74 @@ def test_a_warm_timing_cache_re_times_nothing(monkeypatch):
     second = autotune(node, 1, inputs, "cpu", effort=0, cache=cache)
     assert calls == []
     assert second.from_cache and (second.tactic, second.median_ms) == (first.tactic, first.median_ms)
+
+
+class _TunedTactic(Tactic):
+    """Correct results after a configured delay: a first configuration of `sleep_s` then a fast one; a None
+    delay fails to build. Records the threads that built it."""
+
+    family, name, op_types = "test", "tuned", ("tensorforge::FusedConv",)
+    first_sleep_s: float | None = 0.0
+    threads: ClassVar[set[str]] = set()
+
+    def space(self, effort):
+        return [{"sleep_s": self.first_sleep_s}, {"sleep_s": 0.0}]
+
+    def build(self, node, opset, device, config):
+        type(self).threads.add(threading.current_thread().name)
+        if config["sleep_s"] is None:
+            raise RuntimeError("this configuration does not compile")
+        reference = ReferenceTactic().build(node, opset, device, {})
+
+        def kernel(inputs):
+            time.sleep(config["sleep_s"])
+            return reference(inputs)
+
+        return kernel
+
+
+@pytest.fixture
+def tuned_tactic(monkeypatch):
+    _TunedTactic.threads = set()
+    monkeypatch.setattr(base, "_TACTICS", [*base._TACTICS, _TunedTactic()])
+    return _TunedTactic
+
+
+def _tuned(choice):
+    return [c for c in choice.candidates if c.tactic == "test.tuned"]
+
+
+def test_a_tactic_slow_in_its_first_configuration_is_not_tuned_further(tuned_tactic, monkeypatch):
+    monkeypatch.setattr(tuned_tactic, "first_sleep_s", 0.05)
+    node, inputs = _fused_conv_layer()
+    choice = autotune(node, 1, inputs, "cpu", effort=0)
+    assert [c.config["sleep_s"] for c in _tuned(choice)] == [0.05]
+    assert choice.skipped == 1 and "1 configurations of slower tactics not tried" in choice.table("conv")
+    every = autotune(node, 1, inputs, "cpu", effort=0, exhaustive=True)
+    assert sorted(c.config["sleep_s"] for c in _tuned(every)) == [0.0, 0.05] and every.skipped == 0
+    assert all(math.isfinite(c.median_ms) for c in _tuned(every))
+
+
+def test_a_tactic_whose_first_configuration_fails_tries_the_others(tuned_tactic, monkeypatch):
+    monkeypatch.setattr(tuned_tactic, "first_sleep_s", None)
+    node, inputs = _fused_conv_layer()
+    first, second = sorted(_tuned(autotune(node, 1, inputs, "cpu", effort=0)), key=lambda c: c.median_ms)
+    assert math.isfinite(first.median_ms) and first.config["sleep_s"] == 0.0
+    assert second.median_ms == math.inf and "does not compile" in second.note
+
+
+def test_worker_threads_prepare_candidates_and_score_them_as_one_thread_does(tuned_tactic, broken_tactics):
+    node, inputs = _fused_conv_layer(residual=True)
+    serial = autotune(node, 1, inputs, "cpu", effort=0, exhaustive=True, workers=1)
+    assert tuned_tactic.threads == {threading.current_thread().name}
+    threaded = autotune(node, 1, inputs, "cpu", effort=0, exhaustive=True, workers=4)
+    assert any(name.startswith("tensorforge-tune") for name in tuned_tactic.threads)
+
+    def scored(choice):
+        return sorted((c.tactic, str(c.config), math.isfinite(c.median_ms), c.note) for c in choice.candidates)
+
+    assert scored(threaded) == scored(serial)
+    assert threaded.prepare_s > 0 and threaded.timing_s > 0
 
 
 @pytest.mark.gpu

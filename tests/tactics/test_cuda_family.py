@@ -70,6 +70,8 @@ def test_every_cuda_candidate_passes_the_autotuners_check(
 ):
     node, inputs = _layer(channels, out_channels, group, kernel, stride, activation, residual)
     inputs = [t.cuda() if t is not None else None for t in inputs]
-    choice = autotune(node, 1, inputs, "cuda", effort=1, precisions=("fp32", "fp16", "bf16"), families=["cuda"])
+    choice = autotune(
+        node, 1, inputs, "cuda", effort=1, precisions=("fp32", "fp16", "bf16"), families=["cuda"], exhaustive=True
+    )
     ours = [c for c in choice.candidates if c.tactic == tactic]
     assert ours and all(math.isfinite(c.median_ms) for c in ours), [(c.config, c.note) for c in ours]

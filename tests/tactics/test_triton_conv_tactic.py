@@ -125,7 +125,9 @@ def test_the_triton_conv_is_a_correct_candidate_on_cuda():
     node = _layer(28)
     feeds, _ = _feeds(node, 28, "cuda")
     precisions = ("fp32", "tf32", "fp16", "bf16")
-    choice = autotune(node, 1, [feeds[0], None, None, feeds[1]], "cuda", effort=0, precisions=precisions)
+    choice = autotune(
+        node, 1, [feeds[0], None, None, feeds[1]], "cuda", effort=0, precisions=precisions, exhaustive=True
+    )
     candidates = [c for c in choice.candidates if c.tactic == TRITON_CONV]
     assert len(candidates) == len(precisions) * len(tactic_by_key(TRITON_CONV).space(0))
     assert all(math.isfinite(c.median_ms) for c in candidates), [c.note for c in candidates]

@@ -241,7 +241,7 @@ def test_the_depthwise_conv_is_a_correct_candidate_on_cuda():
     node = _depthwise_layer(channels=96, conv_attributes={"pads": [1, 1, 1, 1]}, activation="HardSwish", size=56)
     x = torch.randn(8, 96, 56, 56, device="cuda")
     precisions = ("fp32", "fp16", "bf16")
-    choice = autotune(node, 1, [x], "cuda", effort=0, precisions=precisions)
+    choice = autotune(node, 1, [x], "cuda", effort=0, precisions=precisions, exhaustive=True)
     print(choice.table("depthwise 3x3 C=96 56x56 batch 8"))
     _assert_all_candidates_ran(choice, DEPTHWISE, len(precisions) * len(tactic_by_key(DEPTHWISE).space(0)))
 
@@ -254,7 +254,7 @@ def test_the_pools_are_correct_candidates_on_cuda(name):
     node = _single_node(op_type, [8, 64, 56, 56], attributes, opset)
     x = torch.randn(8, 64, 56, 56, device="cuda").contiguous(memory_format=torch.channels_last)
     key = "triton." + name.removesuffix("-exclude-pad")
-    choice = autotune(node, opset, [x], "cuda", effort=1, precisions=("fp32", "fp16"))
+    choice = autotune(node, opset, [x], "cuda", effort=1, precisions=("fp32", "fp16"), exhaustive=True)
     print(choice.table(name))
     _assert_all_candidates_ran(choice, key, 2 * len(tactic_by_key(key).space(1)))
 
@@ -264,6 +264,6 @@ def test_reduce_mean_is_a_correct_candidate_on_cuda():
     axes = numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "axes")
     node = _single_node("ReduceMean", [1, 72, 56, 56], {}, 18, [("axes", None)], [axes])
     x = torch.randn(1, 72, 56, 56, device="cuda").contiguous(memory_format=torch.channels_last)
-    choice = autotune(node, 18, [x], "cuda", effort=0, precisions=("fp32", "fp16"))
+    choice = autotune(node, 18, [x], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
     key = "triton.global-avgpool"
     _assert_all_candidates_ran(choice, key, 2 * len(tactic_by_key(key).space(0)))

@@ -96,6 +96,6 @@ def test_triton_gemm_candidates_are_correct_on_cuda():
     consts = {1: torch.randn(768, 3072) / 768**0.5, 2: torch.randn(3072)}
     node = _node("FusedGemm", [[8, 128, 768], [768, 3072], [3072]], {"post": "Gelu"}, DOMAIN, consts=consts)
     x = torch.randn(8, 128, 768, device="cuda")
-    choice = autotune(node, 17, [x], "cuda", effort=1, precisions=("fp32", "tf32", "fp16", "bf16"))
+    choice = autotune(node, 17, [x], "cuda", effort=1, precisions=("fp32", "tf32", "fp16", "bf16"), exhaustive=True)
     candidates = [c for c in choice.candidates if c.tactic == "triton.gemm"]
     assert candidates and all(c.median_ms < float("inf") for c in candidates), choice.table("ffn")
