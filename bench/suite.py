@@ -7,7 +7,8 @@ Systems (`--systems`):
 - `eager`: the PyTorch module in the precision (channels_last on CUDA; tf32 turns on TF32 matmul and cuDNN
   convolutions, fp32 turns both off);
 - `eager+graph`: that module captured in one CUDA graph and replayed (CUDA only);
-- `compile`, `compile-max`: `torch.compile` in mode "default" or "max-autotune" (minutes per model on a GPU);
+- `compile`, `compile-ro`, `compile-max`: `torch.compile` in mode "default", "reduce-overhead" (CUDA graphs) or
+  "max-autotune" (minutes per model on a GPU);
 - `ort`: ONNX Runtime's CPU execution provider on the exported model (fp32 only).
 
 Each time is the median of `--runs` synchronized calls after `--warmup` calls; build/compile/session time is
@@ -46,7 +47,7 @@ from tensorforge.build.config import BuildConfig, Profile
 from tensorforge.frontend import import_model
 from tensorforge.tactics.autotune import relative_error
 
-SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "compile-max", "ort")
+SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "compile-ro", "compile-max", "ort")
 DEFAULT_SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "ort")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -190,7 +191,17 @@ def run_tensorforge(case: Case, precision: str) -> Measurement:
     context = engine.create_context()
     feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
     ms = case.time(lambda: context.run(feeds))
-    return {"ms": ms, "build_s": build_s, "error_vs_fp64": case.error(context.run(feeds)["output"])}
+    tactics: dict[str, int] = {}
+    for layer in engine.plans[0].layers:
+        key = f"{layer.tactic} {layer.config.get('precision', '')}".strip()
+        tactics[key] = tactics.get(key, 0) + 1
+    return {
+        "ms": ms,
+        "build_s": build_s,
+        "error_vs_fp64": case.error(context.run(feeds)["output"]),
+        "tuning": engine.report.get("tuning", {}),
+        "tactics": dict(sorted(tactics.items(), key=lambda item: -item[1])),
+    }
 
 
 def run_eager(case: Case, precision: str, *, graph: bool = False, compile_mode: str | None = None) -> Measurement:
@@ -234,6 +245,7 @@ RUNNERS: dict[str, Callable[[Case, str], Measurement]] = {
     "eager": run_eager,
     "eager+graph": lambda case, precision: run_eager(case, precision, graph=True),
     "compile": lambda case, precision: run_eager(case, precision, compile_mode="default"),
+    "compile-ro": lambda case, precision: run_eager(case, precision, compile_mode="reduce-overhead"),
     "compile-max": lambda case, precision: run_eager(case, precision, compile_mode="max-autotune"),
     "ort": run_ort,
 }
@@ -438,7 +450,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown model(s) {unknown}: choose from {sorted(zoo.MODELS)}")
     sizes = parse_sizes(args.size or [])
-    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / RESULTS_JSON
+    old = json.loads(path.read_text()) if args.merge and path.exists() else None
+    meta = invocation(device, argv)
+    rows: list[dict[str, Any]] = []
     for name in args.models:
         size = sizes.get(name, sizes.get("*", BENCH_SIZES.get(name, zoo.MODELS[name].default_size)))
         for batch in args.batch or [1]:
@@ -452,12 +468,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                     row = measure_system(case, system, precision)
                     rows.append(row)
                     summary = f"{row['ms']:.3f} ms" if row["status"] == "ok" else row["error"].splitlines()[0]
+                    if row.get("tuning"):
+                        summary += f", built in {row['build_s']:.1f} s {row['tuning']}, layers {row['tactics']}"
                     print(f"{name} batch {batch} {system} {precision}: {summary}", flush=True)
+                    # Written after every row: a run cut short keeps what it measured.
+                    path.write_text(json.dumps(merge_results(old, meta, rows), indent=2) + "\n")
             del case
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / RESULTS_JSON
-    old = json.loads(path.read_text()) if args.merge and path.exists() else None
-    data = merge_results(old, invocation(device, argv), rows)
+    data = merge_results(old, meta, rows)
     path.write_text(json.dumps(data, indent=2) + "\n")
     write_reports(args.out)
     return data

@@ -1,18 +1,54 @@
 #!/usr/bin/env bash
-# On a CUDA machine: the GPU tests of our kernels and their tactics, the per-layer convolution sweep against
-# cuDNN, and the ResNet-50 engine against eager PyTorch. Each stage has a time limit (seconds, env overridable).
-# Usage: scripts/gpu_kernels.sh OUTPUT_DIR
+# On a CUDA machine: the GPU tests and the kernel benchmarks, in stages, each under a time limit, each writing its
+# output under OUTPUT_DIR as it goes (so a stage cut off by its limit still leaves what it did).
+#
+#   scripts/gpu_kernels.sh OUTPUT_DIR [STAGE ...]      (default stages: tests parallel sweep)
+#
+# Stages (limits in seconds, environment overridable):
+#   tests     pytest -m gpu over the kernel, tactic, runtime and build tests (TESTS_S=300; WORKERS=12 processes
+#             when pytest-xdist is installed; TESTS="paths" to choose)
+#   parallel  bench/parallel_compile.py: candidates built by 1 worker thread against 8 (PARALLEL_S=150)
+#   sweep     bench/conv_sweep.py: every distinct conv layer, our kernels against cuDNN (SWEEP_S=300, SWEEP_ARGS)
+#   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite)
 set -uo pipefail
 out=${1:?output directory}
+shift
+stages=${*:-tests parallel sweep}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader > "$out/device.txt"
-timeout "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_ARGS:-} tests/kernels tests/tactics \
-  tests/runtime tests/build 2>&1 | tail -40 > "$out/pytest_kernels_gpu.txt"
-tail -5 "$out/pytest_kernels_gpu.txt"
-timeout "${SWEEP_S:-200}" python3 bench/conv_sweep.py ${SWEEP_ARGS:---model resnet50 --batch 1 --batch 64 --effort 0} \
-  --out "$out" 2>&1 | grep -E '^\{|Our kernels win' | tail -8
-if [ "${ENGINE:-1}" = 1 ]; then
-  timeout "${ENGINE_S:-200}" python3 bench/engine_vs_eager.py --model resnet50 --batch 1 --batch 256 --out "$out" \
-    2>&1 | tail -14
-fi
+
+for stage in $stages; do
+  started=$(date +%s)
+  case $stage in
+    tests)
+      parallel=()
+      python3 -c "import xdist" 2>/dev/null && parallel=(-n "${WORKERS:-12}")
+      # shellcheck disable=SC2086 - TESTS is a list of paths
+      timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -v -p no:cacheprovider "${parallel[@]}" -rfE \
+        ${TESTS:-tests/kernels tests/tactics tests/runtime tests/build tests/quant tests/cli} > "$out/tests.txt" 2>&1
+      grep -cE "PASSED" "$out/tests.txt" | sed 's/^/passed: /'
+      grep -E "FAILED|ERROR" "$out/tests.txt" | head -30
+      tail -3 "$out/tests.txt"
+      ;;
+    parallel)
+      timeout "${PARALLEL_S:-150}" python3 bench/parallel_compile.py --out "$out" 2>&1 | tail -6
+      ;;
+    sweep)
+      # shellcheck disable=SC2086 - SWEEP_ARGS is a list of arguments
+      timeout "${SWEEP_S:-300}" python3 bench/conv_sweep.py ${SWEEP_ARGS:---model resnet50 --batch 1 --effort 0} \
+        --out "$out" > "$out/sweep.txt" 2>&1
+      grep -E 'Our kernels win' "$out/sweep.txt" | tail -4
+      ;;
+    suite)
+      # shellcheck disable=SC2086 - SUITE_ARGS is a list of arguments
+      timeout "${SUITE_S:-400}" python3 bench/suite.py ${SUITE_ARGS:---models resnet50 --precision fp16} --merge \
+        --out "$out/suite" > "$out/suite.txt" 2>&1
+      tail -25 "$out/suite.txt"
+      ;;
+    *)
+      echo "unknown stage $stage (tests, parallel, sweep, suite)" >&2
+      ;;
+  esac
+  echo "== $stage: $(($(date +%s) - started)) s"
+done
