@@ -35,6 +35,7 @@ from ..frontend import load_onnx
 from ..ir import DType, Model, Node, Value, format_type
 from ..ir.clone import clone_model
 from ..ir.serialize import model_to_dict
+from ..ops.cuda_graphs import capture
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
 from ..ops.math_flags import full_float32
@@ -242,10 +243,8 @@ def _time_schedule(schedule: Schedule, feeds, device: torch.device, budget: Timi
     run = functools.partial(schedule.execute, feeds)
     if device.type == "cuda":
         run()  # warm-up: cuDNN and cuBLAS pick and load their kernels outside the capture
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
-                schedule.execute(feeds)
+            graph, _ = capture(functools.partial(schedule.execute, feeds))
             run = graph.replay
         except Exception:  # not capturable: time it eagerly, as the context will run it
             pass

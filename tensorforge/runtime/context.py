@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError
+from ..ops.cuda_graphs import capture
 from ..ops.executor import bind_feeds
 from .engine import Engine
 
@@ -125,10 +126,9 @@ class ExecutionContext:
 
     def _capture(self, key: ShapeKey, schedule, bound: Mapping[str, torch.Tensor]) -> None:
         static = {name: tensor.clone() for name, tensor in bound.items()}
-        graph = torch.cuda.CUDAGraph()
+        arena = self._arena(key[0], schedule)
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                outputs = schedule.execute(static, arena=self._arena(key[0], schedule))
+            graph, outputs = capture(lambda: schedule.execute(static, arena=arena), pool=self._pool)
         except Exception as err:  # e.g. a kernel that reads a value back to the host
             self.eager_shapes[key] = f"{type(err).__name__}: {err}"
             return

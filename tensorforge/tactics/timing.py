@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..ops.cuda_graphs import capture
+
 # With min_time_s unmet, measuring stops anyway at this many times `repeats` samples.
 _MAX_SAMPLES_FACTOR = 10
 # L2 flush size when the driver reports no L2 size (as inductor does): larger than any GPU's L2.
@@ -179,12 +181,9 @@ def _graphed(fn: Callable[[], object]) -> Callable[[], object] | None:
     """`fn` captured in a CUDA graph, to time its replay: the GPU time of its work without the host's launch
     overhead, as an engine replays its layers. None when `fn` cannot be captured (it synchronizes with the
     host, say); it is then timed as it is."""
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            fn()
+        graph, _ = capture(fn)
     except Exception:
-        torch.cuda.synchronize()
         return None
     return graph.replay
 
