@@ -3,7 +3,8 @@
 1. Profiles are completed: an input the config does not mention keeps its declared shape, a dynamic dim
    of it is fixed at 1 (said in the report). Dims equal in every profile become static in the graph, so
    constant folding can evaluate the shape arithmetic that depends on them.
-2. The graph optimizer runs (`passes.pipeline.optimize`), then registry inference.
+2. The graph optimizer runs (`passes.pipeline.optimize`), then registry inference; an int8 / fp8 build then
+   quantizes its calibrated layers (`quantize.py`).
 3. Per profile, the layers are tuned in schedule order on random inputs of the profile's opt shapes: each
    layer's candidates (tactic × config × precision × layout) are timed on the real outputs of the layers
    already chosen, so a cast or a layout change a candidate needs is part of its measured cost (a greedy
@@ -21,7 +22,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from ..tactics.timing_cache import TimingCache, device_key, signature, software_
 from ..tactics.variant import ConstantCache
 from .config import BuildConfig, Profile
 from .memory import plan_graph
+from .quantize import quantize_model
 
 LayerCallback = Callable[[int, int, Node, Choice], None]
 
@@ -68,10 +70,17 @@ class Builder:
     """Builds engines for one `BuildConfig`. `on_layer(index, count, node, choice)` is called as each layer is
     tuned (for progress bars and build logs)."""
 
-    def __init__(self, config: BuildConfig, *, on_layer: LayerCallback | None = None) -> None:
+    def __init__(
+        self,
+        config: BuildConfig,
+        *,
+        on_layer: LayerCallback | None = None,
+        calibration_data: Iterable[Mapping[str, Any]] | None = None,
+    ) -> None:
         self.config = config
         self.device = torch.device(config.device)
         self.on_layer = on_layer
+        self.calibration_data = calibration_data  # int8 / fp8 builds: batches of feeds (else the config's files)
 
     def build(self, model: Model | str | os.PathLike[str]) -> Engine:
         """Optimize and tune `model` (an imported `Model` or an ONNX file, which is left untouched)."""
@@ -82,15 +91,20 @@ class Builder:
         _refuse_control_flow(model)
         profiles, notes = complete_profiles(model, self.config.profiles)
         precisions = self.config.precisions
-        if self.device.type == "cpu" and precisions != ("fp32",):
+        dropped = [p for p in precisions if p in ("tf32", "fp16", "bf16")]
+        if self.device.type == "cpu" and dropped:
             notes.append(
-                f"{', '.join(p for p in precisions if p != 'fp32')} not tried on the CPU: half-precision math is "
-                "emulated there (slower than fp32) and TF32 is a GPU mode; the engine is fp32"
+                f"{', '.join(dropped)} not tried on the CPU: half-precision math is emulated there (slower than "
+                "fp32) and TF32 is a GPU mode; the float layers are fp32"
             )
-            precisions = ("fp32",)
+            precisions = tuple(p for p in precisions if p not in dropped)
         _specialize(model, profiles)
         model, optimization = optimize(model)
         infer_model(model, check=False)
+        quantization = None
+        if self.config.quantized_type is not None:
+            quantization = quantize_model(model, self.config, self.device, self.calibration_data)
+            infer_model(model, check=False)
         model.graph.sort()
         cache = self._load_cache()
         cached_keys = len(cache)
@@ -123,6 +137,7 @@ class Builder:
                 "nodes_after": optimization.nodes_after,
                 "fired": _count(event.rule for event in optimization.fired()),
             },
+            "quantization": quantization,
             "plan_selection": selections,
             "tuning_seconds": round(tuning_seconds, 3),
             "tuning": {key: round(value, 3) for key, value in tuning.items()},

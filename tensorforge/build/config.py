@@ -14,9 +14,11 @@ from typing import Any
 from ..errors import InputError
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
-# int8 and fp8 need calibration or Q/DQ scales; until those land a build accepts only the float precisions.
-BUILDABLE_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+# The quantized precisions: their layers read scales from calibration (`QuantizationConfig`).
+QUANTIZED_PRECISIONS = {"int8": "int8", "fp8": "fp8e4m3"}
 EFFORT_LEVELS = (0, 1, 2)
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "mse")
+TARGET_METRICS = ("cosine", "top1")
 
 Shape = tuple[int, ...]
 
@@ -73,6 +75,76 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class QuantizationConfig:
+    """How an int8 / fp8 build gets its scales and which layers stay float.
+
+    `data`: calibration batches (a .npy / .npz file or a directory of them); `method` and `percentile` choose the
+    calibrator; `cache`: a calibration cache file, read when it exists (it must belong to this model), else
+    written; `target`: an accuracy the engine must keep against float on the calibration data, as
+    (metric, value) with metric "cosine" (mean output cosine) or "top1" (argmax agreement): the most sensitive
+    layers return to float until it is met; `keep_float`: layers (node names) the user keeps float.
+    """
+
+    data: str | None = None
+    method: str = "entropy"
+    percentile: float | None = None
+    cache: str | None = None
+    target: tuple[str, float] | None = None
+    keep_float: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.method not in CALIBRATION_METHODS:
+            raise InputError(f"unknown calibration method {self.method!r}: choose from {list(CALIBRATION_METHODS)}")
+        if self.percentile is not None and (self.method != "percentile" or not 0 < self.percentile <= 100):
+            raise InputError("a percentile (in (0, 100]) goes with the percentile calibration method only")
+        if self.target is not None:
+            metric, value = self.target
+            if metric not in TARGET_METRICS or not 0 <= value <= 1:
+                raise InputError(
+                    f"accuracy target {metric}={value}: the metric is one of {list(TARGET_METRICS)}, "
+                    "the value in [0, 1]"
+                )
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {} if self.percentile is None else {"percentile": self.percentile}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "data": self.data,
+            "method": self.method,
+            "percentile": self.percentile,
+            "cache": self.cache,
+            "target": None if self.target is None else list(self.target),
+            "keep_float": list(self.keep_float),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> QuantizationConfig:
+        target = data.get("target")
+        return cls(
+            data=data.get("data"),
+            method=data.get("method", "entropy"),
+            percentile=data.get("percentile"),
+            cache=data.get("cache"),
+            target=None if target is None else (str(target[0]), float(target[1])),
+            keep_float=tuple(data.get("keep_float", ())),
+        )
+
+
+def parse_target(text: str) -> tuple[str, float]:
+    """`"cosine=0.999"` → ("cosine", 0.999)."""
+    metric, sep, value = text.partition("=")
+    try:
+        parsed = float(value)
+    except ValueError:
+        parsed = None
+    if not sep or parsed is None:
+        raise InputError(f"accuracy target {text!r}: write METRIC=VALUE, e.g. cosine=0.999 or top1=0.99")
+    return metric.strip(), parsed
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     device: str = "cpu"
     precisions: tuple[str, ...] = ("fp32",)
@@ -81,6 +153,7 @@ class BuildConfig:
     workspace_bytes: int = 1 << 30
     timing_cache: str | None = None
     tactic_families: tuple[str, ...] | None = None  # None: every family
+    quantization: QuantizationConfig | None = None  # scales of int8 / fp8 layers
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -88,9 +161,9 @@ class BuildConfig:
         unknown = [p for p in self.precisions if p not in PRECISIONS]
         if unknown:
             raise InputError(f"unknown precision(s) {unknown}: choose from {list(PRECISIONS)}")
-        pending = [p for p in self.precisions if p not in BUILDABLE_PRECISIONS]
-        if pending:
-            raise InputError(f"precision(s) {pending} need calibration, which this version cannot do yet")
+        quantized = [p for p in self.precisions if p in QUANTIZED_PRECISIONS]
+        if len(quantized) > 1:
+            raise InputError(f"choose one quantized precision, not {quantized}")
         if "fp32" not in self.precisions:
             raise InputError("fp32 must stay allowed: it is the fallback for layers without a faster precision")
         if self.effort not in EFFORT_LEVELS:
@@ -107,11 +180,18 @@ class BuildConfig:
             "workspace_bytes": self.workspace_bytes,
             "timing_cache": self.timing_cache,
             "tactic_families": None if self.tactic_families is None else list(self.tactic_families),
+            "quantization": None if self.quantization is None else self.quantization.to_dict(),
         }
+
+    @property
+    def quantized_type(self) -> str | None:
+        """The quantized type of the build's quantized layers ("int8", "fp8e4m3"), or None."""
+        return next((QUANTIZED_PRECISIONS[p] for p in self.precisions if p in QUANTIZED_PRECISIONS), None)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildConfig:
         families = data.get("tactic_families")
+        quantization = data.get("quantization")
         return cls(
             device=data["device"],
             precisions=tuple(data["precisions"]),
@@ -120,6 +200,7 @@ class BuildConfig:
             workspace_bytes=data.get("workspace_bytes", 1 << 30),
             timing_cache=data.get("timing_cache"),
             tactic_families=None if families is None else tuple(families),
+            quantization=None if quantization is None else QuantizationConfig.from_dict(quantization),
         )
 
 

@@ -9,7 +9,7 @@ import importlib
 import pkgutil
 
 _LOADED = False
-_INFRA = {"registry", "executor", "infer", "helpers", "math_flags"}
+_INFRA = {"registry", "executor", "infer", "helpers", "math_flags", "cuda_graphs"}
 
 
 def load_all() -> None:

@@ -5,6 +5,12 @@ implementations, so a fused graph computes what the original graph computed (the
 at least float32 and rounded once to the output type).
 
 - `FusedConv(X, W, B?, Z?)`: `Y = post(pre(Conv(X, W) + B) + Z)` with every Conv attribute.
+- `QuantizedConv(X, Wq, B?, Z?, Ws)`: FusedConv on quantized operands, `Y = post(pre(acc · x_scale · Ws[c] + B)
+  + Z)` with `acc = Conv(Q(X), Wq)` (exact in int32 for int8): `Q(X)` quantizes X per tensor by the float
+  attribute `x_scale` (int8: `clamp(round(X / x_scale), −128, 127)` rounding half to even, as QuantizeLinear
+  with zero point 0; fp8: `X / x_scale` as float8e4m3fn, saturating), `Wq` is the constant weight in that type
+  (`quant`: "int8" or "fp8e4m3") and `Ws` its per-output-channel float32 scales. Equal to FusedConv over
+  `DequantizeLinear(QuantizeLinear(X))` and the dequantized weight: the INT8 engine's layer.
 - `FusedGemm(A, B, C?, Z?)`: `Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`, where `@` is MatMul's
   batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
 - `FusedPointwise(X0, X1, ...)`: a small DAG of elementwise ONNX ops in one node (see `pointwise_program`).
@@ -104,6 +110,52 @@ def fused_conv(
     y = convolution(x, w, None, auto_pad, dilations, group, pads, strides)
     spatial = y.dim() - 2
     return epilogue(y, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
+
+
+QUANT_TYPES = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}
+
+
+def quantize_activation(x: torch.Tensor, x_scale: float, quant: str) -> torch.Tensor:
+    """`Q(X)` of QuantizedConv: X on the grid of `quant` (as that type), dividing in float32."""
+    from .quantize import quantize
+
+    if quant not in QUANT_TYPES:
+        raise ValueError(f"unknown quantized type {quant!r}; known: {sorted(QUANT_TYPES)}")
+    scale = torch.tensor(x_scale, dtype=torch.float32, device=x.device)
+    return quantize(x, scale, None, QUANT_TYPES[quant])
+
+
+@register("QuantizedConv", since=OPSET, domain=DOMAIN)
+def quantized_conv(
+    ctx: OpContext,
+    x,
+    w,
+    b=None,
+    z=None,
+    w_scale=None,
+    *,
+    x_scale,
+    quant="int8",
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    pre="",
+    pre_params=(),
+    post="",
+    post_params=(),
+):
+    if w_scale is None:
+        raise ValueError("QuantizedConv needs the weight scales (input 4)")
+    # Integer values (and fp8 values) are exact in float32; the sum of their products is float32's.
+    xq = quantize_activation(x, x_scale, quant).float()
+    acc = convolution(xq, w.float(), None, auto_pad, dilations, group, pads, strides)
+    spatial = acc.dim() - 2
+    scales = (w_scale.float() * torch.tensor(x_scale, dtype=torch.float32)).reshape(-1, *[1] * spatial)
+    y = epilogue(acc * scales.to(acc.device), b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
+    return y.to(x.dtype)
 
 
 @register("FusedGemm", since=OPSET, domain=DOMAIN)

@@ -102,8 +102,10 @@ class _Evaluator:
         feeds: Iterable[Mapping[str, Any]],
         output: str | None,
         device: str | torch.device,
+        fixed_float: Iterable[str] = (),
     ) -> None:
         self.model, self.table, self.device = model, table, torch.device(device)
+        self.fixed_float = tuple(fixed_float)
         self.feeds = list(feeds)
         if not self.feeds:
             raise InputError("the evaluation set is empty: give at least one batch of inputs")
@@ -121,11 +123,12 @@ class _Evaluator:
         return [executor.run(feed)[self.output].float().cpu().numpy() for feed in self.feeds]
 
     def quantized(self, keep_float: Iterable[str]) -> Agreement:
-        simulated = simulate_int8(self.model, self.table, keep_float=keep_float, verify=False)
+        keep = (*self.fixed_float, *keep_float)
+        simulated = simulate_int8(self.model, self.table, keep_float=keep, verify=False)
         return agreement(self.reference, self._outputs(simulated))
 
     def sensitivities(self) -> list[LayerSensitivity]:
-        layers = quantizable_layers(self.model)
+        layers = [layer for layer in quantizable_layers(self.model) if layer.name not in self.fixed_float]
         names = [layer.name for layer in layers]
         found = []
         for layer in layers:
@@ -141,9 +144,10 @@ def layer_sensitivity(
     *,
     output: str | None = None,
     device: str | torch.device = "cpu",
+    fixed_float: Iterable[str] = (),
 ) -> list[LayerSensitivity]:
-    """Each quantizable layer quantized alone, in graph order."""
-    return _Evaluator(model, table, feeds, output, device).sensitivities()
+    """Each quantizable layer quantized alone, in graph order (those in `fixed_float` are always float)."""
+    return _Evaluator(model, table, feeds, output, device, fixed_float).sensitivities()
 
 
 def mixed_precision(
@@ -155,11 +159,13 @@ def mixed_precision(
     output: str | None = None,
     device: str | torch.device = "cpu",
     sensitivities: Sequence[LayerSensitivity] | None = None,
+    fixed_float: Iterable[str] = (),
 ) -> MixedPrecisionResult:
     """Quantize everything, then return the most sensitive layers to float until `target` is met.
 
-    `sensitivities` (from `layer_sensitivity` on the same data) saves measuring them again."""
-    evaluator = _Evaluator(model, table, feeds, output, device)
+    `sensitivities` (from `layer_sensitivity` on the same data) saves measuring them again; layers in
+    `fixed_float` (those an engine cannot quantize) are float throughout and never counted."""
+    evaluator = _Evaluator(model, table, feeds, output, device, fixed_float)
     ranked = list(sensitivities) if sensitivities is not None else evaluator.sensitivities()
     ranked.sort(key=lambda s: (s.agreement.metric(target.metric), s.agreement.cosine))
     everything = evaluator.quantized(())

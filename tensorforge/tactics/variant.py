@@ -32,6 +32,9 @@ TF32_OPS = frozenset(
     {"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", f"{DOMAIN}::FusedConv", f"{DOMAIN}::FusedGemm"}
 )
 
+# Float32 operands a variant leaves in float32 (quantization scales), by op and input index.
+FLOAT32_OPERANDS = {f"{DOMAIN}::QuantizedConv": frozenset({4})}
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -154,14 +157,16 @@ def prepare_constants(
     operands the implementation reads as numbers (`HOST_INPUTS`) stay on the host."""
     prepared = {}
     host = HOST_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+    float32 = FLOAT32_OPERANDS.get(qualified_op(node), frozenset())
     for index, value in constant_inputs(node).items():
         on_host = index in host and isinstance(value.const, torch.Tensor)
         target = torch.device("cpu") if on_host else device
-        key = (value.name, str(variant.dtype) if value.dtype == DType.FLOAT else "", variant.layout, target.type)
+        declared = DType.UNDEFINED if index in float32 else value.dtype
+        key = (value.name, str(variant.dtype) if declared == DType.FLOAT else "", variant.layout, target.type)
         tensor = cache.get(key)
         if tensor is None:
             const = value.const
-            tensor = convert(const.to(target) if isinstance(const, torch.Tensor) else const, value.dtype, variant)
+            tensor = convert(const.to(target) if isinstance(const, torch.Tensor) else const, declared, variant)
             cache[key] = tensor
         prepared[index] = tensor
     return prepared

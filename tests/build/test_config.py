@@ -1,6 +1,6 @@
 import pytest
 
-from tensorforge.build.config import BuildConfig, Profile, parse_profile
+from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig, parse_profile, parse_target
 from tensorforge.errors import InputError
 
 
@@ -44,6 +44,7 @@ def test_config_round_trips_through_a_dict():
         effort=2,
         timing_cache="cache.json",
         tactic_families=("vendor",),
+        quantization=QuantizationConfig("calib/", "percentile", 99.9, "calib.json", ("top1", 0.99), ("conv1",)),
     )
     assert BuildConfig.from_dict(config.to_dict()) == config
 
@@ -51,9 +52,30 @@ def test_config_round_trips_through_a_dict():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"method": "kl"}, "unknown calibration method"),
+        ({"method": "entropy", "percentile": 99.0}, "percentile calibration method only"),
+        ({"method": "percentile", "percentile": 0.0}, "percentile"),
+        ({"target": ("accuracy", 0.9)}, "the metric is one of"),
+        ({"target": ("cosine", 1.5)}, "the value in"),
+    ],
+)
+def test_bad_quantization_configs(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        QuantizationConfig(**kwargs)
+
+
+def test_accuracy_targets_parse_and_bad_ones_say_how_to_write_them():
+    assert parse_target("cosine=0.999") == ("cosine", 0.999)
+    with pytest.raises(InputError, match="METRIC=VALUE"):
+        parse_target("cosine")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
         ({"device": "tpu"}, "unknown device"),
         ({"precisions": ("fp32", "fp64")}, "unknown precision"),
-        ({"precisions": ("fp32", "int8")}, "need calibration"),
+        ({"precisions": ("fp32", "int8", "fp8")}, "one quantized precision"),
         ({"precisions": ("fp16",)}, "fp32 must stay allowed"),
         ({"effort": 7}, "effort"),
         ({"workspace_bytes": -1}, "workspace"),

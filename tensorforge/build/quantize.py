@@ -1,0 +1,93 @@
+"""The quantization step of an int8 / fp8 build, between graph optimization and tuning.
+
+1. Scales: from the calibration cache when it exists (it must belong to this optimized model), else by
+   calibrating the optimized float model on the calibration data (the reference executor on the build's
+   device), then written to the cache when one is named.
+2. Layers: with an accuracy target, the mixed-precision search returns the most sensitive layers to float
+   until the simulated int8 model meets it on the calibration data; layers the user names stay float too.
+3. Every other calibrated FusedConv becomes a QuantizedConv (`quant.lower`); the report says which layers
+   stayed float and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..ir import Model
+from ..quant import (
+    Target,
+    calibrate,
+    load_calibration_data,
+    mixed_precision,
+    quantizable_layers,
+    read_cache,
+    write_cache,
+)
+from ..quant.lower import lowerable, quantize_layers
+from .config import BuildConfig, QuantizationConfig
+
+Feeds = Iterable[Mapping[str, Any]]
+
+
+def quantize_model(
+    model: Model, config: BuildConfig, device: torch.device, calibration_data: Feeds | None = None
+) -> dict[str, Any]:
+    """Make `model`'s calibrated layers quantized (in place) and return the report's quantization section.
+
+    `calibration_data` (batches of feeds) overrides `config.quantization.data`."""
+    quant = config.quantized_type
+    settings = config.quantization or QuantizationConfig()
+    feeds = _feeds(model, settings, calibration_data)
+    cache = Path(settings.cache) if settings.cache else None
+    if cache is not None and cache.exists():
+        table = read_cache(cache, model)
+        source = f"calibration cache {cache}"
+    elif feeds is None:
+        raise InputError(
+            f"a {quant} build needs calibration data: give --calib FILE_OR_DIR (.npy / .npz batches) or a "
+            "calibration cache made for this model (--calib-cache)"
+        )
+    else:
+        table = calibrate(model, feeds, settings.method, params=settings.params, device=device)
+        source = f"{table.batches} calibration batches, {settings.method}"
+        if cache is not None:
+            write_cache(table, cache)
+    fixed = lowerable(quantizable_layers(model))
+    keep = list(settings.keep_float)
+    reasons = {name: "kept in float by the build config" for name in keep}
+    section: dict[str, Any] = {"type": quant, "scales": source, "method": table.method}
+    if settings.target is not None:
+        if feeds is None:
+            raise InputError("an accuracy target needs calibration data to measure it on: give --calib")
+        if quant != "int8":
+            raise InputError("the accuracy-target search simulates int8 only; build fp8 without a target")
+        result = mixed_precision(
+            model, table, feeds, Target(*settings.target), device=device, fixed_float=[*fixed, *keep]
+        )
+        keep += result.keep_float
+        reasons.update(result.reasons)
+        section["target"] = {
+            "metric": settings.target[0],
+            "value": settings.target[1],
+            "all_quantized": result.all_int8.metric(settings.target[0]),
+            "achieved": result.achieved.metric(settings.target[0]),
+            "met": result.met,
+        }
+    lowering = quantize_layers(model, table, keep_float=keep, quant=quant)
+    reasons.update({name: why for name, why in lowering.left_float.items() if name not in reasons})
+    section["quantized"] = list(lowering.quantized)
+    section["float"] = reasons
+    return section
+
+
+def _feeds(model: Model, settings: QuantizationConfig, given: Feeds | None) -> list[Mapping[str, Any]] | None:
+    if given is not None:
+        return list(given)
+    if settings.data is None:
+        return None
+    return load_calibration_data(settings.data, model)

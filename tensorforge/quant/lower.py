@@ -1,0 +1,104 @@
+"""Quantized engine layers: each calibrated FusedConv becomes a `tensorforge::QuantizedConv`.
+
+The activation scale comes from the calibration table (per tensor, int8: `amax / 127`; fp8 E4M3:
+`amax / 448`), the weight is quantized once per output channel (`weights.py`'s scales, the same ones the Q/DQ
+simulation uses), so an engine of QuantizedConv layers computes what `simulate_int8` computes. Other
+quantizable layers (Gemm, MatMul, ConvTranspose) stay float: there is no quantized kernel for them yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InputError
+from ..ir import DType, Model, Node, Value, qualified_op, validate
+from ..ops.fused import DOMAIN
+from ..ops.quantize import quantize
+from ..passes.base import PassContext
+from ..passes.utils import add_initializer, remove_unused_initializers, replace_node
+from .calibration import CalibrationTable
+from .layers import QuantLayer, quantizable_layers
+from .weights import per_channel_amax
+
+FUSED_CONV = f"{DOMAIN}::FusedConv"
+# The largest magnitude of each quantized type: scale = amax / QMAX.
+QMAX = {"int8": 127.0, "fp8e4m3": 448.0}
+_WEIGHT_TYPES = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}
+_MIN_SCALE = 1e-12
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """What `quantize_layers` did: the layers it quantized and those it left float, each with the reason."""
+
+    quantized: tuple[str, ...]
+    left_float: dict[str, str]
+
+
+def lowerable(layers: Iterable[QuantLayer]) -> dict[str, str]:
+    """The quantizable layers that cannot become quantized engine layers, with the reason."""
+    return {
+        layer.name: f"{qualified_op(layer.node)} has no quantized kernel yet (FusedConv only)"
+        for layer in layers
+        if qualified_op(layer.node) != FUSED_CONV
+    }
+
+
+def quantize_layers(
+    model: Model, table: CalibrationTable, *, keep_float: Iterable[str] = (), quant: str = "int8"
+) -> Lowering:
+    """Rewrite, in place, every FusedConv of `model` that `quantizable_layers` lists and `keep_float` does not
+    name into a QuantizedConv of type `quant` ("int8" or "fp8e4m3"), with the scales of `table`."""
+    if quant not in QMAX:
+        raise InputError(f"unknown quantized type {quant!r}: choose from {sorted(QMAX)}")
+    layers = quantizable_layers(model)
+    keep = frozenset(keep_float)
+    unknown = sorted(keep - {layer.name for layer in layers})
+    if unknown:
+        raise InputError(
+            f"keep_float names unknown layers {unknown}; the quantizable layers are {[x.name for x in layers]}"
+        )
+    left = lowerable(layers)
+    left.update({name: "kept in float" for name in keep})
+    chosen = [layer for layer in layers if layer.name not in left]
+    # Scales by the original value names, before rewriting renames any output.
+    scales = {layer.name: _activation_scale(table, layer.node.inputs[0], quant) for layer in chosen}
+    ctx = PassContext(model)
+    for layer in chosen:
+        _rewrite(ctx, layer, scales[layer.name], quant)
+    remove_unused_initializers(model.graph)
+    model.graph.sort()
+    validate(model.graph)
+    return Lowering(tuple(layer.name for layer in chosen), left)
+
+
+def _activation_scale(table: CalibrationTable, value: Value, quant: str) -> float:
+    scale = table.scale(value.name)  # raises, naming the tensor, when the table lacks it
+    return scale if quant == "int8" else max(table.ranges[value.name].amax / QMAX[quant], _MIN_SCALE)
+
+
+def quantize_weight(weight: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A conv weight `[Cout, ...]` quantized per output channel: the weight in `quant`'s type and float32 scales."""
+    scales = (per_channel_amax(weight, 0) / QMAX[quant]).clamp(min=_MIN_SCALE).float()
+    return quantize(weight.float(), scales, None, _WEIGHT_TYPES[quant], axis=0), scales
+
+
+def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) -> Node:
+    node = layer.node
+    graph = ctx.model.graph
+    weight = node.inputs[1]
+    quantized, scales = quantize_weight(weight.const, quant)
+    wq = add_initializer(graph, ctx.new_value(f"{layer.name}.{quant}_weight"), quantized)
+    ws = add_initializer(graph, ctx.new_value(f"{layer.name}.weight_scale"), scales)
+    inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
+    inputs = [inputs[0], wq, inputs[2], inputs[3], ws]
+    attributes = {**node.attributes, "x_scale": float(x_scale), "quant": quant}
+    out = node.outputs[0]
+    replacement = Node(
+        "QuantizedConv", inputs, [ctx.new_value(out.name, like=out)], attributes, domain=DOMAIN, name=node.name
+    )
+    replace_node(node, replacement)
+    return replacement

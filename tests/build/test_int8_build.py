@@ -1,0 +1,111 @@
+"""INT8 builds: calibration inside the build, the calibration cache, the accuracy target, and the engine's
+agreement with the simulated int8 model."""
+
+import numpy as np
+import pytest
+import torch
+
+from tensorforge import Executor
+from tensorforge.build.builder import Builder
+from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
+from tensorforge.errors import InputError
+from tensorforge.ir.clone import clone_model
+from tensorforge.ops.infer import infer_model
+from tensorforge.passes.pipeline import optimize
+from tensorforge.quant import calibrate, simulate_int8
+from tensorforge.runtime.engine import Engine
+from tests.helpers import relative_error
+from tests.quant.support import random_batches, small_conv_model
+
+PROFILE = Profile().add("x", (2, 3, 8, 8), (2, 3, 8, 8), (2, 3, 8, 8))
+
+
+def _build(model, calibration_data=None, **quantization):
+    config = BuildConfig(
+        precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, quantization=QuantizationConfig(**quantization)
+    )
+    return Builder(config, calibration_data=calibration_data).build(model)
+
+
+def _simulated(model, batches, method, keep_float):
+    """The float model optimized as a build does, calibrated on `batches`, with Q/DQ on its conv layers."""
+    optimized = clone_model(model)
+    specialized = optimized.graph.inputs[0]
+    specialized.shape = (2, 3, 8, 8)
+    optimized, _ = optimize(optimized)
+    infer_model(optimized, check=False)
+    return simulate_int8(optimized, calibrate(optimized, batches, method), keep_float=keep_float)
+
+
+def _run(engine, feed):
+    return engine.create_context().run(feed)["y"].cpu()
+
+
+def test_an_int8_engine_computes_what_the_simulated_int8_model_computes():
+    model, batches = small_conv_model(), random_batches(3)
+    engine = _build(model, batches, method="minmax")
+    section = engine.report["quantization"]
+    assert section["type"] == "int8" and section["quantized"] == ["conv1", "conv2"]
+    assert set(section["float"]) == {"fc", "head"} and "no quantized kernel" in section["float"]["fc"]
+    ops = [node.op_type for node in engine.model.graph.nodes]
+    assert ops.count("QuantizedConv") == 2 and "QuantizeLinear" not in ops
+    feed = random_batches(1, seed=7)[0]
+    want = Executor(_simulated(model, batches, "minmax", ["fc", "head"])).run(feed)["y"]
+    float_out = Executor(model).run(feed)["y"]
+    got = _run(engine, feed)
+    assert relative_error(got.numpy(), want.numpy()) <= 1e-5
+    assert relative_error(got.numpy(), float_out.numpy()) > 1e-4  # it is quantized, not float
+
+
+def test_the_calibration_cache_is_written_reused_and_refused_for_another_model(tmp_path):
+    model, batches, feed = small_conv_model(), random_batches(3), random_batches(1, seed=7)[0]
+    cache = tmp_path / "calibration.json"
+    first = _build(model, batches, method="entropy", cache=str(cache))
+    assert cache.exists() and "calibration batches" in first.report["quantization"]["scales"]
+    written = cache.read_text()
+    second = _build(model, cache=str(cache))  # no data: the cache alone
+    assert second.report["quantization"]["scales"] == f"calibration cache {cache}"
+    assert torch.equal(_run(first, feed), _run(second, feed))
+    assert cache.read_text() == written  # read, not rewritten
+    with pytest.raises(InputError, match="another model"):
+        _build(small_conv_model(seed=3), cache=str(cache))
+
+
+def test_an_int8_build_without_scales_says_what_to_give():
+    with pytest.raises(InputError, match="needs calibration data: give --calib"):
+        _build(small_conv_model())
+
+
+def test_an_unreachable_accuracy_target_returns_every_conv_layer_to_float():
+    model, batches, feed = small_conv_model(), random_batches(2), random_batches(1, seed=7)[0]
+    engine = _build(model, batches, method="minmax", target=("cosine", 1.0))
+    section = engine.report["quantization"]
+    assert section["quantized"] == [] and {"conv1", "conv2"} <= set(section["float"])
+    assert "quantized alone it gives cosine" in section["float"]["conv1"]
+    assert section["target"]["met"] and section["target"]["all_quantized"] < 1.0
+    assert relative_error(_run(engine, feed).numpy(), Executor(model).run(feed)["y"].numpy()) <= 1e-5
+
+
+def test_a_reachable_target_keeps_some_layers_quantized_and_meets_it():
+    model, batches = small_conv_model(), random_batches(4)
+    engine = _build(model, batches, method="minmax", target=("cosine", 0.99))
+    section = engine.report["quantization"]
+    assert section["target"]["met"] and section["target"]["achieved"] >= 0.99
+    assert set(section["quantized"]) | (set(section["float"]) - {"fc", "head"}) == {"conv1", "conv2"}
+
+
+def test_an_int8_engine_file_round_trips_its_int8_weights(tmp_path):
+    model, batches, feed = small_conv_model(), random_batches(2), random_batches(1, seed=7)[0]
+    engine = _build(model, batches, method="minmax")
+    path = tmp_path / "model.engine"
+    engine.save(path)
+    loaded = Engine.load(path)
+    weights = [v.const for v in loaded.model.graph.initializers.values() if v.const is not None]
+    assert any(w.dtype == torch.int8 for w in weights)
+    assert torch.equal(_run(loaded, feed), _run(engine, feed))
+
+
+def test_calibration_data_of_the_wrong_shape_names_the_batch():
+    bad = [{"x": np.zeros((5, 3, 8, 8), dtype=np.float32) + 1}]
+    with pytest.raises(InputError, match="calibration batch 0"):
+        _build(small_conv_model(), bad, method="minmax")
