@@ -11,12 +11,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..build.builder import Builder
-from ..build.config import BuildConfig, Profile, parse_profile
+from ..build.config import BuildConfig, Profile, QuantizationConfig, parse_profile, parse_target
 from ..errors import InputError, TensorforgeError
 from ..feeds import parse_assignments, parse_shape
 from ..ir import qualified_op
 from ..runtime.engine import Engine
-from ..runtime.inspect import build_time_line, plan_selection_line
+from ..runtime.inspect import build_time_line, plan_selection_line, quantization_lines
 from .common import app, choose_device, err, fail, out
 
 
@@ -27,6 +27,39 @@ def build(
     fp16: Annotated[bool, typer.Option("--fp16", help="allow float16 layers")] = False,
     bf16: Annotated[bool, typer.Option("--bf16", help="allow bfloat16 layers")] = False,
     tf32: Annotated[bool, typer.Option("--tf32", help="allow TF32 math in float32 convolutions and products")] = False,
+    int8: Annotated[
+        bool, typer.Option("--int8", help="quantize convolutions to int8 (needs --calib or --calib-cache)")
+    ] = False,
+    fp8: Annotated[
+        bool, typer.Option("--fp8", help="quantize convolutions to fp8 E4M3 (Hopper; needs calibration)")
+    ] = False,
+    calib: Annotated[
+        Path | None,
+        typer.Option(
+            "--calib", help="calibration batches: a .npy / .npz file or a directory of them", show_default=False
+        ),
+    ] = None,
+    calib_method: Annotated[str, typer.Option("--calib-method", help="minmax, entropy, percentile or mse")] = "entropy",
+    percentile: Annotated[
+        float | None,
+        typer.Option(help="the percentile of --calib-method percentile (default 99.99)", show_default=False),
+    ] = None,
+    calib_cache: Annotated[
+        Path | None,
+        typer.Option("--calib-cache", help="calibration cache: read if it exists, else written", show_default=False),
+    ] = None,
+    accuracy_target: Annotated[
+        str | None,
+        typer.Option(
+            "--accuracy-target",
+            help="keep the most sensitive layers float until e.g. cosine=0.999 or top1=0.99 holds on --calib",
+            show_default=False,
+        ),
+    ] = None,
+    keep_float: Annotated[
+        list[str] | None,
+        typer.Option("--keep-float", help="a layer (node name) to keep float (repeatable)", show_default=False),
+    ] = None,
     profiles: Annotated[
         list[str] | None,
         typer.Option(
@@ -56,7 +89,20 @@ def build(
     try:
         if output.exists() and not force:
             raise InputError(f"{str(output)!r} already exists; pass --force to overwrite it")
-        precisions = ("fp32", *(p for p, on in (("tf32", tf32), ("fp16", fp16), ("bf16", bf16)) if on))
+        flags = (("tf32", tf32), ("fp16", fp16), ("bf16", bf16), ("int8", int8), ("fp8", fp8))
+        precisions = ("fp32", *(p for p, on in flags if on))
+        quantization = None
+        if int8 or fp8:
+            quantization = QuantizationConfig(
+                data=str(calib) if calib else None,
+                method=calib_method,
+                percentile=percentile,
+                cache=str(calib_cache) if calib_cache else None,
+                target=parse_target(accuracy_target) if accuracy_target else None,
+                keep_float=tuple(keep_float or ()),
+            )
+        elif calib or calib_cache or accuracy_target or keep_float:
+            raise InputError("--calib, --calib-cache, --accuracy-target and --keep-float go with --int8 or --fp8")
         config = BuildConfig(
             device=choose_device(device),
             precisions=precisions,
@@ -64,6 +110,7 @@ def build(
             effort=effort,
             timing_cache=str(timing_cache) if timing_cache else None,
             tactic_families=tuple(f.strip() for f in families.split(",")) if families else None,
+            quantization=quantization,
         )
         columns = (TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, TextColumn("{task.fields[layer]}"), console=err, transient=True) as progress:
@@ -103,6 +150,8 @@ def print_build_report(engine: Engine) -> None:
     fired = ", ".join(f"{rule} {count}x" for rule, count in optimizer.get("fired", {}).items())
     before, after = optimizer.get("nodes_before"), optimizer.get("nodes_after")
     out.print(f"graph: {before} -> {after} nodes ({fired or 'no fusion'})")
+    for line in quantization_lines(report):
+        out.print(line)
     nodes = engine.model.graph.nodes
     for index, plan in enumerate(engine.plans):
         ranges = ", ".join(

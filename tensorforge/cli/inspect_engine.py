@@ -8,7 +8,13 @@ from typing import Any
 
 from rich.table import Table
 
-from ..runtime.inspect import build_time_line, describe_engine, load_for_inspection, plan_selection_line
+from ..runtime.inspect import (
+    build_time_line,
+    describe_engine,
+    load_for_inspection,
+    plan_selection_line,
+    quantization_lines,
+)
 from .common import out
 
 
@@ -103,6 +109,8 @@ def _print_profile(index: int, profile: dict[str, Any], report: dict[str, Any]) 
 
 
 def _print_build(report: dict[str, Any]) -> None:
+    for line in quantization_lines(report):
+        out.print(line)
     out.print(build_time_line(report))
 
 

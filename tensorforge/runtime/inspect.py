@@ -145,3 +145,23 @@ def build_time_line(report: dict[str, Any]) -> str:
     if cache.get("path"):
         line += f"; timing cache {cache['path']}: {cache['entries_before']} -> {cache['entries']} entries"
     return line
+
+
+def quantization_lines(report: dict[str, Any]) -> list[str]:
+    """The build report's quantization section as lines: scales, layers quantized, float layers and why."""
+    section = report.get("quantization")
+    if not section:
+        return []
+    lines = [
+        f"{section['type']}: {len(section['quantized'])} layers quantized, {len(section['float'])} float "
+        f"(scales from {section['scales']})"
+    ]
+    target = section.get("target")
+    if target:
+        verdict = "met" if target["met"] else "NOT met"
+        lines.append(
+            f"accuracy target {target['metric']} >= {target['value']}: {verdict} ({target['achieved']:.5f}; every "
+            f"layer quantized: {target['all_quantized']:.5f})"
+        )
+    lines += [f"  float: {name}: {why}" for name, why in section["float"].items()]
+    return lines

@@ -4,6 +4,8 @@
   layer has, and the ground truth the autotuner checks other candidates against).
 - `vendor.torch-direct`: FusedConv through torch's own convolution (oneDNN on the CPU, cuDNN on CUDA) with the
   epilogue applied after it; faster than the reference's im2col + GEMM on the CPU, less accurate there.
+- `vendor.torch-quantized`: QuantizedConv through torch's float convolution (oneDNN / cuDNN, full float32) on
+  the quantized values, which float32 holds exactly: the reference's numbers, faster (no int8 tensor cores).
 - `vendor.cudnn-fused`: FusedConv as one cuDNN call with bias, residual and ReLU inside
   (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
 - `vendor.onednn-fused`: FusedConv on the CPU as one oneDNN call with its post-ops and a pre-reordered weight.
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 from ..ir import Node
 from ..ops import load_all
 from ..ops.conv import convolution
-from ..ops.fused import DOMAIN, epilogue
+from ..ops.fused import DOMAIN, epilogue, quantize_activation
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
 from .base import Kernel, Tactic, register_tactic
@@ -95,6 +97,42 @@ class TorchDirectConvTactic(Tactic):
             )
             spatial = y.dim() - 2
             return (epilogue(y, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial)),)
+
+        return kernel
+
+
+@register_tactic
+class TorchQuantizedConvTactic(Tactic):
+    family = "vendor"
+    name = "torch-quantized"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    layouts = ("NCHW", "NHWC")
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        conv = _conv_attributes(node)
+        pre, pre_params, post, post_params = _epilogue_attributes(node)
+        x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
+        weights: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}  # (ptr, NHWC) -> (kept, float)
+
+        def float_weight(w: torch.Tensor, channels_last: bool) -> torch.Tensor:
+            key = (w.data_ptr(), channels_last)
+            if key not in weights:
+                fmt = torch.channels_last if channels_last and w.dim() == 4 else torch.contiguous_format
+                weights[key] = (w, w.float().contiguous(memory_format=fmt))
+            return weights[key][1]
+
+        def kernel(inputs):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            xq = quantize_activation(x, x_scale, quant).float()
+            channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+            acc = convolution(
+                xq, float_weight(w, channels_last), None, conv.get("auto_pad", "NOTSET"), conv.get("dilations"),
+                conv.get("group", 1), conv.get("pads"), conv.get("strides"), algorithm="direct",
+            )  # fmt: skip
+            spatial = acc.dim() - 2
+            scales = (w_scale.float() * x_scale).reshape(-1, *[1] * spatial)
+            y = epilogue(acc * scales, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
+            return (y.to(x.dtype),)
 
         return kernel
 

@@ -54,7 +54,31 @@ def test_bad_build_options_fail_with_a_message(inception, tmp_path):
         (["--profile", "image=1x3"], "not inputs of the model"),
         (["--shape", "input=1x64x16x16", "--profile", "input=1x64x16x16"], "not both"),
         (["--device", "tpu"], "unknown device"),
+        (["--calib", "data/"], "go with --int8 or --fp8"),
+        (["--int8"], "needs calibration data"),
+        (["--int8", "--calib", "missing/"], "does not exist"),
+        (["--int8", "--calib-method", "kl"], "unknown calibration method"),
+        (["--int8", "--accuracy-target", "cosine"], "METRIC=VALUE"),
+        (["--int8", "--fp8"], "one quantized precision"),
     ]
     for extra, message in cases:
         result = runner.invoke(app, ["build", str(inception), "-o", engine, "--effort", "0", *extra])
         assert result.exit_code == 1 and message in result.output, (extra, result.output)
+
+
+def test_an_int8_build_calibrates_on_a_directory_and_reports_its_layers(inception, tmp_path):
+    data = tmp_path / "calib"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(3):
+        np.save(data / f"batch{index}.npy", rng.standard_normal((1, 64, 16, 16)).astype(np.float32))
+    engine, cache = tmp_path / "m.engine", tmp_path / "calib.json"
+    args = ["build", str(inception), "-o", str(engine), "--effort", "0", "--int8", "--calib", str(data)]
+    result = runner.invoke(
+        app, [*args, "--calib-method", "percentile", "--percentile", "99.9", "--calib-cache", str(cache)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "int8: 4 layers quantized, 0 float" in result.output, result.output
+    assert cache.exists() and '"percentile"' in cache.read_text()
+    inspected = runner.invoke(app, ["inspect", str(engine)])
+    assert inspected.exit_code == 0 and "layers quantized" in inspected.output, inspected.output
