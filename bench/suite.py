@@ -42,14 +42,15 @@ from typing import Any
 import torch
 
 from tensorforge import __version__, zoo
-from tensorforge.build.builder import build_engine
-from tensorforge.build.config import BuildConfig, Profile
+from tensorforge.build.builder import Builder
+from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.frontend import import_model
 from tensorforge.tactics.autotune import relative_error
 
 SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "compile-ro", "compile-max", "ort")
 DEFAULT_SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "ort")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
+QUANTIZED = ("int8", "fp8")  # tensorforge only: engines with quantized convolutions and fp16 elsewhere
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Image side or sequence length each model is benchmarked at (others: the zoo's default size).
 BENCH_SIZES = {
@@ -177,6 +178,10 @@ def run_tensorforge(case: Case, precision: str) -> Measurement:
     for input_name, x in case.feeds.items():
         profile = profile.add(input_name, tuple(x.shape), tuple(x.shape), tuple(x.shape))
     precisions = ("fp32",) if precision == "fp32" else ("fp32", precision)
+    calibration = None
+    if precision in QUANTIZED:  # scales from the benchmark's own random inputs: a speed measurement
+        precisions = ("fp32", "fp16", precision)
+        calibration = [{k: v.numpy() for k, v in case.feeds.items()}]
     with tempfile.TemporaryDirectory() as scratch:
         config = BuildConfig(
             device=str(case.device),
@@ -184,9 +189,10 @@ def run_tensorforge(case: Case, precision: str) -> Measurement:
             profiles=(profile,),
             effort=case.effort,
             timing_cache=str(Path(scratch) / "timing.json"),
+            quantization=QuantizationConfig(method="minmax") if calibration else None,
         )
         started = time.perf_counter()
-        engine = build_engine(model, config)
+        engine = Builder(config, calibration_data=calibration).build(model)
         build_s = time.perf_counter() - started
     context = engine.create_context()
     feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
@@ -253,7 +259,9 @@ RUNNERS: dict[str, Callable[[Case, str], Measurement]] = {
 
 def not_applicable(system: str, precision: str, device: torch.device) -> str | None:
     """Why `system` does not run at `precision` on `device` (None when it does)."""
-    if device.type == "cpu" and precision != "fp32":
+    if precision in QUANTIZED and system != "tensorforge":
+        return f"{precision} engines are tensorforge's only"
+    if device.type == "cpu" and precision not in ("fp32", *QUANTIZED):
         return f"{precision} runs on CUDA only"
     if system == "eager+graph" and device.type != "cuda":
         return "CUDA graphs need CUDA"
