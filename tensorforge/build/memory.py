@@ -46,6 +46,13 @@ INPLACE_OPS = frozenset(
     | {(FUSED_DOMAIN, "FusedPointwise"), (FUSED_DOMAIN, "Gelu")}
 )
 
+# (domain, op type) of the ops whose outputs may be views of their first input (torch returns views for
+# them): while such a view is alive, the storage it looks into is too.
+VIEW_OPS = frozenset(
+    ("", op)
+    for op in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split", "Expand")
+)
+
 
 @dataclass(frozen=True)
 class TensorLife:
@@ -320,6 +327,10 @@ def plan_graph(
         producer = value.producer()
         first = 0 if producer is None else step_of[producer]
         last = max([first] + [step_of[user] for user, _ in value.uses() if user in step_of])
+        view_last, viewed_outside = _view_reach(value, step_of, outputs)
+        if viewed_outside:  # a graph output may look into its storage: the kernel allocates it instead
+            continue
+        last = max(last, view_last)
         if value.name in outputs:
             last = max(last, len(nodes) - 1)
         lives[value.name] = TensorLife(value.name, size, first, last)
@@ -346,3 +357,22 @@ def plan_graph(
                 break
     plan = plan_memory(lives.values(), alignment)
     return dataclasses.replace(plan, outside=outside_sizes) if outside_sizes else plan
+
+
+def _view_reach(value: Value, step_of: Mapping[Any, int], outputs: set[str]) -> tuple[int, bool]:
+    """The last step reading a view of `value` (through chains of `VIEW_OPS`), and whether a view is a graph
+    output."""
+    last, reaches_output = -1, False
+    pending = [value]
+    while pending:
+        current = pending.pop()
+        for user, index in current.uses():
+            if index != 0 or (user.domain, user.op_type) not in VIEW_OPS:
+                continue
+            for view in user.outputs:
+                if view is None or not view.name:
+                    continue
+                reaches_output = reaches_output or view.name in outputs
+                last = max([last] + [step_of[reader] for reader, _ in view.uses() if reader in step_of])
+                pending.append(view)
+    return last, reaches_output

@@ -257,7 +257,27 @@ def test_plan_graph_lifetimes_and_inplace():
     assert all(size == 2 * 8 * 4 for size in plan.sizes.values())
     assert plan.offsets["s"] == plan.offsets["r"]
     assert len({plan.offsets[n] for n in ("m", "t", "mt")}) == 3  # all live at step 4
-    assert plan.arena_bytes == plan.lower_bound_bytes == 3 * 256
+    # s stays live as long as t, its transpose (a view of s in torch), does: four blocks live at step 5.
+    assert plan.arena_bytes == plan.lower_bound_bytes == 4 * 256
+
+
+def test_a_tensor_lives_while_its_views_do_and_one_viewed_by_an_output_stays_out():
+    """x -Relu-> a -Split-> (s0, s1); s0 -Relu-> b -Relu-> c; (s1 + c) -> y. The Split's outputs are views of
+    a: a must not be overwritten by b or c while s1 is still to be read."""
+    x, a, s0, s1 = f32("x", [2, 8]), f32("a", [2, 8]), f32("s0", [1, 8]), f32("s1", [1, 8])
+    b, c, y = f32("b", [1, 8]), f32("c", [1, 8]), f32("y", [1, 8])
+    nodes = [
+        Node("Relu", [x], [a]),
+        Node("Split", [a], [s0, s1], {"axis": 0}),
+        Node("Relu", [s0], [b]),
+        Node("Relu", [b], [c]),
+        Node("Add", [s1, c], [y]),
+    ]
+    plan = plan_graph(Graph("g", [x], [y], nodes), outside={"s0", "s1"})
+    assert plan.offsets["a"] not in (plan.offsets["b"], plan.offsets["c"])
+    x, a, s0, s1 = f32("x", [2, 8]), f32("a", [2, 8]), f32("s0", [1, 8]), f32("s1", [1, 8])
+    viewed = Graph("g", [x], [s1], [Node("Relu", [x], [a]), Node("Split", [a], [s0, s1], {"axis": 0})])
+    assert "a" not in plan_graph(viewed, outside={"s0"}).offsets  # the output s1 looks into a
 
 
 def test_plan_graph_outputs_and_inputs_when_asked():

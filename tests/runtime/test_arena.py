@@ -91,6 +91,24 @@ def test_a_schedule_writes_its_convolutions_into_the_arena(into_arena):
     assert torch.equal(again, got)
 
 
+def test_views_of_an_arena_tensor_keep_it_alive(into_arena):
+    """Inception's merged 1×1 convolutions write one tensor that a Split cuts into views read by later layers:
+    the layers in between must not be given its bytes."""
+    model = import_model(zoo.export("inception", dynamic_batch=False))
+    engine = build_engine(model, BuildConfig(effort=0))
+    graph = engine.model.graph
+    assert "Split" in [node.op_type for node in graph.nodes]
+    layers = _forced(engine, into_arena.key)
+    outside = {v.name for l in layers if l.tactic != into_arena.key for v in graph.nodes[l.node].outputs}
+    memory = plan_graph(graph, outside=outside)
+    schedule = Schedule(engine.model, layers, torch.device("cpu"), {}, memory)
+    arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8)
+    x = torch.randn(zoo.input_shape("inception"))
+    (got,) = schedule.execute({"input": x}, arena=arena)
+    want = Executor(model).run({"input": x})["output"]
+    assert relative_error(got.numpy(), want.numpy()) <= 1e-4
+
+
 def test_a_too_small_arena_is_refused(into_arena):
     model = import_model(zoo.export("inception", dynamic_batch=False))
     engine = build_engine(model, BuildConfig(effort=0))
