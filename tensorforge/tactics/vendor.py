@@ -10,6 +10,7 @@
   (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
 - `vendor.onednn-fused`: FusedConv on the CPU as one oneDNN call with its post-ops and a pre-reordered weight.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
+- `vendor.torch-layernorm`: LayerNormalization as torch's one-pass `layer_norm` (statistics in float32).
 """
 
 from __future__ import annotations
@@ -321,5 +322,35 @@ class TorchMaxPoolTactic(Tactic):
             if list(y.shape[2:]) != list(out):
                 raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
             return (y,)
+
+        return kernel
+
+
+@register_tactic
+class TorchLayerNormTactic(Tactic):
+    family = "vendor"
+    name = "torch-layernorm"
+    op_types = ("LayerNormalization", f"{DOMAIN}::LayerNormalization")
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if any(v.name for v in node.outputs[1:]):
+            return "the Mean and InvStdDev outputs are computed only by the reference"
+        if node.attributes.get("stash_type", 1) != 1:
+            return "statistics in float32 only (stash_type=1)"
+        if node.inputs[0].rank is None:
+            return "the input's rank is unknown"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        axis = node.attributes.get("axis", -1)
+        epsilon = float(node.attributes.get("epsilon", 1e-5))
+
+        def kernel(inputs):
+            x, scale, bias = (list(inputs) + [None] * 3)[:3]
+            begin = axis % x.dim()
+            shape = tuple(x.shape[begin:])
+            weight = scale.expand(shape) if tuple(scale.shape) != shape else scale
+            bias = bias.expand(shape) if bias is not None and tuple(bias.shape) != shape else bias
+            return (F.layer_norm(x, shape, weight, bias, epsilon),)
 
         return kernel
