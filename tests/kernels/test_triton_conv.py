@@ -185,6 +185,19 @@ def test_pack_weight_layout():
         pack_weight(w, groups=5)
 
 
+def test_pack_weight_k_major_layout():
+    """The same (G, KH, KW, Cin/G, Cout/G) tensor stored K innermost; the kernel reads either."""
+    torch.manual_seed(10)
+    w = torch.randn(12, 2, 3, 5)
+    packed = pack_weight(w, groups=3, k_major=True)
+    assert torch.equal(packed, pack_weight(w, groups=3)) and packed.stride() == (120, 10, 2, 1, 30)
+    x, w, b, z, attrs = _layer("cpu", torch.float32, (1, 8, 5, 5), 8, {"pads": [1, 1, 1, 1]}, FULL_EPILOGUE)
+    begin, _, out_hw = _geometry(x.shape, w.shape, attrs)
+    common = {"out_hw": out_hw, "pads_begin": begin, "pre": activation_args("HardSwish"), "config": TINY}
+    got = conv2d_nhwc(x, pack_weight(w, 1, k_major=True), b, z, post=activation_args("Clip", [-1.0, 2.0]), **common)
+    assert _error(got, _reference(x, w, b, z, attrs)) <= TOLERANCE["fp32"]
+
+
 def test_bad_operands_are_named():
     x = torch.randn(1, 8, 5, 5)
     packed = pack_weight(torch.randn(8, 8, 3, 3), 1)
@@ -193,6 +206,8 @@ def test_bad_operands_are_named():
         conv2d_nhwc(torch.randn(1, 4, 5, 5), packed, **common)
     with pytest.raises(ValueError, match="pack_weight"):
         conv2d_nhwc(x, torch.randn(8, 8, 3, 3), **common)
+    with pytest.raises(ValueError, match="contiguous or k_major"):
+        conv2d_nhwc(x, packed.transpose(3, 4), **common)
     with pytest.raises(ValueError, match="bias must have shape"):
         conv2d_nhwc(x, packed, torch.randn(4), **common)
     with pytest.raises(ValueError, match="does not broadcast"):
@@ -279,10 +294,11 @@ from triton.compiler import ASTSource
 from tensorforge.kernels.triton.conv import _conv2d_igemm as fn
 constants = dict(
     KH=3, KW=3, DENSE_K=False, EVEN_K=False, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1, SPLIT=False,
-    DOT_PRECISION="ieee", ALIGN=8, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
+    DOT_PRECISION="ieee", QUANT=0, QUANTIZE_X=False, W_K_MAJOR=False, ALIGN=8, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+    GROUP_M=8, sxc=1, src=1, syc=1,
 )
-pointers = ("x", "w", "bias", "res", "y", "partial")
-floats = ("pre0", "pre1", "post0", "post1")
+pointers = ("x", "w", "bias", "res", "y", "partial", "w_scale")
+floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale")
 signature = {
     n: "constexpr" if n in constants else "*fp16" if n in pointers else "fp32" if n in floats else "i32"
     for n in fn.arg_names

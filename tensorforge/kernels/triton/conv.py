@@ -18,11 +18,19 @@ Y's type and stored through Y's strides, so it writes into any caller-provided b
 Split-K (for few output tiles over a long K, e.g. batch 1 with 3×3×512 filters) cuts the K loop into
 `splits` ranges whose float32 partial sums go to a workspace; a second kernel adds them and applies the
 epilogue once, so the result is the same sum rounded once.
+
+The same kernel computes quantized convolutions (`QUANT`: 1 int8, 2 float8 E4M3; `conv2d_nhwc_quantized`).
+B is the quantized weight, A the input quantized per tensor, either already (int8 / E4M3 X) or as it is loaded
+(QuantizeLinear fused into the gather): `q = clip(round(x · (1/s_x)))` in float32, int8 rounding half to even
+and saturating to [−128, 127], E4M3 clipping to ±448 and rounding to nearest even. Padding loads 0, which
+quantizes to 0. int8 products accumulate exactly in int32 (split-K partials too: int32 workspace, summed
+exactly), E4M3 ones in float32; the epilogue first dequantizes, `acc · (s_x · s_w[n])`, then runs as above.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -45,14 +53,32 @@ _MAX_SPLITS = 16
 
 
 @triton.jit
+def _quantize(v, inv_scale, QUANT: tl.constexpr):
+    """A loaded block of a float input as the quantized A operand: `v · inv_scale` in float32, clipped (selects:
+    NaN stays NaN for E4M3), then int8 rounding half to even or E4M3 rounding to nearest even."""
+    v = v.to(tl.float32) * inv_scale
+    if QUANT == 1:
+        v = tl.where(v < -128.0, -128.0, tl.where(v > 127.0, 127.0, v))
+        # Adding and subtracting 1.5·2^23 rounds |v| <= 2^22 to an integer, ties to even (float32 addition rounds
+        # to nearest even); the cast then truncates an integer, exactly. Clipping first to the integer bounds
+        # gives the same result as rounding first.
+        v = (v + 12582912.0) - 12582912.0
+        return v.to(tl.int8)
+    else:
+        v = tl.where(v < -448.0, -448.0, tl.where(v > 448.0, 448.0, v))
+        return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+
+
+@triton.jit
 def _epilogue(
     acc, rows, cols, g, M, OH, OW, KG,
     bias, res, srn, src, srh, srw,
     y, syn, syc, syh, syw,
-    pre0, pre1, post0, post1,
-    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
+    pre0, pre1, post0, post1, w_scale, x_scale,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
-    """Store `post(pre(acc + bias) + Z)` for output pixels `rows` × channels `cols` of group g."""
+    """Store `post(pre(acc + bias) + Z)` for output pixels `rows` × channels `cols` of group g; a quantized
+    product (`QUANT` 1 or 2) is first dequantized, `acc · (x_scale · w_scale[channel])`."""
     ow = rows % OW
     pixel = rows // OW
     oh = pixel % OH
@@ -60,6 +86,8 @@ def _epilogue(
     channels = g * KG + cols
     col_ok = cols < KG
     mask = (rows < M)[:, None] & col_ok[None, :]
+    if QUANT != 0:
+        acc = acc.to(tl.float32) * (x_scale * tl.load(w_scale + channels, mask=col_ok, other=0.0))[None, :]
     if HAS_BIAS:
         acc += tl.load(bias + channels, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     acc = activate(acc, PRE, pre0, pre1)
@@ -73,18 +101,19 @@ def _epilogue(
 
 @triton.jit
 def _conv2d_igemm(
-    x, w, bias, res, y, partial,
+    x, w, bias, res, y, partial, w_scale,
     M, H, W, OH, OW, CG, KG,
     SH, SW, PH, PW, DH, DW,
     sxn, sxc, sxh, sxw,
     srn, src, srh, srw,
     syn, syc, syh, syw,
-    pre0, pre1, post0, post1,
+    pre0, pre1, post0, post1, x_scale, x_inv_scale,
     K_TILES_PER_SPLIT,
     KH: tl.constexpr, KW: tl.constexpr,
     DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr,
+    W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] tile of group `program_id(2)` over the K tiles of split `program_id(1)`.
@@ -92,6 +121,8 @@ def _conv2d_igemm(
     CG, KG: input and output channels per group; they and the N, H, W strides are passed divided by ALIGN.
     Programs along axis 0 are swizzled: GROUP_M row tiles sweep the column tiles together, so the weight columns
     they share stay in L2.
+    QUANT: 0 float, 1 int8, 2 float8 E4M3 (w is then quantized, w_scale its per-channel scales, x_scale the
+    input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale.
     """
     # The channel counts and pixel strides arrive divided by ALIGN: multiplied back here, their divisibility is
     # known to the compiler (vector loads along channels), which Triton's own specialization gives only for 16.
@@ -124,7 +155,10 @@ def _conv2d_igemm(
     x_rows = x + (image.to(tl.int64) * sxn + ih0 * sxh + iw0 * sxw + (g * CG).to(tl.int64) * sxc)
     col_ok = cols < KG
     k_total = KH * KW * CG
-    w_group = w + g.to(tl.int64) * k_total * KG + cols[None, :]
+    if W_K_MAJOR:  # stored as (G, Cout/G, KH, KW, Cin/G)
+        w_group = w + g.to(tl.int64) * k_total * KG + (cols * k_total)[None, :]
+    else:
+        w_group = w + g.to(tl.int64) * k_total * KG + cols[None, :]
 
     if DENSE_K:
         k_tiles = tl.cdiv(k_total, BLOCK_K)
@@ -133,7 +167,10 @@ def _conv2d_igemm(
     c_tiles = tl.cdiv(CG, BLOCK_K)
     first = split * K_TILES_PER_SPLIT
     last = tl.minimum(first + K_TILES_PER_SPLIT, k_tiles)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if QUANT == 1:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kt in range(first, last):
         if DENSE_K:
             k = kt * BLOCK_K + rk
@@ -179,8 +216,20 @@ def _conv2d_igemm(
             a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         else:
             a = tl.load(a_ptrs)  # an unpadded window over whole blocks of channels: every element is inside
-        b = tl.load(w_group + (w_rows * KG)[:, None], mask=w_mask, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if QUANTIZE_X:
+            a = _quantize(a, x_inv_scale, QUANT)  # after the masked load: padding quantizes to 0
+        if W_K_MAJOR:
+            b = tl.load(w_group + w_rows[:, None], mask=w_mask, other=0.0)
+        else:
+            b = tl.load(w_group + (w_rows * KG)[:, None], mask=w_mask, other=0.0)
+        if QUANT == 1:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        elif QUANT == 2:
+            # Hopper's float8 MMA adds in reduced precision; promoting each K tile's sum into the float32
+            # accumulator keeps the error that of a BLOCK_K-long sum.
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     if SPLIT:
         slab = (split * tl.num_programs(2) + g).to(tl.int64) * M
@@ -189,7 +238,7 @@ def _conv2d_igemm(
     else:
         _epilogue(
             acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-            pre0, pre1, post0, post1, HAS_BIAS, HAS_RES, PRE, POST,
+            pre0, pre1, post0, post1, w_scale, x_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
         )  # fmt: skip
 
 
@@ -198,23 +247,27 @@ def _split_k_epilogue(
     partial, splits, M, OH, OW, KG,
     bias, res, srn, src, srh, srw,
     y, syn, syc, syh, syw,
-    pre0, pre1, post0, post1,
-    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
+    pre0, pre1, post0, post1, w_scale, x_scale,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Sum the `splits` float32 partial products of one tile (in split order) and apply the epilogue once."""
+    """Sum the `splits` partial products of one tile (float32 in split order; int8 products' int32 ones exactly)
+    and apply the epilogue once."""
     g = tl.program_id(2)
     groups = tl.num_programs(2)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < KG)[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if QUANT == 1:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for s in range(splits):
         slab = (s * groups + g).to(tl.int64) * M
-        acc += tl.load(partial + (slab + rows)[:, None] * KG + cols[None, :], mask=mask, other=0.0)
+        acc += tl.load(partial + (slab + rows)[:, None] * KG + cols[None, :], mask=mask, other=0)
     _epilogue(
         acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-        pre0, pre1, post0, post1, HAS_BIAS, HAS_RES, PRE, POST,
+        pre0, pre1, post0, post1, w_scale, x_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
     )  # fmt: skip
 
 
@@ -295,18 +348,64 @@ def conv_configs(effort: int) -> list[dict[str, Any]]:
     return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 2)) + 1])]
 
 
-def _check_shared_memory(cfg: ConvConfig, element_bytes: int, device: torch.device) -> None:
-    """Refuse, before compiling, a config whose pipelined A and B tiles cannot fit in a block's shared memory
-    (e.g. 128×256×64 tiles in 3 stages of float32 need 288 KiB): compiling it would only fail at launch."""
+# Quantized products: 8-bit tiles take half the shared memory of 16-bit ones, so K tiles are longer; 8-bit
+# tensor-core products take K in steps of 32. Every effort-0 config also fits when A is float32 quantized on load.
+_QUANTIZED_EFFORT_0 = [
+    _config(128, 128, 64, 8, 4),
+    _config(128, 64, 64, 4, 4),
+    _config(64, 128, 64, 4, 4),
+    _config(64, 64, 128, 4, 3),
+]
+_QUANTIZED_EFFORT_1 = [
+    _config(128, 256, 64, 8, 3),
+    _config(256, 128, 64, 8, 3),
+    _config(128, 128, 128, 8, 3),  # 8- and 16-bit A only: float32 A tiles would need 240 KiB
+    _config(128, 32, 64, 4, 4),  # narrow layers
+    _config(64, 32, 64, 4, 5),
+    _config(32, 64, 128, 4, 4),  # few pixels, long K
+    _config(64, 64, 64, 4, 4),
+]
+_QUANTIZED_EFFORT_2 = [
+    _config(128, 128, 64, 8, 3),
+    _config(128, 128, 64, 4, 4),
+    _config(128, 64, 128, 4, 4),
+    _config(64, 128, 128, 4, 4),
+    _config(64, 64, 32, 2, 5),
+    _config(32, 32, 64, 2, 4),
+    _config(128, 128, 64, 8, 4, group_m=4),
+    _config(64, 64, 64, 4, 4, split_k=1),
+    _config(64, 64, 64, 4, 4, split_k=4),
+    _config(64, 64, 128, 4, 3, split_k=8),
+    _config(32, 64, 128, 4, 4, split_k=16),
+    _config(128, 64, 64, 4, 4, split_k=2),
+    _config(128, 128, 128, 8, 4, split_k=1),
+]
+_QUANTIZED_MIN_BLOCK_K = 32
+
+
+def quantized_conv_configs(effort: int) -> list[dict[str, Any]]:
+    """The configurations of `conv2d_nhwc_quantized` worth timing at `effort`: 4 at 0, 11 at 1, 24 at 2 (each
+    level adds to the last; K tiles of at least 32)."""
+    levels = [_QUANTIZED_EFFORT_0, _QUANTIZED_EFFORT_1, _QUANTIZED_EFFORT_2]
+    return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 2)) + 1])]
+
+
+def _check_shared_memory(
+    cfg: ConvConfig, a_bytes: int, b_bytes: int, device: torch.device, name: str = "conv2d_nhwc"
+) -> None:
+    """Refuse, before compiling, a config whose pipelined A and B tiles (of `a_bytes` and `b_bytes` elements)
+    cannot fit in a block's shared memory (e.g. 128×256×64 tiles in 3 stages of float32 need 288 KiB):
+    compiling it would only fail at launch."""
     if device.type != "cuda":
         return
     props = torch.cuda.get_device_properties(device)
     limit = getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024
-    needed = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * element_bytes
+    needed = cfg.num_stages * (cfg.block_m * cfg.block_k * a_bytes + cfg.block_k * cfg.block_n * b_bytes)
     if needed > limit:
+        bits = f"{8 * a_bytes}-bit" if a_bytes == b_bytes else f"{8 * a_bytes}-bit A and {8 * b_bytes}-bit B"
         raise ValueError(
-            f"conv2d_nhwc: config {cfg.block_m}x{cfg.block_n}x{cfg.block_k} in {cfg.num_stages} stages needs "
-            f"{needed // 1024} KiB of shared memory at {8 * element_bytes}-bit; a block gets {limit // 1024} KiB here"
+            f"{name}: config {cfg.block_m}x{cfg.block_n}x{cfg.block_k} in {cfg.num_stages} stages needs "
+            f"{needed // 1024} KiB of shared memory at {bits}; a block gets {limit // 1024} KiB here"
         )
 
 
@@ -328,15 +427,37 @@ def _slots(device: torch.device) -> int:
 # -- host side --------------------------------------------------------------------------------------------
 
 
-def pack_weight(w: torch.Tensor, groups: int) -> torch.Tensor:
-    """W (Cout, Cin/G, KH, KW) as the kernel's B operand: a contiguous (G, KH, KW, Cin/G, Cout/G) tensor, so a
-    [BLOCK_K, BLOCK_N] tile reads rows of contiguous output channels. Done once per weight."""
+def pack_weight(w: torch.Tensor, groups: int, *, k_major: bool = False) -> torch.Tensor:
+    """W (Cout, Cin/G, KH, KW) as the kernel's B operand: a (G, KH, KW, Cin/G, Cout/G) tensor. Contiguous by
+    default, so a [BLOCK_K, BLOCK_N] tile reads rows of contiguous output channels; with `k_major` the same
+    tensor is a view of a contiguous (G, Cout/G, KH, KW, Cin/G) one, K innermost: 8-bit tensor cores (Hopper's
+    wgmma) read B only K-major, so a quantized weight packed so loads straight into shared memory instead of
+    being transposed byte by byte. Done once per weight."""
     if w.dim() != 4:
         raise ValueError(f"pack_weight: a 2-D convolution weight has 4 axes (Cout, Cin/G, KH, KW), got {list(w.shape)}")
     cout, cg, kh, kw = w.shape
     if groups < 1 or cout % groups:
         raise ValueError(f"pack_weight: {cout} output channels do not split into {groups} groups")
-    return w.reshape(groups, cout // groups, cg, kh, kw).permute(0, 3, 4, 2, 1).contiguous()
+    grouped = w.reshape(groups, cout // groups, cg, kh, kw)
+    if k_major:
+        return grouped.permute(0, 1, 3, 4, 2).contiguous().permute(0, 2, 3, 4, 1)
+    return grouped.permute(0, 3, 4, 2, 1).contiguous()
+
+
+def _k_major(name: str, weight: torch.Tensor) -> bool:
+    """Whether a packed weight is stored K-major (`pack_weight(k_major=True)`) rather than contiguous;
+    ValueError for any other strides."""
+    _, kh, kw, cg, kg = weight.shape
+    k_total = kh * kw * cg
+    layouts = {False: (k_total * kg, kw * cg * kg, cg * kg, kg, 1), True: (k_total * kg, kw * cg, cg, 1, k_total)}
+    for k_major, strides in layouts.items():
+        if all(
+            size == 1 or got == want for size, got, want in zip(weight.shape, weight.stride(), strides, strict=True)
+        ):
+            return k_major
+    raise ValueError(
+        f"{name}: the weight must come from pack_weight (contiguous or k_major), got strides {list(weight.stride())}"
+    )
 
 
 @dataclass(frozen=True)
@@ -374,6 +495,31 @@ def _plan(
     return _Plan(dense, even_k, padded, k_tiles, per_split, triton.cdiv(k_tiles, per_split))
 
 
+def _check_geometry(name: str, x, weight, bias, residual, out_hw) -> tuple[int, int, int, int]:
+    """The output shape, after checking the operands' shapes and devices against it (ValueError naming the
+    operand); the caller has checked the types."""
+    if len(out_hw) != 2 or min(out_hw) < 0:
+        raise ValueError(f"{name}: out_hw must be two sizes >= 0, got {list(out_hw)}")
+    groups, _, _, cg, kg = weight.shape
+    out_shape = (x.shape[0], groups * kg, int(out_hw[0]), int(out_hw[1]))
+    if x.shape[1] != groups * cg:
+        raise ValueError(f"{name}: x has {x.shape[1]} channels, the packed weight expects {groups} × {cg}")
+    if groups > _MAX_GRID_YZ:
+        raise ValueError(f"{name}: at most {_MAX_GRID_YZ} groups (a grid axis), got {groups}")
+    if bias is not None and (tuple(bias.shape) != (groups * kg,) or bias.device != x.device):
+        raise ValueError(f"{name}: bias must have shape [{groups * kg}] on {x.device}, got {list(bias.shape)}")
+    if residual is not None and residual.device != x.device:
+        raise ValueError(f"{name}: the residual is on {residual.device}, x on {x.device}")
+    return out_shape
+
+
+def _check_out(name: str, out, out_shape, dtype: torch.dtype, device: torch.device) -> None:
+    if out is not None and (tuple(out.shape) != out_shape or out.dtype != dtype or out.device != device):
+        raise ValueError(
+            f"{name}: out is {out.dtype} {list(out.shape)} on {out.device}, needs {dtype} {list(out_shape)}"
+        )
+
+
 def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
     """The output shape, after checking every operand against it (ValueError naming the operand)."""
     if x.dim() != 4 or x.dtype not in _FLOAT_TYPES:
@@ -383,23 +529,59 @@ def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
             f"conv2d_nhwc: the weight must come from pack_weight (5-D, x's dtype and device), "
             f"got {weight.dtype} {list(weight.shape)} on {weight.device}"
         )
-    if len(out_hw) != 2 or min(out_hw) < 0:
-        raise ValueError(f"conv2d_nhwc: out_hw must be two sizes >= 0, got {list(out_hw)}")
-    groups, _, _, cg, kg = weight.shape
-    out_shape = (x.shape[0], groups * kg, int(out_hw[0]), int(out_hw[1]))
-    if x.shape[1] != groups * cg:
-        raise ValueError(f"conv2d_nhwc: x has {x.shape[1]} channels, the packed weight expects {groups} × {cg}")
-    if groups > _MAX_GRID_YZ:
-        raise ValueError(f"conv2d_nhwc: at most {_MAX_GRID_YZ} groups (a grid axis), got {groups}")
-    if bias is not None and (tuple(bias.shape) != (groups * kg,) or bias.device != x.device):
-        raise ValueError(f"conv2d_nhwc: bias must have shape [{groups * kg}] on {x.device}, got {list(bias.shape)}")
-    if residual is not None and residual.device != x.device:
-        raise ValueError(f"conv2d_nhwc: the residual is on {residual.device}, x on {x.device}")
-    if out is not None and (tuple(out.shape) != out_shape or out.dtype != x.dtype or out.device != x.device):
-        raise ValueError(
-            f"conv2d_nhwc: out is {out.dtype} {list(out.shape)} on {out.device}, needs {x.dtype} {list(out_shape)}"
-        )
+    out_shape = _check_geometry("conv2d_nhwc", x, weight, bias, residual, out_hw)
+    _check_out("conv2d_nhwc", out, out_shape, x.dtype, x.device)
     return out_shape
+
+
+_QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # the kernel's QUANT by the weight's type
+_FP8_CAPABILITY = (8, 9)
+
+
+def _check_quantized(x, weight, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype):
+    """(output shape, QUANT code, output type), after checking every operand (ValueError naming it)."""
+    name = "conv2d_nhwc_quantized"
+    if weight.dim() != 5 or weight.dtype not in _QUANT_CODES or weight.device != x.device:
+        raise ValueError(
+            f"{name}: the weight must be pack_weight of an int8 or float8_e4m3fn weight (5-D, on x's device), "
+            f"got {weight.dtype} {list(weight.shape)} on {weight.device}"
+        )
+    if x.dim() != 4 or x.dtype not in (*_FLOAT_TYPES, weight.dtype):
+        raise ValueError(
+            f"{name}: x must be a 4-D float16/bfloat16/float32 tensor or already {weight.dtype} (the weight's type), "
+            f"got {x.dtype} {list(x.shape)}"
+        )
+    out_shape = _check_geometry(name, x, weight, bias, residual, out_hw)
+    cout = out_shape[1]
+    scale_ok = weight_scale.dtype == torch.float32 and tuple(weight_scale.shape) == (cout,)
+    if not scale_ok or not weight_scale.is_contiguous() or weight_scale.device != x.device:
+        raise ValueError(
+            f"{name}: weight_scale must be a contiguous float32 [{cout}] on {x.device} (one scale per output "
+            f"channel), got {weight_scale.dtype} {list(weight_scale.shape)} on {weight_scale.device}"
+        )
+    if isinstance(x_scale, torch.Tensor) or not (math.isfinite(x_scale) and x_scale > 0):
+        raise ValueError(f"{name}: x_scale must be a positive finite Python float (per tensor), got {x_scale!r}")
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else x.dtype
+    if out_dtype not in _FLOAT_TYPES:
+        raise ValueError(f"{name}: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    _check_out(name, out, out_shape, out_dtype, x.device)
+    quant = _QUANT_CODES[weight.dtype]
+    if quant == 2:
+        _check_fp8_device(x.device)
+    return out_shape, quant, out_dtype
+
+
+def _check_fp8_device(device: torch.device) -> None:
+    """ValueError on a CUDA device without float8 tensor cores (before compute capability 8.9)."""
+    if device.type != "cuda":
+        return  # the interpreter
+    capability = tuple(torch.cuda.get_device_capability(device))
+    if capability < _FP8_CAPABILITY:
+        raise ValueError(
+            f"conv2d_nhwc_quantized: float8 E4M3 products need compute capability 8.9 or newer (Ada, Hopper); "
+            f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}"
+        )
 
 
 def _alignment(*values: int) -> int:
@@ -411,6 +593,62 @@ def _scaled(strides: Sequence[int], align: int) -> tuple[int, ...]:
     """(N, C, H, W) strides with the N, H and W ones divided by `align` (the kernel multiplies them back)."""
     n, c, h, w = strides
     return n // align, c, h // align, w // align
+
+
+def _launch(
+    name: str, x, weight, bias, residual, y, out_shape, strides, pads_begin, dilations, pre, post, cfg, *,
+    dot_precision: str = "ieee", quant: int = 0, weight_scale: torch.Tensor | None = None, x_scale: float = 1.0,
+) -> torch.Tensor:  # fmt: skip
+    """Run the kernel (and with split-K the epilogue kernel) into `y`; operands checked by the caller."""
+    n, _, oh, ow = out_shape
+    groups, kh, kw, cg, kg = weight.shape
+    m = n * oh * ow
+    if m == 0 or kg == 0:
+        return y
+    if residual is not None:
+        try:
+            residual = residual.expand(out_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"{name}: the residual {list(residual.shape)} does not broadcast to the output {list(out_shape)}"
+            ) from None
+    _check_shared_memory(cfg, x.element_size(), weight.element_size(), x.device, name)
+    plan = _plan(x.shape, weight.shape, (oh, ow), strides, pads_begin, dilations, m, cfg, x.device)
+    res = residual if residual is not None else y
+    res_strides = residual.stride() if residual is not None else (0, 0, 0, 0)
+    partial = y
+    if plan.splits > 1:
+        partial_type = torch.int32 if quant == 1 else torch.float32
+        partial = torch.empty((plan.splits, groups, m, kg), dtype=partial_type, device=x.device)
+    scales = weight_scale if weight_scale is not None else y
+    epilogue_args = (*pre[1:], *post[1:], scales, x_scale)  # the split-K epilogue's
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n)
+    pixel_strides = [t[i] for t in (x.stride(), res_strides, y.stride()) for i in (0, 2, 3)]
+    align = _alignment(cg, kg, *pixel_strides)
+    _conv2d_igemm[(tiles, plan.splits, groups)](
+        x, weight, bias if bias is not None else y, res, y, partial, scales,
+        m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align,
+        strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
+        *_scaled(x.stride(), align), *_scaled(res_strides, align), *_scaled(y.stride(), align),
+        *pre[1:], *post[1:], x_scale, 1.0 / x_scale,
+        plan.k_tiles_per_split,
+        KH=kh, KW=kw, DENSE_K=plan.dense_k, EVEN_K=plan.even_k, PADDED=plan.padded,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
+        SPLIT=plan.splits > 1, DOT_PRECISION=dot_precision,
+        QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, W_K_MAJOR=_k_major(name, weight), ALIGN=align,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if plan.splits > 1:
+        grid = (triton.cdiv(m, _REDUCE_BLOCK_M), triton.cdiv(kg, _REDUCE_BLOCK_N), groups)
+        _split_k_epilogue[grid](
+            partial, plan.splits, m, oh, ow, kg,
+            bias if bias is not None else y, res, *res_strides,
+            y, *y.stride(), *epilogue_args,
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0], QUANT=quant,
+            BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
+        )  # fmt: skip
+    return y
 
 
 def conv2d_nhwc(
@@ -438,50 +676,76 @@ def conv2d_nhwc(
     `tf32`: float32 inputs multiply in TF32 (else in full float32). `config`: a `conv_configs` entry.
     """
     out_shape = _check(x, weight, bias, residual, out_hw, out)
-    n, _, oh, ow = out_shape
-    groups, kh, kw, cg, kg = weight.shape
     y = out
     if y is None:
         y = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    m = n * oh * ow
-    if m == 0 or kg == 0:
-        return y
-    if residual is not None:
-        try:
-            residual = residual.expand(out_shape)
-        except RuntimeError:
-            raise ValueError(
-                f"conv2d_nhwc: the residual {list(residual.shape)} does not broadcast to the output {list(out_shape)}"
-            ) from None
-    cfg = ConvConfig.of(config)
-    _check_shared_memory(cfg, x.element_size(), x.device)
-    plan = _plan(x.shape, weight.shape, (oh, ow), strides, pads_begin, dilations, m, cfg, x.device)
-    res = residual if residual is not None else y
-    res_strides = residual.stride() if residual is not None else (0, 0, 0, 0)
-    partial = torch.empty((plan.splits, groups, m, kg), dtype=torch.float32, device=x.device) if plan.splits > 1 else y
-    epilogue_args = (*pre[1:], *post[1:])
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n)
-    pixel_strides = [t[i] for t in (x.stride(), res_strides, y.stride()) for i in (0, 2, 3)]
-    align = _alignment(cg, kg, *pixel_strides)
-    _conv2d_igemm[(tiles, plan.splits, groups)](
-        x, weight, bias if bias is not None else y, res, y, partial,
-        m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align,
-        strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
-        *_scaled(x.stride(), align), *_scaled(res_strides, align), *_scaled(y.stride(), align), *epilogue_args,
-        plan.k_tiles_per_split,
-        KH=kh, KW=kw, DENSE_K=plan.dense_k, EVEN_K=plan.even_k, PADDED=plan.padded,
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
-        SPLIT=plan.splits > 1, DOT_PRECISION="tf32" if tf32 and x.dtype == torch.float32 else "ieee", ALIGN=align,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    return _launch(
+        "conv2d_nhwc", x, weight, bias, residual, y, out_shape, strides, pads_begin, dilations, pre, post,
+        ConvConfig.of(config), dot_precision="tf32" if tf32 and x.dtype == torch.float32 else "ieee",
     )  # fmt: skip
-    if plan.splits > 1:
-        grid = (triton.cdiv(m, _REDUCE_BLOCK_M), triton.cdiv(kg, _REDUCE_BLOCK_N), groups)
-        _split_k_epilogue[grid](
-            partial, plan.splits, m, oh, ow, kg,
-            bias if bias is not None else y, res, *res_strides,
-            y, *y.stride(), *epilogue_args,
-            HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
-            BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
-        )  # fmt: skip
-    return y
+
+
+def conv2d_nhwc_quantized(
+    x: torch.Tensor,
+    weight_q: torch.Tensor,
+    weight_scale: torch.Tensor,
+    x_scale: float,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    *,
+    out_hw: Sequence[int],
+    strides: Sequence[int] = (1, 1),
+    pads_begin: Sequence[int] = (0, 0),
+    dilations: Sequence[int] = (1, 1),
+    pre: Activation = NO_ACTIVATION,
+    post: Activation = NO_ACTIVATION,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> torch.Tensor:
+    """The int8 or float8 E4M3 convolution `post(pre(Σ q_x·q_w · (x_scale · weight_scale[c]) + bias) + residual)`
+    into (N, Cout, *out_hw) of `out_dtype`, channels_last, or into `out`.
+
+    `weight_q`: `pack_weight(W_q, groups)` of an int8 or float8_e4m3fn weight (its type picks the arithmetic),
+    best packed `k_major=True` (8-bit tensor cores read B K-major; the contiguous packing works, slower).
+    `weight_scale`: float32 (Cout,), per output channel; `x_scale`: the input's scale, a Python float.
+    `x`: (N, Cin, H, W) in any strides, either float16/bfloat16/float32, quantized as it is loaded, or
+    already of weight_q's type (x_scale is then its scale; this skips the quantizing ALU work every program
+    reading x does). On load, `q_x = clip(round(x · (1/x_scale)))` in float32: int8 rounds half to even and
+    saturates to [−128, 127] (QuantizeLinear, zero point 0), E4M3 clips to ±448 and rounds to nearest even;
+    dividing by x_scale, as the reference QuantizedConv does, differs only within one float32 rounding of a
+    tie. Padding is q_x = 0.
+
+    int8 products accumulate exactly in int32; split-K stays exact (int32 partials, summed as integers).
+    E4M3 products accumulate in float32: on Hopper each K tile's tensor-core sum is added into float32, but
+    the tensor cores add an instruction's 32 products in reduced precision (on an H200, 1.1e-3 normwise
+    relative error on a 3×3×64 ResNet layer into float32, against 1e-7 for int8); they need compute
+    capability 8.9 or newer on CUDA (ValueError otherwise). The dequantized sum runs through the float32
+    epilogue of `conv2d_nhwc` and is rounded once to `out_dtype` (default: out's type, else x's when x is
+    float). `config`: a `quantized_conv_configs` entry (K tiles of at least 32).
+
+    How to call it, for a Conv with weight `w` (Cout, Cin/G, KH, KW), input scale `s_x` and NHWC `x`::
+
+        w_q, w_scale = quantize_weight(w, "int8")          # kernels.quantize; once per weight
+        packed = pack_weight(w_q, groups, k_major=True)    # once per weight
+        begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+        y = conv2d_nhwc_quantized(x, packed, w_scale.to(x.device), s_x, bias, residual, out_hw=out_hw,
+                                  strides=strides, pads_begin=begin, dilations=dilations,
+                                  pre=activation_args("Relu"), out_dtype=torch.float16)
+    """
+    out_shape, quant, out_dtype = _check_quantized(
+        x, weight_q, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype
+    )
+    cfg = ConvConfig.of(config)
+    if cfg.block_k < _QUANTIZED_MIN_BLOCK_K:
+        raise ValueError(
+            f"conv2d_nhwc_quantized: 8-bit tensor-core products take K in steps of {_QUANTIZED_MIN_BLOCK_K}; "
+            f"block_k is {cfg.block_k}"
+        )
+    y = out
+    if y is None:
+        y = torch.empty(out_shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
+    return _launch(
+        "conv2d_nhwc_quantized", x, weight_q, bias, residual, y, out_shape, strides, pads_begin, dilations,
+        pre, post, cfg, quant=quant, weight_scale=weight_scale, x_scale=float(x_scale),
+    )  # fmt: skip
