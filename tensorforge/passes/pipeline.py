@@ -2,16 +2,18 @@
 
 The order matters: folding and cleanup first expose the plain structure (constant subgraphs gone, no-op
 Identity/Dropout removed), CSE merges duplicates before patterns are matched, pattern recognition turns
-decomposed GELU/LayerNorm/softmax into single ops, BatchNorm is folded into its convolution before the
-epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
-explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
-merged once their epilogues are settled, and what is left of elementwise chains becomes FusedPointwise.
-A last dead-code sweep removes what the fusions orphaned. The manager repeats the list to a fixed point.
+decomposed GELU/LayerNorm/softmax into single ops and then attention (two MatMuls around a softmax) into one,
+BatchNorm is folded into its convolution before the epilogue fusion absorbs bias, activation and residual add
+into FusedConv/FusedGemm, the Q/DQ pairs of an explicitly quantized model fold into the convolutions that read
+them (QuantizedConv), parallel layers are merged once their epilogues are settled, and what is left of
+elementwise chains becomes FusedPointwise. A last dead-code sweep removes what the fusions orphaned. The
+manager repeats the list to a fixed point.
 """
 
 from __future__ import annotations
 
 from ..ir import Model
+from .attention import RecognizeAttention
 from .base import Pass
 from .cleanup import Cleanup
 from .cse import CommonSubexpressions
@@ -33,6 +35,7 @@ def default_passes() -> list[Pass]:
         DeadCodeElimination(),
         CommonSubexpressions(),
         RecognizePatterns(),
+        RecognizeAttention(),
         FoldBatchNorm(),
         FuseEpilogue(),
         FoldExplicitQuantization(),

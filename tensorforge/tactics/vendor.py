@@ -10,6 +10,8 @@
   (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
 - `vendor.onednn-fused`: FusedConv on the CPU as one oneDNN call with its post-ops and a pre-reordered weight.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
+- `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
+  fused CPU kernels: the score matrix is not written out).
 - `vendor.torch-layernorm`: LayerNormalization as torch's one-pass `layer_norm` (statistics in float32).
 """
 
@@ -352,5 +354,22 @@ class TorchLayerNormTactic(Tactic):
             weight = scale.expand(shape) if tuple(scale.shape) != shape else scale
             bias = bias.expand(shape) if bias is not None and tuple(bias.shape) != shape else bias
             return (F.layer_norm(x, shape, weight, bias, epsilon),)
+
+        return kernel
+
+
+@register_tactic
+class TorchAttentionTactic(Tactic):
+    family = "vendor"
+    name = "torch-sdpa"
+    op_types = (f"{DOMAIN}::Attention",)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        scale = float(node.attributes.get("scale", 1.0))
+
+        def kernel(inputs):
+            q, kt, v, bias = (list(inputs) + [None] * 4)[:4]
+            mask = bias.to(q.dtype) if bias is not None else None
+            return (F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale),)
 
         return kernel
