@@ -1,4 +1,6 @@
-"""The Triton FusedConv tactic: `kernels.triton.conv`'s implicit GEMM with the whole epilogue inside, on NHWC."""
+"""The Triton convolution tactics: `kernels.triton.conv`'s implicit GEMM with the whole epilogue inside, on NHWC:
+`triton.conv-igemm` for FusedConv, `triton.conv-igemm-quantized` for QuantizedConv (int8 / fp8 tensor cores,
+the activation quantized as it is loaded)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,13 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node
-from ..kernels.triton.conv import conv2d_nhwc, conv_configs, pack_weight
+from ..kernels.triton.conv import (
+    conv2d_nhwc,
+    conv2d_nhwc_quantized,
+    conv_configs,
+    pack_weight,
+    quantized_conv_configs,
+)
 from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
@@ -79,6 +87,62 @@ class TritonConvTactic(Tactic):
                 x, packed_weight(w, x.dtype), b, z,
                 out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations, pre=pre, post=post,
                 tf32=torch.backends.cuda.matmul.allow_tf32, config=config, out=out,
+            )  # fmt: skip
+            return (y,)
+
+        return kernel
+
+
+@register_tactic
+class TritonQuantizedConvTactic(Tactic):
+    """2-D QuantizedConv as one Triton kernel over channels_last tensors: int8 products summed exactly in int32
+    (or float8 E4M3 ones in float32, compute capability 8.9+), dequantized by x_scale × the per-channel weight
+    scales, then the FusedConv epilogue. The quantized weight is packed K-major once."""
+
+    family = "triton"
+    name = "conv-igemm-quantized"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    precisions = ("fp16", "bf16", "fp32")
+    layouts = ("NHWC",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
+        weight = node.inputs[1]
+        if weight.rank != 4 or not weight.is_const:
+            return "a constant 2-D convolution weight only"
+        if node.inputs[0].dtype not in _FLOAT_INPUTS:
+            return f"float32, float16 and bfloat16 inputs only; the input is {node.inputs[0].dtype.name}"
+        if node.attributes.get("quant", "int8") == "fp8e4m3" and torch.cuda.get_device_capability(device) < (8, 9):
+            return "float8 tensor cores need compute capability 8.9 or newer"
+        try:
+            _activations(node)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return quantized_conv_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
+        pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
+        x_scale = float(node.attributes["x_scale"])
+        pre, post = _activations(node)
+        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            entry = packed.get(id(w))
+            if entry is None:
+                entry = packed[id(w)] = (w, pack_weight(w, groups, k_major=True))
+            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
+            y = conv2d_nhwc_quantized(
+                x, entry[1], w_scale.float(), x_scale, b, z, out_hw=out_hw, strides=strides, pads_begin=begin,
+                dilations=dilations, pre=pre, post=post, out_dtype=x.dtype, out=out, config=config,
             )  # fmt: skip
             return (y,)
 
