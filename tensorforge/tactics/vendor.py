@@ -9,6 +9,8 @@
 - `vendor.cudnn-fused`: FusedConv as one cuDNN call with bias, residual and ReLU inside
   (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
 - `vendor.onednn-fused`: FusedConv on the CPU as one oneDNN call with its post-ops and a pre-reordered weight.
+- `vendor.onednn-linear`: FusedGemm with a constant weight on the CPU as one oneDNN linear with its bias,
+  activation or residual add as post-ops and the weight packed once.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
   fused CPU kernels: the score matrix is not written out).
@@ -284,6 +286,77 @@ class OneDnnFusedConvTactic(Tactic):
                     x, z, weight, b, padding, strides, dilations, group, "add", 1.0, after, scalars, None
                 )
             return (y,)
+
+        return kernel
+
+
+_ONEDNN_LINEAR_UNARY = {
+    **_ONEDNN_UNARY,
+    "Gelu": lambda p: ("gelu", ["none"]),
+    "GeluTanh": lambda p: ("gelu", ["tanh"]),
+}
+
+
+@register_tactic
+class OneDnnLinearTactic(Tactic):
+    """FusedGemm `post(pre(A @ op(B) + C) + Z)` on the CPU as one oneDNN linear: B a constant matrix (packed
+    once per batch size), C a bias over the output columns, then one activation or the residual add."""
+
+    family = "vendor"
+    name = "onednn-linear"
+    op_types = (f"{DOMAIN}::FusedGemm",)
+    precisions = ("fp32",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "oneDNN runs on the CPU"
+        if not torch.backends.mkldnn.is_available():
+            return "this torch build has no oneDNN"
+        a = node.attributes
+        weight = node.inputs[1]
+        if not weight.is_const or weight.rank != 2:
+            return "the weight must be a constant matrix (it is packed once)"
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            return "transA, alpha and beta are not oneDNN linear's"
+        n = weight.shape[0 if a.get("transB", 0) else 1]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and (not bias.is_const or tuple(bias.shape or ()) not in ((n,), (1, n))):
+            return f"the bias must be a constant over the {n} output columns"
+        if node.inputs[0].rank is None or node.inputs[0].rank < 2:
+            return "the input must be a matrix or a batch of them"
+        pre, _, post, _ = _epilogue_attributes(node)
+        residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        if residual and (pre or post):
+            return "oneDNN linear adds a residual without an activation around it"
+        if post and not residual:
+            return f"without a residual the activation is pre; this layer has post={post!r}"
+        if pre not in _ONEDNN_LINEAR_UNARY:
+            return f"oneDNN has no linear post-op for {pre!r} here"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        pre, pre_params, _, _ = _epilogue_attributes(node)
+        unary, scalars = _ONEDNN_LINEAR_UNARY[pre](pre_params)
+        algorithm = scalars[0] if unary == "gelu" else ""
+        scalars = [] if unary == "gelu" else scalars
+        transposed = bool(node.attributes.get("transB", 0))
+        mkldnn = torch.ops.mkldnn
+        packed: dict[int, torch.Tensor] = {}
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            rows = x.reshape(-1, x.shape[-1])
+            weight = packed.get(rows.shape[0])
+            if weight is None:
+                linear_weight = (w if transposed else w.t()).contiguous()
+                weight = packed[rows.shape[0]] = mkldnn._reorder_linear_weight(linear_weight, rows.shape[0])
+            bias = b.reshape(-1) if b is not None else None
+            if z is None:
+                y = mkldnn._linear_pointwise(rows, weight, bias, unary, scalars, algorithm)
+            else:
+                other = z.expand(*x.shape[:-1], weight.shape[0]).reshape(rows.shape[0], -1).contiguous()
+                y = mkldnn._linear_pointwise.binary(rows, other, weight, bias, "add")
+            return (y.reshape(*x.shape[:-1], y.shape[-1]),)
 
         return kernel
 
