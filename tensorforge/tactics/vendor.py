@@ -11,6 +11,7 @@
 - `vendor.onednn-fused`: FusedConv on the CPU as one oneDNN call with its post-ops and a pre-reordered weight.
 - `vendor.onednn-linear`: FusedGemm with a constant weight on the CPU as one oneDNN linear with its bias,
   activation or residual add as post-ops and the weight packed once.
+- `vendor.onednn-qconv`: int8 QuantizedConv on the CPU as oneDNN's int8 convolution (VNNI), float32 out.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
   fused CPU kernels: the score matrix is not written out).
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from ..ir import Node
 from ..ops import load_all
 from ..ops.conv import convolution
-from ..ops.fused import DOMAIN, epilogue, quantize_activation
+from ..ops.fused import DOMAIN, apply_activation, epilogue, quantize_activation
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
 from .base import Kernel, Tactic, register_tactic
@@ -357,6 +358,73 @@ class OneDnnLinearTactic(Tactic):
                 other = z.expand(*x.shape[:-1], weight.shape[0]).reshape(rows.shape[0], -1).contiguous()
                 y = mkldnn._linear_pointwise.binary(rows, other, weight, bias, "add")
             return (y.reshape(*x.shape[:-1], y.shape[-1]),)
+
+        return kernel
+
+
+@register_tactic
+class OneDnnQuantizedConvTactic(Tactic):
+    """int8 QuantizedConv on the CPU through oneDNN: the activation quantized (as the reference does) and
+    offset to uint8 with zero point 128, the weight packed once per input shape, int32 sums dequantized by
+    x_scale × the weight scales and the bias added in float32 by oneDNN; an activation it has as a post-op
+    runs inside, a residual and what follows it in torch."""
+
+    family = "vendor"
+    name = "onednn-qconv"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    precisions = ("fp32",)
+    layouts = ("NHWC",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "oneDNN runs on the CPU"
+        if not hasattr(torch.ops.onednn, "qconv2d_pointwise") or not torch.backends.mkldnn.is_available():
+            return "this torch build has no oneDNN int8 convolution"
+        if node.attributes.get("quant", "int8") != "int8":
+            return "int8 only"
+        if len(node.inputs[1].shape or ()) != 4:
+            return "2-D convolutions only"
+        if node.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return "SAME auto-padding is computed per shape; explicit pads only"
+        pads = list(node.attributes.get("pads") or [0, 0, 0, 0])
+        if pads[:2] != pads[2:]:
+            return f"oneDNN's call takes symmetric padding; pads are {pads}"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        conv = _conv_attributes(node)
+        pre, pre_params, post, post_params = _epilogue_attributes(node)
+        x_scale = float(node.attributes["x_scale"])
+        padding = list(conv.get("pads") or [0, 0, 0, 0])[:2]
+        strides = list(conv.get("strides") or [1, 1])
+        dilations = list(conv.get("dilations") or [1, 1])
+        group = conv.get("group", 1)
+        residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        inside = not residual and pre in _ONEDNN_UNARY
+        unary, scalars = _ONEDNN_UNARY[pre](pre_params) if inside else ("none", [])
+        onednn = torch.ops.onednn
+        packed: dict[tuple[int, ...], torch.Tensor] = {}
+        scale = torch.tensor(x_scale, dtype=torch.float32)
+
+        def kernel(inputs):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            key = tuple(x.shape)
+            weight = packed.get(key)
+            if weight is None:
+                weight = onednn.qconv_prepack(w, w_scale, x_scale, 128, strides, padding, dilations, group, list(key))
+                packed[key] = weight
+            q = (torch.round(x.float() / scale).clamp_(-128, 127) + 128).to(torch.uint8)
+            q = q.contiguous(memory_format=torch.channels_last)
+            zero = torch.zeros(w.shape[0], dtype=torch.int64)
+            y = onednn.qconv2d_pointwise(
+                q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, 1.0, 0,
+                torch.float32, unary, scalars, "",
+            )  # fmt: skip
+            if not inside:
+                y = apply_activation(y, pre, pre_params)
+            if z is not None:
+                y = apply_activation(y + z, post, post_params)
+            return (y,)
 
         return kernel
 
