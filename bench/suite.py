@@ -324,11 +324,12 @@ def invocation(device: torch.device, argv: Sequence[str]) -> dict[str, Any]:
 
 
 def merge_results(old: Mapping[str, Any] | None, meta: Mapping[str, Any], rows: Sequence[dict]) -> dict[str, Any]:
-    """`old`'s invocations plus `meta`, and its rows with those of `rows` replacing any of the same key
-    (model, batch, system, precision)."""
+    """`old`'s invocations plus `meta` (which replaces an earlier one of the same command), and its rows with
+    those of `rows` replacing any of the same key (model, batch, system, precision)."""
     merged = {row_key(row): row for row in (old or {}).get("results", [])}
     merged.update({row_key(row): row for row in rows})
-    return {"invocations": [*(old or {}).get("invocations", []), dict(meta)], "results": list(merged.values())}
+    earlier = [i for i in (old or {}).get("invocations", []) if i.get("command") != meta.get("command")]
+    return {"invocations": [*earlier, dict(meta)], "results": list(merged.values())}
 
 
 def _reference_row(rows: Sequence[dict], row: Mapping[str, Any]) -> dict | None:
