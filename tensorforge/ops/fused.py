@@ -10,7 +10,8 @@ at least float32 and rounded once to the output type).
   attribute `x_scale` (int8: `clamp(round(X / x_scale), −128, 127)` rounding half to even, as QuantizeLinear
   with zero point 0; fp8: `X / x_scale` as float8e4m3fn, saturating), `Wq` is the constant weight in that type
   (`quant`: "int8" or "fp8e4m3") and `Ws` its per-output-channel float32 scales. Equal to FusedConv over
-  `DequantizeLinear(QuantizeLinear(X))` and the dequantized weight: the INT8 engine's layer.
+  `DequantizeLinear(QuantizeLinear(X))` and the dequantized weight: the INT8 engine's layer. `explicit=1`
+  marks one made from the model's own Q/DQ, whose arithmetic the model prescribes (no float fallback).
 - `FusedGemm(A, B, C?, Z?)`: `Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`, where `@` is MatMul's
   batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
 - `Attention(Q, Kt, V, B?)`: `Softmax(Q @ Kt · scale + B, axis=-1) @ V` (Kt is Kᵀ, [..., D, Sk]; the float
@@ -148,6 +149,7 @@ def quantized_conv(
     *,
     x_scale,
     quant="int8",
+    explicit=0,
     auto_pad="NOTSET",
     dilations=None,
     group=1,

@@ -99,7 +99,8 @@ class FoldQDQIntoConv(Rule):
         if isinstance(bias, torch.Tensor):
             bias = add_initializer(graph, ctx.new_value(f"{hint}.bias"), bias)
         inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
-        attributes = {**node.attributes, "x_scale": float(match.x_scale.reshape(()).item()), "quant": match.quant}
+        x_scale = float(match.x_scale.reshape(()).item())
+        attributes = {**node.attributes, "x_scale": x_scale, "quant": match.quant, "explicit": 1}
         out = node.outputs[0]
         fused = Node(
             "QuantizedConv",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ import torch
 
 from ..ir import DType, Node, qualified_op
 from ..ops.math_flags import full_float32
-from . import cuda_family, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
+from . import cuda_family, fallback, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
 from .base import Tactic, tactics_for
 from .timing import TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
@@ -45,6 +46,7 @@ _REFERENCE_VARIANT = Variant("fp32", "NCHW")
 # Below effort 2, a (tactic, precision, layout) whose first configuration runs slower than this many times the
 # best first configuration is not tuned further: it is a slow kernel family or precision for the layer.
 CONTENDER_RATIO = 2.0
+_REFERENCE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -237,7 +239,9 @@ class _Search:
     def __init__(self, node, opset, device, inputs, reference, budget, constants, cache, key, description, workers):
         self.node, self.opset, self.device = node, opset, device
         self.args = _activations(node, inputs)
+        self.inputs = inputs
         self.reference, self.budget, self.constants = reference, budget, constants
+        self._references: dict[str, tuple[torch.Tensor, ...]] = {}  # by tactic, for tactics with other semantics
         self.cache, self.key, self.description = cache, key, description
         self.workers = workers
         self.candidates: list[Candidate] = []
@@ -293,10 +297,23 @@ class _Search:
                     outputs = kernel(self.args)
                     if tactic.family == "reference" and variant.precision == "fp32":
                         return kernel, ""
-                    problem = _mismatch(outputs, self.reference, kernel.out_dtypes, variant)
+                    problem = _mismatch(outputs, self._reference_of(tactic), kernel.out_dtypes, variant)
         except Exception as err:  # a failing candidate scores inf; the build goes on
             return None, f"failed: {type(err).__name__}: {err}"
         return kernel, f"wrong result: {problem}" if problem else ""
+
+    def _reference_of(self, tactic: Tactic) -> tuple[torch.Tensor, ...]:
+        """The reference outputs `tactic`'s kernels must match: the layer's, or those of its `semantics` node."""
+        twin = tactic.semantics(self.node)
+        if twin is None:
+            return self.reference
+        with _REFERENCE_LOCK:
+            if tactic.key not in self._references:
+                given = zip(self.inputs[: len(twin.inputs)], twin.inputs, strict=True)
+                inputs = [t if v is not None and not v.is_const else None for t, v in given]
+                twin_inputs = _with_constants(twin, inputs, self.device)
+                self._references[tactic.key] = _reference_outputs(twin, self.opset, twin_inputs, self.device)
+            return self._references[tactic.key]
 
     def _time(self, tactic: Tactic, config, kernel: LayerKernel | None, problem: str) -> Candidate:
         if kernel is None or problem:

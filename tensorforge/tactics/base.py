@@ -54,6 +54,11 @@ class Tactic:
         """Why this tactic cannot run `node` on `device`, or None."""
         return None
 
+    def semantics(self, node: Node) -> Node | None:
+        """The node whose reference results this tactic's kernels compute for `node`, when they are not
+        `node`'s own (a float fallback for a quantized layer); None: `node`'s."""
+        return None
+
     def space(self, effort: int) -> list[dict[str, Any]]:
         """The configurations worth timing at `effort` (0 fastest build, 2 widest search)."""
         return [{}]

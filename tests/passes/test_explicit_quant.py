@@ -5,6 +5,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -12,6 +13,7 @@ from tensorforge import Executor
 from tensorforge.build.builder import build_engine
 from tensorforge.frontend import import_model
 from tensorforge.passes.pipeline import optimize
+from tensorforge.tactics.base import tactic_by_key
 from tests.helpers import make_model, tensor_info
 
 
@@ -71,6 +73,9 @@ def test_symmetric_int8_qdq_folds_into_quantized_convs_and_matches_onnx_runtime(
     assert sum(1 for e in report.fired() if e.rule == "fold-qdq-into-conv") == 2
     conv1 = next(n for n in model.graph.nodes if n.name == "conv1")
     assert conv1.inputs[2].is_const  # the int32 bias folded to float
+    assert conv1.attributes["explicit"] == 1
+    reason = tactic_by_key("fallback.float-conv").supports(conv1, 1, torch.device("cpu"))
+    assert "prescribe" in reason  # the model's Q/DQ fix the arithmetic: no float fallback
     x = _x()
     got = Executor(model).run({"x": x})["y"].numpy()
     np.testing.assert_array_equal(got, _ort(path, x))

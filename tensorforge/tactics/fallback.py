@@ -1,0 +1,88 @@
+"""Float fallback for quantized layers: a QuantizedConv run as the float FusedConv it was made from.
+
+An int8 layer is not always faster than its float version: small or depthwise convolutions on the CPU spend
+more on quantizing their input than they save. `fallback.float-conv` lets the autotuner time the layer in
+float too, as TensorRT does with precisions that are allowed rather than required: the weight dequantized once
+(`Wq · Ws`), the activation left unquantized, then a float FusedConv kernel (oneDNN's or cuDNN's fused convolution, our
+Triton one or torch's convolution: the configurations of this tactic). Its results are those of the float layer,
+not of the int8 one, so the autotuner checks it against that layer (`Tactic.semantics`): it is at least as
+accurate as the quantized layer it replaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import DType, Node, Value
+from ..ops.fused import DOMAIN
+from .base import Kernel, Tactic, register_tactic, tactic_by_key
+
+# The float FusedConv tactics tried (each in its first configuration); those that do not run the layer on the
+# device fail at build and score inf.
+_INNER = ("vendor.onednn-fused", "vendor.cudnn-fused", "triton.conv-igemm", "vendor.torch-direct")
+
+
+def float_twin(node: Node) -> Node:
+    """The FusedConv that QuantizedConv `node` quantizes: the same activation, bias and residual inputs, the
+    dequantized weight, the conv and epilogue attributes (a detached node, not in any graph)."""
+    wq, scales = node.inputs[1].const, node.inputs[4].const
+    weight = wq.float() * scales.float().reshape(-1, *[1] * (wq.dim() - 1))
+    w = Value(f"{node.inputs[1].name}.dequantized", DType.FLOAT, tuple(weight.shape), const=weight)
+    bias = _detached(node.inputs[2]) if len(node.inputs) > 2 else None
+    residual = _detached(node.inputs[3]) if len(node.inputs) > 3 else None
+    inputs = [_detached(node.inputs[0]), w, bias, residual]
+    while inputs[-1] is None:
+        inputs.pop()
+    attributes = {k: v for k, v in node.attributes.items() if k not in ("x_scale", "quant", "explicit")}
+    outputs = [Value(v.name, v.dtype, v.shape) for v in node.outputs]
+    return Node("FusedConv", inputs, outputs, attributes, domain=DOMAIN, name=node.name)
+
+
+def _detached(value: Value | None) -> Value | None:
+    """A copy of `value` outside any graph, so the twin adds no use to the real graph's values."""
+    return None if value is None else Value(value.name, value.dtype, value.shape, const=value.const)
+
+
+@register_tactic
+class FloatFallbackTactic(Tactic):
+    family = "fallback"  # its own family: `--families` without it keeps every quantized layer quantized
+    name = "float-conv"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    precisions = ("fp32", "fp16", "bf16")
+    layouts = ("NHWC", "NCHW")
+
+    def semantics(self, node: Node) -> Node:
+        return float_twin(node)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if node.attributes.get("explicit", 0):
+            return "the model's own Q/DQ prescribe this layer's int8 arithmetic"
+        if not node.inputs[1].is_const or len(node.inputs) < 5 or node.inputs[4] is None:
+            return "needs the constant quantized weight and its scales"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"inner": key} for key in _INNER]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        twin = float_twin(node)
+        inner = tactic_by_key(config.get("inner", _INNER[-1]))
+        reason = "not registered" if inner is None else inner.supports(twin, opset, device)
+        if reason is not None:
+            raise ValueError(f"{config.get('inner')} does not run this layer here: {reason}")
+        kernel = inner.build(twin, opset, device, inner.space(0)[0])
+        dequantized = twin.inputs[1].const
+        weights: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
+
+        def run(inputs):
+            x, _, b, z, _ = (list(inputs) + [None] * 5)[:5]
+            channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+            key = (x.dtype, channels_last)
+            if key not in weights:
+                fmt = torch.channels_last if channels_last else torch.contiguous_format
+                weights[key] = dequantized.to(x.device, x.dtype).contiguous(memory_format=fmt)
+            return kernel([x, weights[key], b, z][: len(twin.inputs)])
+
+        return run
