@@ -12,6 +12,9 @@ at least float32 and rounded once to the output type).
   (`quant`: "int8" or "fp8e4m3") and `Ws` its per-output-channel float32 scales. Equal to FusedConv over
   `DequantizeLinear(QuantizeLinear(X))` and the dequantized weight: the INT8 engine's layer. `explicit=1`
   marks one made from the model's own Q/DQ, whose arithmetic the model prescribes (no float fallback).
+- `QuantizedGemm(A, Bq, C?, Z?, Bs)`: FusedGemm on quantized operands, `Y = post(pre(acc · x_scale · Bs[n] + C)
+  + Z)` with `acc = Q(A) @ Bq`: A quantized per tensor as in QuantizedConv, Bq the constant [K, N] weight in
+  that type with per-output-column float32 scales Bs (alpha 1, beta 1, A not transposed).
 - `FusedGemm(A, B, C?, Z?)`: `Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`, where `@` is MatMul's
   batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
 - `Attention(Q, Kt, V, B?)`: `Softmax(Q @ Kt · scale + B, axis=-1) @ V` (Kt is Kᵀ, [..., D, Sk]; the float
@@ -170,6 +173,19 @@ def quantized_conv(
     scales = (w_scale.float() * torch.tensor(x_scale, dtype=torch.float32)).reshape(-1, *[1] * spatial)
     y = epilogue(acc * scales.to(acc.device), b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
     return y.to(x.dtype)
+
+
+@register("QuantizedGemm", since=OPSET, domain=DOMAIN)
+def quantized_gemm(
+    ctx: OpContext, a, b, c=None, z=None, b_scale=None, *, x_scale, quant="int8", explicit=0, pre="",
+    pre_params=(), post="", post_params=(),
+):  # fmt: skip
+    if b_scale is None:
+        raise ValueError("QuantizedGemm needs the weight scales (input 4)")
+    acc = torch.matmul(quantize_activation(a, x_scale, quant).float(), b.float())
+    scales = b_scale.float().to(acc.device) * torch.tensor(x_scale, dtype=torch.float32, device=acc.device)
+    y = epilogue(acc * scales, c, z, pre, pre_params, post, post_params, lambda t: t.shape)
+    return y.to(a.dtype)
 
 
 @register("FusedGemm", since=OPSET, domain=DOMAIN)

@@ -1,9 +1,10 @@
-"""Quantized engine layers: each calibrated FusedConv becomes a `tensorforge::QuantizedConv`.
+"""Quantized engine layers: each calibrated FusedConv becomes a `tensorforge::QuantizedConv`, each FusedGemm
+with a constant matrix weight a `tensorforge::QuantizedGemm`.
 
 The activation scale comes from the calibration table (per tensor, int8: `amax / 127`; fp8 E4M3:
 `amax / 448`), the weight is quantized once per output channel (`weights.py`'s scales, the same ones the Q/DQ
-simulation uses), so an engine of QuantizedConv layers computes what `simulate_int8` computes. Other
-quantizable layers (Gemm, MatMul, ConvTranspose) stay float: there is no quantized kernel for them yet.
+simulation uses), so an engine of quantized layers computes what `simulate_int8` computes. Other quantizable
+layers (ConvTranspose, a FusedGemm with a computed or batched weight, transA, alpha or beta) stay float.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .layers import QuantLayer, quantizable_layers
 from .weights import per_channel_amax
 
 FUSED_CONV = f"{DOMAIN}::FusedConv"
+FUSED_GEMM = f"{DOMAIN}::FusedGemm"
 # The largest magnitude of each quantized type: scale = amax / QMAX.
 QMAX = {"int8": 127.0, "fp8e4m3": 448.0}
 _WEIGHT_TYPES = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}
@@ -40,11 +42,24 @@ class Lowering:
 
 def lowerable(layers: Iterable[QuantLayer]) -> dict[str, str]:
     """The quantizable layers that cannot become quantized engine layers, with the reason."""
-    return {
-        layer.name: f"{qualified_op(layer.node)} has no quantized kernel yet (FusedConv only)"
-        for layer in layers
-        if qualified_op(layer.node) != FUSED_CONV
-    }
+    reasons = {}
+    for layer in layers:
+        reason = _gemm_problem(layer.node) if qualified_op(layer.node) == FUSED_GEMM else None
+        if qualified_op(layer.node) not in (FUSED_CONV, FUSED_GEMM):
+            reason = f"{qualified_op(layer.node)} has no quantized kernel yet"
+        if reason:
+            reasons[layer.name] = reason
+    return reasons
+
+
+def _gemm_problem(node: Node) -> str | None:
+    a = node.attributes
+    weight = node.inputs[1]
+    if not weight.is_const or weight.rank != 2:
+        return "a FusedGemm whose weight is not a constant matrix stays float"
+    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        return "a FusedGemm with transA, alpha or beta stays float"
+    return None
 
 
 def quantize_layers(
@@ -87,6 +102,8 @@ def quantize_weight(weight: torch.Tensor, quant: str) -> tuple[torch.Tensor, tor
 
 
 def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) -> Node:
+    if qualified_op(layer.node) == FUSED_GEMM:
+        return _rewrite_gemm(ctx, layer, x_scale, quant)
     node = layer.node
     graph = ctx.model.graph
     weight = node.inputs[1]
@@ -100,5 +117,25 @@ def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) ->
     replacement = Node(
         "QuantizedConv", inputs, [ctx.new_value(out.name, like=out)], attributes, domain=DOMAIN, name=node.name
     )
+    replace_node(node, replacement)
+    return replacement
+
+
+def _rewrite_gemm(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) -> Node:
+    node = layer.node
+    graph = ctx.model.graph
+    weight = node.inputs[1].const
+    kn = weight.t() if node.attributes.get("transB", 0) else weight  # [K, N]
+    quantized, scales = quantize_weight(kn.t(), quant)  # per output column: rows of [N, K]
+    wq = add_initializer(graph, ctx.new_value(f"{layer.name}.{quant}_weight"), quantized.t().contiguous())
+    ws = add_initializer(graph, ctx.new_value(f"{layer.name}.weight_scale"), scales)
+    inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
+    kept = {k: v for k, v in node.attributes.items() if k in ("pre", "pre_params", "post", "post_params")}
+    attributes = {**kept, "x_scale": float(x_scale), "quant": quant}
+    out = node.outputs[0]
+    replacement = Node(
+        "QuantizedGemm", [inputs[0], wq, inputs[2], inputs[3], ws], [ctx.new_value(out.name, like=out)],
+        attributes, domain=DOMAIN, name=node.name,
+    )  # fmt: skip
     replace_node(node, replacement)
     return replacement

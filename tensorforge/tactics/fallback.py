@@ -1,4 +1,5 @@
-"""Float fallback for quantized layers: a QuantizedConv run as the float FusedConv it was made from.
+"""Float fallback for quantized layers: a QuantizedConv (QuantizedGemm) run as the float FusedConv (FusedGemm) it
+was made from.
 
 An int8 layer is not always faster than its float version: small or depthwise convolutions on the CPU spend
 more on quantizing their input than they save. `fallback.float-conv` lets the autotuner time the layer in
@@ -19,16 +20,24 @@ from ..ir import DType, Node, Value
 from ..ops.fused import DOMAIN
 from .base import Kernel, Tactic, register_tactic, tactic_by_key
 
-# The float FusedConv tactics tried (each in its first configuration); those that do not run the layer on the
-# device fail at build and score inf.
-_INNER = ("vendor.onednn-fused", "vendor.cudnn-fused", "triton.conv-igemm", "vendor.torch-direct")
+# The float tactics tried for each quantized op, each in its first configuration; those that do not run the
+# layer on the device fail at build and score inf.
+_INNER = {
+    "QuantizedConv": ("vendor.onednn-fused", "vendor.cudnn-fused", "triton.conv-igemm", "vendor.torch-direct"),
+    "QuantizedGemm": ("vendor.onednn-linear", "triton.gemm", "reference.registry"),
+}
+_FLOAT_OP = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}
 
 
 def float_twin(node: Node) -> Node:
-    """The FusedConv that QuantizedConv `node` quantizes: the same activation, bias and residual inputs, the
-    dequantized weight, the conv and epilogue attributes (a detached node, not in any graph)."""
+    """The float layer that quantized `node` quantizes: the same activation, bias and residual inputs, the
+    dequantized weight, the conv (or none) and epilogue attributes (a detached node, not in any graph).
+    QuantizedConv weights are [Cout, ...] with scales over axis 0; QuantizedGemm weights [K, N] over axis 1."""
     wq, scales = node.inputs[1].const, node.inputs[4].const
-    weight = wq.float() * scales.float().reshape(-1, *[1] * (wq.dim() - 1))
+    if node.op_type == "QuantizedGemm":
+        weight = wq.float() * scales.float().reshape(1, -1)
+    else:
+        weight = wq.float() * scales.float().reshape(-1, *[1] * (wq.dim() - 1))
     w = Value(f"{node.inputs[1].name}.dequantized", DType.FLOAT, tuple(weight.shape), const=weight)
     bias = _detached(node.inputs[2]) if len(node.inputs) > 2 else None
     residual = _detached(node.inputs[3]) if len(node.inputs) > 3 else None
@@ -37,7 +46,7 @@ def float_twin(node: Node) -> Node:
         inputs.pop()
     attributes = {k: v for k, v in node.attributes.items() if k not in ("x_scale", "quant", "explicit")}
     outputs = [Value(v.name, v.dtype, v.shape) for v in node.outputs]
-    return Node("FusedConv", inputs, outputs, attributes, domain=DOMAIN, name=node.name)
+    return Node(_FLOAT_OP[node.op_type], inputs, outputs, attributes, domain=DOMAIN, name=node.name)
 
 
 def _detached(value: Value | None) -> Value | None:
@@ -45,13 +54,10 @@ def _detached(value: Value | None) -> Value | None:
     return None if value is None else Value(value.name, value.dtype, value.shape, const=value.const)
 
 
-@register_tactic
-class FloatFallbackTactic(Tactic):
+class _FloatFallback(Tactic):
     family = "fallback"  # its own family: `--families` without it keeps every quantized layer quantized
-    name = "float-conv"
-    op_types = (f"{DOMAIN}::QuantizedConv",)
+    op: str
     precisions = ("fp32", "fp16", "bf16")
-    layouts = ("NHWC", "NCHW")
 
     def semantics(self, node: Node) -> Node:
         return float_twin(node)
@@ -64,11 +70,11 @@ class FloatFallbackTactic(Tactic):
         return None
 
     def space(self, effort: int) -> list[dict[str, Any]]:
-        return [{"inner": key} for key in _INNER]
+        return [{"inner": key} for key in _INNER[self.op]]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         twin = float_twin(node)
-        inner = tactic_by_key(config.get("inner", _INNER[-1]))
+        inner = tactic_by_key(config.get("inner", _INNER[self.op][-1]))
         reason = "not registered" if inner is None else inner.supports(twin, opset, device)
         if reason is not None:
             raise ValueError(f"{config.get('inner')} does not run this layer here: {reason}")
@@ -81,8 +87,23 @@ class FloatFallbackTactic(Tactic):
             channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             key = (x.dtype, channels_last)
             if key not in weights:
-                fmt = torch.channels_last if channels_last else torch.contiguous_format
+                fmt = torch.channels_last if channels_last and dequantized.dim() == 4 else torch.contiguous_format
                 weights[key] = dequantized.to(x.device, x.dtype).contiguous(memory_format=fmt)
             return kernel([x, weights[key], b, z][: len(twin.inputs)])
 
         return run
+
+
+@register_tactic
+class FloatConvFallbackTactic(_FloatFallback):
+    name = "float-conv"
+    op = "QuantizedConv"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    layouts = ("NHWC", "NCHW")
+
+
+@register_tactic
+class FloatGemmFallbackTactic(_FloatFallback):
+    name = "float-gemm"
+    op = "QuantizedGemm"
+    op_types = (f"{DOMAIN}::QuantizedGemm",)

@@ -12,6 +12,7 @@
 - `vendor.onednn-linear`: FusedGemm with a constant weight on the CPU as one oneDNN linear with its bias,
   activation or residual add as post-ops and the weight packed once.
 - `vendor.onednn-qconv`: int8 QuantizedConv on the CPU as oneDNN's int8 convolution (VNNI), float32 out.
+- `vendor.onednn-qlinear`: int8 QuantizedGemm on the CPU as oneDNN's int8 linear (VNNI), float32 out.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
   fused CPU kernels: the score matrix is not written out).
@@ -420,6 +421,67 @@ class OneDnnQuantizedConvTactic(Tactic):
                 q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, 1.0, 0,
                 torch.float32, unary, scalars, "",
             )  # fmt: skip
+            if not inside:
+                y = apply_activation(y, pre, pre_params)
+            if z is not None:
+                y = apply_activation(y + z, post, post_params)
+            return (y,)
+
+        return kernel
+
+
+_QLINEAR_UNARY = {"": ("none", ""), "Relu": ("relu", ""), "Gelu": ("gelu", "none"), "GeluTanh": ("gelu", "tanh")}
+
+
+@register_tactic
+class OneDnnQuantizedLinearTactic(Tactic):
+    """int8 QuantizedGemm on the CPU through oneDNN: the activation quantized as the reference does and offset
+    to uint8 (zero point 128), the [K, N] weight packed once per row count, int32 sums dequantized by x_scale ×
+    the column scales with the bias in float32; ReLU or GELU inside, other epilogues in torch."""
+
+    family = "vendor"
+    name = "onednn-qlinear"
+    op_types = (f"{DOMAIN}::QuantizedGemm",)
+    precisions = ("fp32",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "oneDNN runs on the CPU"
+        if not hasattr(torch.ops.onednn, "qlinear_pointwise") or not torch.backends.mkldnn.is_available():
+            return "this torch build has no oneDNN int8 linear"
+        if node.attributes.get("quant", "int8") != "int8":
+            return "int8 only"
+        n = node.inputs[1].shape[1]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and (not bias.is_const or tuple(bias.shape or ()) not in ((n,), (1, n))):
+            return f"the bias must be a constant over the {n} output columns"
+        if node.inputs[0].rank is None or node.inputs[0].rank < 2:
+            return "the input must be a matrix or a batch of them"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        pre, pre_params, post, post_params = _epilogue_attributes(node)
+        x_scale = float(node.attributes["x_scale"])
+        residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        inside = not residual and pre in _QLINEAR_UNARY
+        unary, algorithm = _QLINEAR_UNARY[pre] if inside else ("none", "")
+        onednn = torch.ops.onednn
+        packed: dict[int, torch.Tensor] = {}
+        scale = torch.tensor(x_scale, dtype=torch.float32)
+
+        def kernel(inputs):
+            a, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            rows = a.reshape(-1, a.shape[-1])
+            weight = packed.get(rows.shape[0])
+            if weight is None:
+                weight = packed[rows.shape[0]] = onednn.qlinear_prepack(w.t().contiguous(), list(rows.shape))
+            q = (torch.round(rows.float() / scale).clamp_(-128, 127) + 128).to(torch.uint8)
+            zero = torch.zeros(w.shape[1], dtype=torch.int64)
+            bias = b.reshape(-1) if b is not None else None
+            y = onednn.qlinear_pointwise(
+                q, x_scale, 128, weight, w_scale, zero, bias, 1.0, 0, torch.float32, unary, [], algorithm
+            )
+            y = y.reshape(*a.shape[:-1], y.shape[-1])
             if not inside:
                 y = apply_activation(y, pre, pre_params)
             if z is not None:

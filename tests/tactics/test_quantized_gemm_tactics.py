@@ -1,0 +1,75 @@
+"""QuantizedGemm: the lowering agrees with the Q/DQ simulation (transB included), oneDNN's int8 linear agrees
+with the reference, and the float fallback computes the float layer."""
+
+import pytest
+import torch
+
+from tensorforge import Executor
+from tensorforge.ir import Model
+from tensorforge.ir.clone import clone_model
+from tensorforge.quant import calibrate, simulate_int8
+from tensorforge.quant.layers import quantizable_layers
+from tensorforge.quant.lower import lowerable, quantize_layers
+from tensorforge.tactics.autotune import TOLERANCE, build_layer_kernel, relative_error
+from tensorforge.tactics.base import tactic_by_key
+from tests.tactics.test_vendor_onednn_linear import _gemm_layer
+
+CPU = torch.device("cpu")
+CASES = [
+    ([2, 7, 32], "Gelu", False, False, True),
+    ([5, 32], "Relu", True, False, False),
+    ([2, 7, 32], "", False, True, True),
+]
+
+
+def _quantized(x_shape, activation, trans_b, residual, matmul):
+    node, feeds = _gemm_layer(x_shape, activation, trans_b, residual, matmul)
+    model = Model(node.graph, {"": 17, "tensorforge": 1})
+    names = [v.name for v in model.graph.inputs]
+    batches = [{name: f.numpy() for name, f in zip(names, feeds, strict=True)}]
+    table = calibrate(model, batches, "minmax")
+    simulated = simulate_int8(model, table)
+    lowered = clone_model(model)
+    quantize_layers(lowered, table)
+    (layer,) = lowered.graph.nodes
+    assert layer.op_type == "QuantizedGemm"
+    return layer, feeds, batches[0], simulated, lowered
+
+
+@pytest.mark.parametrize(("x_shape", "activation", "trans_b", "residual", "matmul"), CASES)
+def test_a_quantized_gemm_computes_the_simulated_int8_layer(x_shape, activation, trans_b, residual, matmul):
+    _, _, batch, simulated, lowered = _quantized(x_shape, activation, trans_b, residual, matmul)
+    (name,) = [v.name for v in lowered.graph.outputs]
+    want = Executor(simulated).run(batch)[name]
+    got = Executor(lowered).run(batch)[name]
+    assert relative_error(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize(("x_shape", "activation", "trans_b", "residual", "matmul"), CASES)
+def test_onednn_int8_linear_and_the_float_fallback(x_shape, activation, trans_b, residual, matmul):
+    layer, feeds, _, _, _ = _quantized(x_shape, activation, trans_b, residual, matmul)
+    reference = build_layer_kernel(tactic_by_key("reference.registry"), layer, 1, CPU, {}, {})(feeds)[0]
+    qlinear = tactic_by_key("vendor.onednn-qlinear")
+    assert qlinear.supports(layer, 1, CPU) is None
+    got = build_layer_kernel(qlinear, layer, 1, CPU, {"precision": "fp32"}, {})(feeds)[0]
+    assert relative_error(got, reference) <= TOLERANCE["fp32"]
+    fallback = tactic_by_key("fallback.float-gemm")
+    twin = fallback.semantics(layer)
+    as_float = build_layer_kernel(tactic_by_key("reference.registry"), twin, 1, CPU, {}, {})(feeds)[0]
+    for config in fallback.space(0):
+        try:
+            kernel = build_layer_kernel(fallback, layer, 1, CPU, {"precision": "fp32", **config}, {})
+        except ValueError as err:  # a float tactic that does not run here (Triton needs CUDA)
+            assert "does not run this layer here" in str(err)
+            continue
+        ours = kernel(feeds)[0]
+        assert relative_error(ours, as_float) <= 1e-5, config
+        assert relative_error(ours, reference) > 1e-4, config  # float, not int8
+
+
+def test_a_gemm_with_alpha_stays_float_with_the_reason():
+    node, _ = _gemm_layer([4, 16], "Relu")
+    node.attributes["alpha"] = 0.5
+    model = Model(node.graph, {"": 17, "tensorforge": 1})
+    (layer,) = quantizable_layers(model)
+    assert "alpha" in lowerable([layer])[layer.name]
