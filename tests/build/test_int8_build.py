@@ -141,3 +141,21 @@ def test_the_float_fallback_is_checked_against_the_float_layer_and_adds_no_uses(
     assert relative_error(ours.numpy(), as_float.numpy()) <= 1e-5
     assert relative_error(ours.numpy(), as_int8.numpy()) > 1e-4  # float, not int8
     assert _run(engine, feed).shape == (2, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["int8", "fp8"])
+def test_a_quantized_engine_on_cuda_matches_its_graph_on_the_reference_executor(quant):
+    """Every quantized layer on the GPU (the Triton int8 / fp8 kernels among the candidates, no float fallback)
+    against the engine's own quantized graph on the reference executor (CPU, float32). int8 sums are exact:
+    float32's bound; fp8 tensor cores add in reduced precision (about 1e-3): fp16's bound."""
+    model, batches, feed = small_conv_model(), random_batches(3), random_batches(1, seed=7)[0]
+    config = BuildConfig(
+        device="cuda", precisions=("fp32", quant), profiles=(PROFILE,), effort=0,
+        quantization=QuantizationConfig(method="minmax"), tactic_families=("reference", "vendor", "triton"),
+    )  # fmt: skip
+    engine = Builder(config, calibration_data=batches).build(model)
+    assert engine.report["quantization"]["quantized"] == ["conv1", "conv2", "fc", "head"]
+    got = engine.create_context().run(feed)["y"].cpu()
+    want = Executor(engine.model).run(feed)["y"]
+    assert relative_error(got.numpy(), want.numpy()) <= (1e-4 if quant == "int8" else 5e-3)
