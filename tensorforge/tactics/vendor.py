@@ -13,6 +13,7 @@
   activation or residual add as post-ops and the weight packed once.
 - `vendor.onednn-qconv`: int8 QuantizedConv on the CPU as oneDNN's int8 convolution (VNNI), float32 out.
 - `vendor.onednn-qlinear`: int8 QuantizedGemm on the CPU as oneDNN's int8 linear (VNNI), float32 out.
+- `vendor.cublas-int8`: int8 QuantizedGemm on CUDA as cuBLAS's int8 product (`torch._int_mm`), exact int32 sums.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
   fused CPU kernels: the score matrix is not written out).
@@ -487,6 +488,45 @@ class OneDnnQuantizedLinearTactic(Tactic):
             if z is not None:
                 y = apply_activation(y + z, post, post_params)
             return (y,)
+
+        return kernel
+
+
+@register_tactic
+class CublasInt8GemmTactic(Tactic):
+    """int8 QuantizedGemm on CUDA: the activation quantized as the reference does, `torch._int_mm` (cuBLAS int8
+    tensor cores, int32 sums), then the dequantizing epilogue. cuBLAS takes more than 16 rows and K and N in
+    multiples of 8."""
+
+    family = "vendor"
+    name = "cublas-int8"
+    op_types = (f"{DOMAIN}::QuantizedGemm",)
+    precisions = ("fp16", "bf16", "fp32")
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA"
+        if node.attributes.get("quant", "int8") != "int8":
+            return "int8 only"
+        k, n = node.inputs[1].shape
+        if k % 8 or n % 8:
+            return f"cuBLAS's int8 product takes K and N in multiples of 8, not {k} and {n}"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        pre, pre_params, post, post_params = _epilogue_attributes(node)
+        x_scale = float(node.attributes["x_scale"])
+
+        def kernel(inputs):
+            a, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            rows = a.reshape(-1, a.shape[-1])
+            if rows.shape[0] <= 16:
+                raise ValueError(f"cuBLAS's int8 product takes more than 16 rows, not {rows.shape[0]}")
+            q = quantize_activation(rows, x_scale, "int8")
+            acc = torch._int_mm(q, w)
+            y = acc.float() * (w_scale.float() * x_scale)
+            y = epilogue(y.reshape(*a.shape[:-1], -1), b, z, pre, pre_params, post, post_params, lambda t: t.shape)
+            return (y.to(a.dtype),)
 
         return kernel
 

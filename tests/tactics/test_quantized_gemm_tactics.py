@@ -73,3 +73,14 @@ def test_a_gemm_with_alpha_stays_float_with_the_reason():
     model = Model(node.graph, {"": 17, "tensorforge": 1})
     (layer,) = quantizable_layers(model)
     assert "alpha" in lowerable([layer])[layer.name]
+
+
+@pytest.mark.gpu
+def test_the_cublas_int8_product_matches_the_reference_on_cuda():
+    from tensorforge.tactics.autotune import autotune
+
+    layer, feeds, _, _, _ = _quantized([4, 8, 32], "Gelu", False, False, True)
+    feeds = [f.cuda() for f in feeds]
+    choice = autotune(layer, 1, [feeds[0]], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
+    ours = [c for c in choice.candidates if c.tactic == "vendor.cublas-int8"]
+    assert ours and all(c.median_ms < float("inf") for c in ours), [(c.config, c.note) for c in ours]
