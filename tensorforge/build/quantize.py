@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError
-from ..ir import Model
+from ..ir import Model, format_type
 from ..quant import (
     Target,
     calibrate,
@@ -42,6 +42,23 @@ def quantize_model(
     `calibration_data` (batches of feeds) overrides `config.quantization.data`."""
     quant = config.quantized_type
     settings = config.quantization or QuantizationConfig()
+    try:
+        return _quantize(model, config, quant, settings, device, calibration_data)
+    except InputError as error:
+        if "bad inputs" not in str(error):
+            raise
+        shapes = ", ".join(f"{v.name} {format_type(v.dtype, v.shape)}" for v in _inputs(model))
+        raise InputError(
+            f"{error}\ncalibration batches must fit the shapes this engine is built for ({shapes}): give batches "
+            "of those shapes, or a --profile or --shape that covers theirs"
+        ) from None
+
+
+def _inputs(model: Model) -> list:
+    return [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+
+
+def _quantize(model, config, quant, settings, device, calibration_data) -> dict[str, Any]:
     feeds = _feeds(model, settings, calibration_data)
     cache = Path(settings.cache) if settings.cache else None
     if cache is not None and cache.exists():

@@ -113,8 +113,9 @@ def test_an_int8_engine_file_round_trips_its_int8_weights(tmp_path):
 
 def test_calibration_data_of_the_wrong_shape_names_the_batch():
     bad = [{"x": np.zeros((5, 3, 8, 8), dtype=np.float32) + 1}]
-    with pytest.raises(InputError, match="calibration batch 0"):
+    with pytest.raises(InputError, match="calibration batch 0") as error:
         _build(small_conv_model(), bad, method="minmax")
+    assert "must fit the shapes this engine is built for (x f32[2, 3, 8, 8])" in str(error.value)
 
 
 def test_the_float_fallback_is_checked_against_the_float_layer_and_adds_no_uses():
