@@ -128,6 +128,8 @@ class Builder:
             plans.append(Plan(profile, tuple(layers), memory, tuned))
             selections.append(selection)
         tuning_seconds = time.perf_counter() - tuning_started
+        if quantization is not None:
+            quantization["timed_to_float"] = [_fallback_layers(model, plan) for plan in plans]
         if self.config.timing_cache:
             cache.save(self.config.timing_cache)
         report = {
@@ -346,6 +348,12 @@ def _allocated_by_kernels(model: Model, layers: list[Layer]) -> set[str]:
         if tactic is None or not tactic.writes_into:
             names.update(v.name for v in model.graph.nodes[layer.node].outputs if v.name)
     return names
+
+
+def _fallback_layers(model: Model, plan: Plan) -> list[str]:
+    """The quantized layers of `plan` that run as their float originals because that timed faster."""
+    nodes = model.graph.nodes
+    return [nodes[layer.node].name for layer in plan.layers if layer.tactic.startswith("fallback.")]
 
 
 def _refuse_control_flow(model: Model) -> None:

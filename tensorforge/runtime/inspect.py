@@ -164,4 +164,10 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
             f"layer quantized: {target['all_quantized']:.5f})"
         )
     lines += [f"  float: {name}: {why}" for name, why in section["float"].items()]
+    for index, names in enumerate(section.get("timed_to_float", [])):
+        if names:
+            lines.append(
+                f"profile {index}: {len(names)} quantized layers run as their float originals, which timed faster: "
+                + ", ".join(names)
+            )
     return lines

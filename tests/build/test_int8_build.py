@@ -142,6 +142,10 @@ def test_the_float_fallback_is_checked_against_the_float_layer_and_adds_no_uses(
     assert relative_error(ours.numpy(), as_float.numpy()) <= 1e-5
     assert relative_error(ours.numpy(), as_int8.numpy()) > 1e-4  # float, not int8
     assert _run(engine, feed).shape == (2, 3)
+    (timed,) = engine.report["quantization"]["timed_to_float"]
+    assert set(timed) == {
+        nodes[layer.node].name for layer in engine.plans[0].layers if layer.tactic.startswith("fallback.")
+    }
 
 
 @pytest.mark.gpu
