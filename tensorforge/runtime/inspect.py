@@ -82,7 +82,7 @@ def _layer(engine: Engine, plan: Plan, position: int, layer: Layer) -> dict[str,
         "origins": list(node.origins),
         "tactic": layer.tactic,
         "config": layer.config,
-        "precision": layer.precision,
+        "precision": _math(node, layer),
         "layout": layer.layout,
         "median_ms": layer.median_ms,
         "from_cache": layer.from_cache,
@@ -97,6 +97,17 @@ def _layer(engine: Engine, plan: Plan, position: int, layer: Layer) -> dict[str,
         "candidates": len(layer.candidates),
         "outputs": outputs,
     }
+
+
+def _math(node, layer: Layer) -> str:
+    """The layer's arithmetic: its variant's precision, or for a quantized layer its quantized type (with the
+    activation scale), or the float precision it fell back to."""
+    quant = node.attributes.get("quant") if node.op_type in ("QuantizedConv", "QuantizedGemm") else None
+    if quant is None:
+        return layer.precision
+    if layer.tactic.startswith("fallback."):
+        return f"{layer.precision} (float fallback of {quant})"
+    return f"{quant} (x_scale {node.attributes['x_scale']:.4g}) -> {layer.precision}"
 
 
 def _runner_up(layer: Layer) -> Candidate | None:
