@@ -1,13 +1,13 @@
 """The default optimization pipeline: which passes run, in which order, and `optimize` to run them.
 
 The order matters: folding and cleanup first expose the plain structure (constant subgraphs gone, no-op
-Identity/Dropout removed), CSE merges duplicates before patterns are matched, pattern recognition turns
-decomposed GELU/LayerNorm/softmax into single ops and then attention (two MatMuls around a softmax) into one,
-BatchNorm is folded into its convolution before the epilogue fusion absorbs bias, activation and residual add
-into FusedConv/FusedGemm, the Q/DQ pairs of an explicitly quantized model fold into the convolutions that read
-them (QuantizedConv), parallel layers are merged once their epilogues are settled, and what is left of
-elementwise chains becomes FusedPointwise. A last dead-code sweep removes what the fusions orphaned. The
-manager repeats the list to a fixed point.
+Identity/Dropout removed) and shape inference fills the dims folding made computable, CSE merges duplicates
+before patterns are matched, pattern recognition turns decomposed GELU/LayerNorm/softmax into single ops and
+then attention (two MatMuls around a softmax) into one, BatchNorm is folded into its convolution before the
+epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
+explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
+merged once their epilogues are settled, and what is left of elementwise chains becomes FusedPointwise. A last
+dead-code sweep removes what the fusions orphaned. The manager repeats the list to a fixed point.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .horizontal import MergeParallel
 from .manager import OptimizationReport, PassManager
 from .patterns import RecognizePatterns
 from .pointwise import FusePointwise
+from .shapes import InferShapes
 
 
 def default_passes() -> list[Pass]:
@@ -33,6 +34,7 @@ def default_passes() -> list[Pass]:
         ConstantFolding(),
         Cleanup(),
         DeadCodeElimination(),
+        InferShapes(),
         CommonSubexpressions(),
         RecognizePatterns(),
         RecognizeAttention(),
