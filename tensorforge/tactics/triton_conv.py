@@ -32,6 +32,22 @@ def _activations(node: Node) -> tuple[tuple[int, float, float], tuple[int, float
     )
 
 
+def _conv_problem(node: Node) -> str | None:
+    """Why the Triton implicit GEMM cannot run `node` (2-D, constant weight, float input, a Triton epilogue)."""
+    x, weight = node.inputs[0], node.inputs[1]
+    if weight.rank != 4:
+        return f"2-D convolutions only; the weight has rank {weight.rank}"
+    if not weight.is_const:
+        return "the weight is computed at run time; this kernel packs a constant weight once"
+    if x.dtype not in _FLOAT_INPUTS:
+        return f"float32, float16 and bfloat16 inputs only; the input is {x.dtype.name}"
+    try:
+        _activations(node)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 @register_tactic
 class TritonConvTactic(Tactic):
     """2-D FusedConv (any stride, padding, dilation, groups; bias, residual, pre/post activation) as one Triton
@@ -48,18 +64,7 @@ class TritonConvTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
-        x, weight = node.inputs[0], node.inputs[1]
-        if weight.rank != 4:
-            return f"2-D convolutions only; the weight has rank {weight.rank}"
-        if not weight.is_const:
-            return "the weight is computed at run time; this kernel packs a constant weight once"
-        if x.dtype not in _FLOAT_INPUTS:
-            return f"float32, float16 and bfloat16 inputs only; the input is {x.dtype.name}"
-        try:
-            _activations(node)
-        except ValueError as err:
-            return str(err)
-        return None
+        return _conv_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return conv_configs(effort)
@@ -109,18 +114,9 @@ class TritonQuantizedConvTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
-        weight = node.inputs[1]
-        if weight.rank != 4 or not weight.is_const:
-            return "a constant 2-D convolution weight only"
-        if node.inputs[0].dtype not in _FLOAT_INPUTS:
-            return f"float32, float16 and bfloat16 inputs only; the input is {node.inputs[0].dtype.name}"
         if node.attributes.get("quant", "int8") == "fp8e4m3" and torch.cuda.get_device_capability(device) < (8, 9):
             return "float8 tensor cores need compute capability 8.9 or newer"
-        try:
-            _activations(node)
-        except ValueError as err:
-            return str(err)
-        return None
+        return _conv_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return quantized_conv_configs(effort)

@@ -225,6 +225,16 @@ _ONEDNN_UNARY = {
 }
 
 
+def _onednn_padding_problem(node: Node) -> str | None:
+    """Why oneDNN's convolution call cannot take `node`'s padding (it takes explicit, symmetric pads), or None."""
+    if node.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return "SAME auto-padding is computed per shape; explicit pads only"
+    pads = list(node.attributes.get("pads") or [0, 0, 0, 0])
+    if pads[:2] != pads[2:]:
+        return f"oneDNN's call takes symmetric padding; pads are {pads}"
+    return None
+
+
 @register_tactic
 class OneDnnFusedConvTactic(Tactic):
     """FusedConv on the CPU as one oneDNN call: convolution, bias, residual add and activation as post-ops,
@@ -255,12 +265,7 @@ class OneDnnFusedConvTactic(Tactic):
             return f"oneDNN has no post-op for {activation!r} here"
         if residual and activation not in ("", "Relu"):
             return f"oneDNN follows a residual add only with ReLU; this layer has post={post!r}"
-        if node.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-            return "SAME auto-padding is computed per shape; explicit pads only"
-        pads = list(node.attributes.get("pads") or [0, 0, 0, 0])
-        if pads[:2] != pads[2:]:
-            return f"oneDNN's call takes symmetric padding; pads are {pads}"
-        return None
+        return _onednn_padding_problem(node)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         conv = _conv_attributes(node)
@@ -386,12 +391,7 @@ class OneDnnQuantizedConvTactic(Tactic):
             return "int8 only"
         if len(node.inputs[1].shape or ()) != 4:
             return "2-D convolutions only"
-        if node.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-            return "SAME auto-padding is computed per shape; explicit pads only"
-        pads = list(node.attributes.get("pads") or [0, 0, 0, 0])
-        if pads[:2] != pads[2:]:
-            return f"oneDNN's call takes symmetric padding; pads are {pads}"
-        return None
+        return _onednn_padding_problem(node)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         conv = _conv_attributes(node)
