@@ -181,8 +181,9 @@ def autotune(
 
 
 def compile_workers(device: torch.device) -> int:
-    """Threads that build and check candidates at once: on CUDA, up to 8 (compiles run in parallel: Triton's
-    and NVRTC's compilers release the GIL); on the CPU one, as the candidates' first runs compete for cores."""
+    """Threads that build and check candidates at once: on CUDA, up to 8, so that compiles of different
+    candidates can overlap (as far as Triton's and NVRTC's compilers let go of the GIL: `bench/parallel_compile.py`
+    measures it); on the CPU one, as the candidates' first runs compete for the cores."""
     return min(8, os.cpu_count() or 1) if device.type == "cuda" else 1
 
 
