@@ -24,7 +24,7 @@ import torch
 from ..ir import Graph, Node, Value
 from ..ops.fused import DOMAIN
 from .base import PassContext, Rule, RulePass
-from .utils import add_initializer, attr, is_graph_output, replace_node
+from .utils import add_initializer, attr, is_graph_output, replace_node, replace_with_fused
 
 FUSED_CONV = f"{DOMAIN}::FusedConv"
 FUSED_GEMM = f"{DOMAIN}::FusedGemm"
@@ -169,7 +169,7 @@ class ConvToFusedConv(Rule):
         return node
 
     def rewrite(self, node: Node, ctx: PassContext) -> str:
-        _replace_with_fused(ctx, node, "FusedConv", list(node.inputs), dict(node.attributes))
+        replace_with_fused(ctx, node, "FusedConv", list(node.inputs), dict(node.attributes))
         return "Conv as FusedConv"
 
 
@@ -184,7 +184,7 @@ class GemmToFusedGemm(Rule):
 
     def rewrite(self, node: Node, ctx: PassContext) -> str:
         attributes = {k: v for k, v in node.attributes.items() if k in ("alpha", "beta", "transA", "transB")}
-        _replace_with_fused(ctx, node, "FusedGemm", list(node.inputs), attributes)
+        replace_with_fused(ctx, node, "FusedGemm", list(node.inputs), attributes)
         return "Gemm as FusedGemm"
 
 
@@ -206,15 +206,8 @@ class MatMulToFusedGemm(Rule):
         return None
 
     def rewrite(self, node: Node, ctx: PassContext) -> str:
-        _replace_with_fused(ctx, node, "FusedGemm", list(node.inputs), {})
+        replace_with_fused(ctx, node, "FusedGemm", list(node.inputs), {})
         return "MatMul as FusedGemm"
-
-
-def _replace_with_fused(ctx: PassContext, node: Node, op_type: str, inputs: list, attributes: dict) -> Node:
-    out = node.outputs[0]
-    fused = Node(op_type, inputs, [ctx.new_value(out.name, like=out)], attributes, domain=DOMAIN, name=node.name)
-    replace_node(node, fused)
-    return fused
 
 
 class _Absorb(Rule):

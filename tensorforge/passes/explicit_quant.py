@@ -19,7 +19,7 @@ from ..ir import DType, Node, Value
 from ..ops.fused import DOMAIN
 from ..ops.quantize import dequantize
 from .base import PassContext, Rule, RulePass
-from .utils import add_initializer, constant, replace_node
+from .utils import add_initializer, constant, replace_with_fused
 
 _TYPES = {DType.INT8: "int8", DType.FLOAT8E4M3FN: "fp8e4m3"}
 
@@ -101,16 +101,7 @@ class FoldQDQIntoConv(Rule):
         inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
         x_scale = float(match.x_scale.reshape(()).item())
         attributes = {**node.attributes, "x_scale": x_scale, "quant": match.quant, "explicit": 1}
-        out = node.outputs[0]
-        fused = Node(
-            "QuantizedConv",
-            [match.source, weight, bias, inputs[3], scale],
-            [ctx.new_value(out.name, like=out)],
-            attributes,
-            domain=DOMAIN,
-            name=node.name,
-        )
-        replace_node(node, fused)
+        replace_with_fused(ctx, node, "QuantizedConv", [match.source, weight, bias, inputs[3], scale], attributes)
         return f"{match.quant} Q/DQ folded into the convolution"
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..ir import Graph, Node, Value
+
+if TYPE_CHECKING:
+    from .base import PassContext
 
 
 def is_graph_output(value: Value) -> bool:
@@ -55,6 +58,17 @@ def replace_node(node: Node, replacement: Node, outputs: dict[Value, Value] | No
     for old, new in mapping.items():
         _rewire(graph, old, new)
     graph.remove(node)
+
+
+def replace_with_fused(ctx: PassContext, node: Node, op_type: str, inputs: list, attributes: dict) -> Node:
+    """Put a `tensorforge::op_type` node with `inputs` and `attributes` where `node` was, under its name; its
+    one output takes over `node`'s first."""
+    from ..ops.fused import DOMAIN
+
+    out = node.outputs[0]
+    fused = Node(op_type, inputs, [ctx.new_value(out.name, like=out)], attributes, domain=DOMAIN, name=node.name)
+    replace_node(node, fused)
+    return fused
 
 
 def bypass(node: Node, output: Value, source: Value) -> None:

@@ -15,21 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from ..ir import DType, Model, Node, Value, qualified_op, validate
+from ..ir import Model, Node, Value, qualified_op, validate
+from ..kernels.quantize import KINDS, MIN_SCALE
+from ..kernels.quantize import quantize_weight as kernels_quantize_weight
 from ..ops.fused import DOMAIN
-from ..ops.quantize import quantize
 from ..passes.base import PassContext
-from ..passes.utils import add_initializer, remove_unused_initializers, replace_node
+from ..passes.utils import add_initializer, remove_unused_initializers, replace_with_fused
 from .calibration import CalibrationTable
 from .layers import QuantLayer, quantizable_layers
-from .weights import per_channel_amax
 
 FUSED_CONV = f"{DOMAIN}::FusedConv"
 FUSED_GEMM = f"{DOMAIN}::FusedGemm"
-# The largest magnitude of each quantized type: scale = amax / QMAX.
-QMAX = {"int8": 127.0, "fp8e4m3": 448.0}
-_WEIGHT_TYPES = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}
-_MIN_SCALE = 1e-12
 
 
 @dataclass(frozen=True)
@@ -67,8 +63,8 @@ def quantize_layers(
 ) -> Lowering:
     """Rewrite, in place, every FusedConv of `model` that `quantizable_layers` lists and `keep_float` does not
     name into a QuantizedConv of type `quant` ("int8" or "fp8e4m3"), with the scales of `table`."""
-    if quant not in QMAX:
-        raise InputError(f"unknown quantized type {quant!r}: choose from {sorted(QMAX)}")
+    if quant not in KINDS:
+        raise InputError(f"unknown quantized type {quant!r}: choose from {sorted(KINDS)}")
     layers = quantizable_layers(model)
     keep = frozenset(keep_float)
     unknown = sorted(keep - {layer.name for layer in layers})
@@ -92,13 +88,13 @@ def quantize_layers(
 
 def _activation_scale(table: CalibrationTable, value: Value, quant: str) -> float:
     scale = table.scale(value.name)  # raises, naming the tensor, when the table lacks it
-    return scale if quant == "int8" else max(table.ranges[value.name].amax / QMAX[quant], _MIN_SCALE)
+    return scale if quant == "int8" else max(table.ranges[value.name].amax / KINDS[quant][1], MIN_SCALE)
 
 
 def quantize_weight(weight: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """A conv weight `[Cout, ...]` quantized per output channel: the weight in `quant`'s type and float32 scales."""
-    scales = (per_channel_amax(weight, 0) / QMAX[quant]).clamp(min=_MIN_SCALE).float()
-    return quantize(weight.float(), scales, None, _WEIGHT_TYPES[quant], axis=0), scales
+    """A weight `[Cout, ...]` quantized per output channel: the weight in `quant`'s type and float32 scales
+    (`kernels.quantize`, the numbers the quantized kernels are tested with)."""
+    return kernels_quantize_weight(weight, quant)
 
 
 def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) -> Node:
@@ -113,12 +109,7 @@ def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) ->
     inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
     inputs = [inputs[0], wq, inputs[2], inputs[3], ws]
     attributes = {**node.attributes, "x_scale": float(x_scale), "quant": quant}
-    out = node.outputs[0]
-    replacement = Node(
-        "QuantizedConv", inputs, [ctx.new_value(out.name, like=out)], attributes, domain=DOMAIN, name=node.name
-    )
-    replace_node(node, replacement)
-    return replacement
+    return replace_with_fused(ctx, node, "QuantizedConv", inputs, attributes)
 
 
 def _rewrite_gemm(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) -> Node:
@@ -132,10 +123,4 @@ def _rewrite_gemm(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: st
     inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
     kept = {k: v for k, v in node.attributes.items() if k in ("pre", "pre_params", "post", "post_params")}
     attributes = {**kept, "x_scale": float(x_scale), "quant": quant}
-    out = node.outputs[0]
-    replacement = Node(
-        "QuantizedGemm", [inputs[0], wq, inputs[2], inputs[3], ws], [ctx.new_value(out.name, like=out)],
-        attributes, domain=DOMAIN, name=node.name,
-    )  # fmt: skip
-    replace_node(node, replacement)
-    return replacement
+    return replace_with_fused(ctx, node, "QuantizedGemm", [inputs[0], wq, inputs[2], inputs[3], ws], attributes)
