@@ -242,7 +242,7 @@ class _Search:
         self.args = _activations(node, inputs)
         self.inputs = inputs
         self.reference, self.budget, self.constants = reference, budget, constants
-        self._references: dict[str, tuple[torch.Tensor, ...]] = {}  # by tactic, for tactics with other semantics
+        self._references: dict[str, tuple[torch.Tensor, ...]] = {}  # by tactic key
         self.cache, self.key, self.description = cache, key, description
         self.workers = workers
         self.candidates: list[Candidate] = []
@@ -304,16 +304,18 @@ class _Search:
         return kernel, f"wrong result: {problem}" if problem else ""
 
     def _reference_of(self, tactic: Tactic) -> tuple[torch.Tensor, ...]:
-        """The reference outputs `tactic`'s kernels must match: the layer's, or those of its `semantics` node."""
-        twin = tactic.semantics(self.node)
-        if twin is None:
-            return self.reference
+        """The reference outputs `tactic`'s kernels must match: the layer's, or those of its `semantics` node
+        (computed once per tactic, not per configuration)."""
         with _REFERENCE_LOCK:
             if tactic.key not in self._references:
-                given = zip(self.inputs[: len(twin.inputs)], twin.inputs, strict=True)
-                inputs = [t if v is not None and not v.is_const else None for t, v in given]
-                twin_inputs = _with_constants(twin, inputs, self.device)
-                self._references[tactic.key] = _reference_outputs(twin, self.opset, twin_inputs, self.device)
+                twin = tactic.semantics(self.node)
+                if twin is None:
+                    self._references[tactic.key] = self.reference
+                else:
+                    given = zip(self.inputs[: len(twin.inputs)], twin.inputs, strict=True)
+                    inputs = [t if v is not None and not v.is_const else None for t, v in given]
+                    twin_inputs = _with_constants(twin, inputs, self.device)
+                    self._references[tactic.key] = _reference_outputs(twin, self.opset, twin_inputs, self.device)
             return self._references[tactic.key]
 
     def _time(self, tactic: Tactic, config, kernel: LayerKernel | None, problem: str) -> Candidate:

@@ -298,6 +298,33 @@ class OneDnnFusedConvTactic(Tactic):
         return kernel
 
 
+def _linear_operands_problem(node: Node, n: int) -> str | None:
+    """Why a oneDNN linear cannot take `node`'s bias (a constant over its `n` output columns) or input (a
+    matrix or a batch of them), or None."""
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is not None and (not bias.is_const or tuple(bias.shape or ()) not in ((n,), (1, n))):
+        return f"the bias must be a constant over the {n} output columns"
+    if node.inputs[0].rank is None or node.inputs[0].rank < 2:
+        return "the input must be a matrix or a batch of them"
+    return None
+
+
+def _uint8_activation(x: torch.Tensor, x_scale: float) -> torch.Tensor:
+    """`x` quantized to int8 as the reference QuantizedConv / QuantizedGemm does, offset to oneDNN's uint8
+    with zero point 128."""
+    return (quantize_activation(x, x_scale, "int8").to(torch.int16) + 128).to(torch.uint8)
+
+
+def _after_onednn(y, inside: bool, z, pre: str, pre_params, post: str, post_params) -> torch.Tensor:
+    """The part of the epilogue oneDNN did not run: the pre activation (unless it ran `inside`), then the
+    residual add and the post activation."""
+    if not inside:
+        y = apply_activation(y, pre, pre_params)
+    if z is not None:
+        y = apply_activation(y + z, post, post_params)
+    return y
+
+
 _ONEDNN_LINEAR_UNARY = {
     **_ONEDNN_UNARY,
     "Gelu": lambda p: ("gelu", ["none"]),
@@ -326,12 +353,9 @@ class OneDnnLinearTactic(Tactic):
             return "the weight must be a constant matrix (it is packed once)"
         if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
             return "transA, alpha and beta are not oneDNN linear's"
-        n = weight.shape[0 if a.get("transB", 0) else 1]
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        if bias is not None and (not bias.is_const or tuple(bias.shape or ()) not in ((n,), (1, n))):
-            return f"the bias must be a constant over the {n} output columns"
-        if node.inputs[0].rank is None or node.inputs[0].rank < 2:
-            return "the input must be a matrix or a batch of them"
+        problem = _linear_operands_problem(node, weight.shape[0 if a.get("transB", 0) else 1])
+        if problem:
+            return problem
         pre, _, post, _ = _epilogue_attributes(node)
         residual = len(node.inputs) > 3 and node.inputs[3] is not None
         if residual and (pre or post):
@@ -406,7 +430,7 @@ class OneDnnQuantizedConvTactic(Tactic):
         unary, scalars = _ONEDNN_UNARY[pre](pre_params) if inside else ("none", [])
         onednn = torch.ops.onednn
         packed: dict[tuple[int, ...], torch.Tensor] = {}
-        scale = torch.tensor(x_scale, dtype=torch.float32)
+        zero = torch.zeros(node.inputs[1].shape[0], dtype=torch.int64)  # the weight's zero points
 
         def kernel(inputs):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
@@ -415,18 +439,12 @@ class OneDnnQuantizedConvTactic(Tactic):
             if weight is None:
                 weight = onednn.qconv_prepack(w, w_scale, x_scale, 128, strides, padding, dilations, group, list(key))
                 packed[key] = weight
-            q = (torch.round(x.float() / scale).clamp_(-128, 127) + 128).to(torch.uint8)
-            q = q.contiguous(memory_format=torch.channels_last)
-            zero = torch.zeros(w.shape[0], dtype=torch.int64)
+            q = _uint8_activation(x, x_scale).contiguous(memory_format=torch.channels_last)
             y = onednn.qconv2d_pointwise(
                 q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, 1.0, 0,
                 torch.float32, unary, scalars, "",
             )  # fmt: skip
-            if not inside:
-                y = apply_activation(y, pre, pre_params)
-            if z is not None:
-                y = apply_activation(y + z, post, post_params)
-            return (y,)
+            return (_after_onednn(y, inside, z, pre, pre_params, post, post_params),)
 
         return kernel
 
@@ -452,13 +470,7 @@ class OneDnnQuantizedLinearTactic(Tactic):
             return "this torch build has no oneDNN int8 linear"
         if node.attributes.get("quant", "int8") != "int8":
             return "int8 only"
-        n = node.inputs[1].shape[1]
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        if bias is not None and (not bias.is_const or tuple(bias.shape or ()) not in ((n,), (1, n))):
-            return f"the bias must be a constant over the {n} output columns"
-        if node.inputs[0].rank is None or node.inputs[0].rank < 2:
-            return "the input must be a matrix or a batch of them"
-        return None
+        return _linear_operands_problem(node, node.inputs[1].shape[1])
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         pre, pre_params, post, post_params = _epilogue_attributes(node)
@@ -468,7 +480,7 @@ class OneDnnQuantizedLinearTactic(Tactic):
         unary, algorithm = _QLINEAR_UNARY[pre] if inside else ("none", "")
         onednn = torch.ops.onednn
         packed: dict[int, torch.Tensor] = {}
-        scale = torch.tensor(x_scale, dtype=torch.float32)
+        zero = torch.zeros(node.inputs[1].shape[1], dtype=torch.int64)  # the weight's zero points
 
         def kernel(inputs):
             a, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
@@ -476,18 +488,13 @@ class OneDnnQuantizedLinearTactic(Tactic):
             weight = packed.get(rows.shape[0])
             if weight is None:
                 weight = packed[rows.shape[0]] = onednn.qlinear_prepack(w.t().contiguous(), list(rows.shape))
-            q = (torch.round(rows.float() / scale).clamp_(-128, 127) + 128).to(torch.uint8)
-            zero = torch.zeros(w.shape[1], dtype=torch.int64)
             bias = b.reshape(-1) if b is not None else None
             y = onednn.qlinear_pointwise(
-                q, x_scale, 128, weight, w_scale, zero, bias, 1.0, 0, torch.float32, unary, [], algorithm
-            )
+                _uint8_activation(rows, x_scale), x_scale, 128, weight, w_scale, zero, bias, 1.0, 0, torch.float32,
+                unary, [], algorithm,
+            )  # fmt: skip
             y = y.reshape(*a.shape[:-1], y.shape[-1])
-            if not inside:
-                y = apply_activation(y, pre, pre_params)
-            if z is not None:
-                y = apply_activation(y + z, post, post_params)
-            return (y,)
+            return (_after_onednn(y, inside, z, pre, pre_params, post, post_params),)
 
         return kernel
 
