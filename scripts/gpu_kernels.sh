@@ -10,7 +10,7 @@
 #   parallel  bench/parallel_compile.py: candidates built by 1 worker thread against 8 (PARALLEL_S=150)
 #   sweep     bench/conv_sweep.py: every distinct conv layer, our kernels against cuDNN (SWEEP_S=300, SWEEP_ARGS)
 #   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite)
-#   int8      ResNet-50 engines in fp16, int8 and fp8 at batch 1 and 256 (INT8_S=500)
+#   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256")
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500)
 #   max       ResNet-50 fp16 batch 256 beside torch.compile max-autotune (MAX_S=550)
 set -uo pipefail
@@ -50,7 +50,9 @@ for stage in $stages; do
       tail -25 "$out/suite.txt"
       ;;
     int8)
-      timeout "${INT8_S:-500}" python3 bench/suite.py --models resnet50 --batch 1 --batch 256 --systems tensorforge \
+      batches=()
+      for batch in ${INT8_BATCHES:-1 256}; do batches+=(--batch "$batch"); done
+      timeout "${INT8_S:-500}" python3 bench/suite.py --models resnet50 "${batches[@]}" --systems tensorforge \
         --precision fp16 --precision int8 --precision fp8 --effort 0 --runs 30 --merge --out "$out/suite" \
         > "$out/int8.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/int8.txt" | cut -c1-160
