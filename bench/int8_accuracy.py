@@ -39,7 +39,7 @@ from tensorforge.passes.pipeline import optimize
 from tensorforge.quant.calibration import collect_histograms, table_from_histograms
 from tensorforge.quant.layers import quantizable_layers
 from tensorforge.quant.sensitivity import Target, layer_sensitivity, mixed_precision
-from tensorforge.quant.simulate import simulate_int8
+from tensorforge.quant.simulate import simulate_quantized
 
 METHODS = (
     ("minmax", {}),
@@ -146,7 +146,7 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     tables = {}
     for method, params in METHODS:
         table = tables[label(method, params)] = table_from_histograms(stats, method, params)
-        int8 = predictions(simulate_int8(model, table))
+        int8 = predictions(simulate_quantized(model, table))
         rows.append(
             {
                 "precision": f"int8 {label(method, params)}",
@@ -155,7 +155,7 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             }
         )
     mixed = mixed_search(model, tables["entropy"], calibration, args.target, device, "fetch_name_0")
-    int8 = predictions(simulate_int8(model, tables["entropy"], keep_float=mixed["keep_float"]))
+    int8 = predictions(simulate_quantized(model, tables["entropy"], keep_float=mixed["keep_float"]))
     rows.append(
         {
             "precision": f"int8 entropy + {len(mixed['keep_float'])} float layers",
@@ -211,7 +211,7 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     tables = {}
     for method, params in METHODS:
         table = tables[label(method, params)] = table_from_histograms(stats, method, params)
-        text = read(simulate_int8(model, table))
+        text = read(simulate_quantized(model, table))
         rows.append(
             {
                 "precision": f"int8 {label(method, params)}",
@@ -221,7 +221,7 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
         )
     search_data = calibration[: args.sensitivity_lines]
     mixed = mixed_search(model, tables["entropy"], search_data, args.target, device, "fetch_name_0")
-    text = read(simulate_int8(model, tables["entropy"], keep_float=mixed["keep_float"]))
+    text = read(simulate_quantized(model, tables["entropy"], keep_float=mixed["keep_float"]))
     rows.append(
         {
             "precision": f"int8 entropy + {len(mixed['keep_float'])} float layers",
@@ -276,7 +276,7 @@ def mixed_search(model, table, data, target: float, device: str, output: str) ->
     worst = sorted(sensitivities, key=lambda s: s.agreement.cosine)[:5]
     return {
         "target": f"top-1 agreement with fp32 >= {target} on {len(data)} calibration batches",
-        "all_int8_agreement": result.all_int8.top1,
+        "all_int8_agreement": result.all_quantized.top1,
         "achieved_agreement": result.achieved.top1,
         "met": result.met,
         "keep_float": result.keep_float,

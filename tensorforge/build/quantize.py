@@ -81,17 +81,15 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
     if settings.target is not None:
         if feeds is None:
             raise InputError("an accuracy target needs calibration data to measure it on: give --calib")
-        if quant != "int8":
-            raise InputError("the accuracy-target search simulates int8 only; build fp8 without a target")
         result = mixed_precision(
-            model, table, feeds, Target(*settings.target), device=device, fixed_float=[*fixed, *keep]
+            model, table, feeds, Target(*settings.target), device=device, fixed_float=[*fixed, *keep], quant=quant
         )
         keep += result.keep_float
         reasons.update(result.reasons)
         section["target"] = {
             "metric": settings.target[0],
             "value": settings.target[1],
-            "all_quantized": result.all_int8.metric(settings.target[0]),
+            "all_quantized": result.all_quantized.metric(settings.target[0]),
             "achieved": result.achieved.metric(settings.target[0]),
             "met": result.met,
         }

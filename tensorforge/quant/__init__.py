@@ -15,7 +15,7 @@ from .calibrators import CALIBRATORS
 from .fingerprint import file_fingerprint, model_fingerprint
 from .layers import QuantLayer, quantizable_layers
 from .sensitivity import LayerSensitivity, MixedPrecisionResult, Target, layer_sensitivity, mixed_precision
-from .simulate import InsertQDQ, simulate_int8
+from .simulate import InsertQDQ, simulate_quantized
 
 __all__ = [
     "CALIBRATORS",
@@ -36,7 +36,7 @@ __all__ = [
     "model_fingerprint",
     "quantizable_layers",
     "read_cache",
-    "simulate_int8",
+    "simulate_quantized",
     "table_from_histograms",
     "write_cache",
 ]

@@ -26,7 +26,7 @@ from .calibrators import check_method, compute_amax
 from .fingerprint import model_fingerprint
 from .histogram import DEFAULT_BINS, Histogram
 from .layers import quantizable_layers
-from .scale import symmetric_scale
+from .scale import MIN_SCALE, QMAX, symmetric_scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +47,16 @@ class CalibrationTable:
     ranges: dict[str, TensorRange]
     batches: int = 0
 
-    def scale(self, name: str) -> float:
+    def scale(self, name: str, qmax: float = QMAX) -> float:
+        """The symmetric scale of tensor `name` for a type whose largest value is `qmax` (int8's 127 by
+        default, 448 for float8 E4M3)."""
         entry = self.ranges.get(name)
         if entry is None:
             raise InputError(
                 f"the calibration table has no range for tensor {name!r}: it was computed for another model "
                 "or another optimization of it; calibrate the model being quantized"
             )
-        return entry.scale
+        return entry.scale if qmax == QMAX else max(entry.amax / qmax, MIN_SCALE)
 
 
 @dataclass

@@ -14,6 +14,6 @@ def symmetric_scale(amax: float) -> float:
     return max(float(amax) / QMAX, MIN_SCALE)
 
 
-def symmetric_scales(amax: torch.Tensor) -> torch.Tensor:
-    """Per-element `symmetric_scale` of a tensor of maxima, as float32."""
-    return (amax.double() / QMAX).clamp(min=MIN_SCALE).float()
+def symmetric_scales(amax: torch.Tensor, qmax: float = QMAX) -> torch.Tensor:
+    """Per-element `amax / qmax` (`symmetric_scale` for int8's 127), never below `MIN_SCALE`, as float32."""
+    return (amax.double() / qmax).clamp(min=MIN_SCALE).float()

@@ -1,4 +1,4 @@
-"""Which layers INT8 hurts, and a greedy mixed-precision search that returns the worst to float.
+"""Which layers INT8 (or FP8) hurts, and a greedy mixed-precision search that returns the worst to float.
 
 Agreement between the float model's output `a` and the quantized one's `b` on one output tensor, over the
 data: `cosine` is the mean over samples (axis 0) of `a·b / (‖a‖‖b‖)` (1 when both are zero), `top1` the
@@ -26,7 +26,7 @@ from ..ops.executor import Executor
 from .calibration import CalibrationTable
 from .fingerprint import model_fingerprint
 from .layers import quantizable_layers
-from .simulate import simulate_int8
+from .simulate import simulate_quantized
 
 METRICS = ("cosine", "top1")
 
@@ -66,7 +66,7 @@ class LayerSensitivity:
 @dataclass
 class MixedPrecisionResult:
     target: Target
-    all_int8: Agreement  # every layer quantized
+    all_quantized: Agreement  # every layer quantized
     achieved: Agreement  # with `keep_float` in float
     keep_float: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
@@ -103,9 +103,11 @@ class _Evaluator:
         output: str | None,
         device: str | torch.device,
         fixed_float: Iterable[str] = (),
+        quant: str = "int8",
     ) -> None:
         self.model, self.table, self.device = model, table, torch.device(device)
         self.fixed_float = tuple(fixed_float)
+        self.quant = quant
         self.feeds = list(feeds)
         if not self.feeds:
             raise InputError("the evaluation set is empty: give at least one batch of inputs")
@@ -124,7 +126,7 @@ class _Evaluator:
 
     def quantized(self, keep_float: Iterable[str]) -> Agreement:
         keep = (*self.fixed_float, *keep_float)
-        simulated = simulate_int8(self.model, self.table, keep_float=keep, verify=False)
+        simulated = simulate_quantized(self.model, self.table, quant=self.quant, keep_float=keep, verify=False)
         return agreement(self.reference, self._outputs(simulated))
 
     def sensitivities(self) -> list[LayerSensitivity]:
@@ -145,9 +147,11 @@ def layer_sensitivity(
     output: str | None = None,
     device: str | torch.device = "cpu",
     fixed_float: Iterable[str] = (),
+    quant: str = "int8",
 ) -> list[LayerSensitivity]:
-    """Each quantizable layer quantized alone, in graph order (those in `fixed_float` are always float)."""
-    return _Evaluator(model, table, feeds, output, device, fixed_float).sensitivities()
+    """Each quantizable layer quantized alone to `quant` ("int8" or "fp8e4m3"), in graph order (those in
+    `fixed_float` are always float)."""
+    return _Evaluator(model, table, feeds, output, device, fixed_float, quant).sensitivities()
 
 
 def mixed_precision(
@@ -160,12 +164,14 @@ def mixed_precision(
     device: str | torch.device = "cpu",
     sensitivities: Sequence[LayerSensitivity] | None = None,
     fixed_float: Iterable[str] = (),
+    quant: str = "int8",
 ) -> MixedPrecisionResult:
-    """Quantize everything, then return the most sensitive layers to float until `target` is met.
+    """Quantize everything to `quant` ("int8" or "fp8e4m3"), then return the most sensitive layers to float
+    until `target` is met.
 
     `sensitivities` (from `layer_sensitivity` on the same data) saves measuring them again; layers in
     `fixed_float` (those an engine cannot quantize) are float throughout and never counted."""
-    evaluator = _Evaluator(model, table, feeds, output, device, fixed_float)
+    evaluator = _Evaluator(model, table, feeds, output, device, fixed_float, quant)
     ranked = list(sensitivities) if sensitivities is not None else evaluator.sensitivities()
     ranked.sort(key=lambda s: (s.agreement.metric(target.metric), s.agreement.cosine))
     everything = evaluator.quantized(())

@@ -1,14 +1,15 @@
-"""Simulated INT8: QuantizeLinear → DequantizeLinear pairs in front of every quantizable layer.
+"""Simulated INT8 and FP8: QuantizeLinear → DequantizeLinear pairs in front of every quantizable layer.
 
 For an operand `x` of a quantized layer, the layer reads `DQ(Q(x)) = clip(round(x / s), −128, 127) · s`
 (int8, zero point 0, ONNX's saturation: with `s = amax / 127` only values below `−127.5 s` reach −128)
-instead of `x`: activations with their calibrated per-tensor scale, weights with
-per-output-channel scales (`weights.py`). Run by the reference executor this gives, on any device, the
-numerics of an INT8 engine that accumulates `Σ q_x · q_w` exactly and rescales by `s_x · s_w[c]` before the
-float bias and epilogue: the CPU path of a quantized engine and what the INT8 GPU kernels must match. An
-activation read by several quantized layers gets one shared pair; layers named in `keep_float` read float.
-Scales have the operand's float type. Models older than opset 13 (whose Q/DQ lack `axis`) get the
-tensorforge-domain Q/DQ, which follow opset 21.
+instead of `x`: activations with their calibrated per-tensor scale, weights with per-output-channel scales
+(`weights.py`). For float8 E4M3 (`quant="fp8e4m3"`) the pair rounds `x / s` to the nearest E4M3 value,
+saturated to ±448, with `s = amax / 448`, as the FP8 kernels do. Run by the reference executor this gives,
+on any device, the numerics of a quantized engine that accumulates `Σ q_x · q_w` exactly and rescales by
+`s_x · s_w[c]` before the float bias and epilogue: the CPU path of a quantized engine and what the GPU
+kernels must match. An activation read by several quantized layers gets one shared pair; layers named in
+`keep_float` read float. Scales have the operand's float type. Models older than opset 13 (whose Q/DQ lack
+`axis`), or 19 for float8, get the tensorforge-domain Q/DQ, which follow opset 21.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from ..errors import InputError
 from ..ir import DType, Model, Node, Value, validate
 from ..ir.clone import clone_model
+from ..kernels.quantize import KINDS
 from ..ops.fused import DOMAIN, OPSET
 from ..passes.base import Pass, PassContext
 from ..passes.utils import add_initializer
@@ -28,17 +30,23 @@ from .fingerprint import model_fingerprint
 from .layers import Operand, QuantLayer, quantizable_layers
 from .weights import weight_scales
 
-QDQ_OPSET = 13  # the first ONNX opset whose QuantizeLinear takes `axis`
+QDQ_OPSET = {"int8": 13, "fp8e4m3": 19}  # the first ONNX opset whose QuantizeLinear takes `axis` / float8
+_STORAGE = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}
 
 
 class InsertQDQ(Pass):
-    """Insert int8 Q/DQ pairs on the operands of every quantizable layer not in `keep_float`."""
+    """Insert Q/DQ pairs of type `quant` ("int8" or "fp8e4m3") on the operands of every quantizable layer not
+    in `keep_float`."""
 
     name = "insert-qdq"
 
-    def __init__(self, table: CalibrationTable, keep_float: Iterable[str] = ()) -> None:
+    def __init__(self, table: CalibrationTable, keep_float: Iterable[str] = (), quant: str = "int8") -> None:
+        if quant not in KINDS:
+            raise InputError(f"unknown quantized type {quant!r}: choose from {sorted(KINDS)}")
         self.table = table
         self.keep_float = frozenset(keep_float)
+        self.quant = quant
+        self.qmax = KINDS[quant][1]
 
     def run(self, ctx: PassContext) -> bool:
         layers = quantizable_layers(ctx.model)
@@ -46,7 +54,7 @@ class InsertQDQ(Pass):
         if unknown:
             known = [layer.name for layer in layers]
             raise InputError(f"keep_float names unknown layers {unknown}; the quantizable layers are {known}")
-        domain = "" if ctx.opset() >= QDQ_OPSET else DOMAIN
+        domain = "" if ctx.opset() >= QDQ_OPSET[self.quant] else DOMAIN
         shared: dict[Value, Value] = {}
         changed = False
         for layer in layers:
@@ -66,22 +74,29 @@ class InsertQDQ(Pass):
         return changed
 
     def _fake_activation(self, ctx: PassContext, value: Value, domain: str) -> Value:
-        scale = torch.tensor(self.table.scale(value.name), dtype=value.dtype.torch)
-        return _qdq(ctx, value, scale, None, domain, value.name)
+        scale = torch.tensor(self.table.scale(value.name, self.qmax), dtype=value.dtype.torch)
+        return _qdq(ctx, value, scale, None, domain, value.name, _STORAGE[self.quant])
 
     def _fake_weight(self, ctx: PassContext, layer: QuantLayer, operand: Operand, domain: str) -> Value:
         weight = operand.value
-        scales = weight_scales(weight.const, operand.axis).to(weight.dtype.torch)
+        scales = weight_scales(weight.const, operand.axis, self.qmax).to(weight.dtype.torch)
         if operand.axis is None:
             scales = scales.reshape(())
-        return _qdq(ctx, weight, scales, operand.axis, domain, f"{layer.name}.w{operand.index}")
+        hint = f"{layer.name}.w{operand.index}"
+        return _qdq(ctx, weight, scales, operand.axis, domain, hint, _STORAGE[self.quant])
 
 
-def simulate_int8(
-    model: Model, table: CalibrationTable, *, keep_float: Iterable[str] = (), verify: bool = True
+def simulate_quantized(
+    model: Model,
+    table: CalibrationTable,
+    *,
+    quant: str = "int8",
+    keep_float: Iterable[str] = (),
+    verify: bool = True,
 ) -> Model:
-    """A copy of `model` with int8 Q/DQ in front of its quantizable layers (those in `keep_float` stay
-    float). With `verify`, the table must have been calibrated on this very model."""
+    """A copy of `model` with Q/DQ of type `quant` ("int8" or "fp8e4m3") in front of its quantizable layers
+    (those in `keep_float` stay float). With `verify`, the table must have been calibrated on this very
+    model."""
     if verify:
         fingerprint = model_fingerprint(model)
         if table.fingerprint != fingerprint:
@@ -90,19 +105,21 @@ def simulate_int8(
                 f"model has {fingerprint}): calibrate this model"
             )
     copy = clone_model(model)
-    InsertQDQ(table, keep_float).run(PassContext(copy))
+    InsertQDQ(table, keep_float, quant).run(PassContext(copy))
     copy.graph.sort()
     validate(copy.graph)
     return copy
 
 
-def _qdq(ctx: PassContext, source: Value, scale: torch.Tensor, axis: int | None, domain: str, hint: str) -> Value:
+def _qdq(
+    ctx: PassContext, source: Value, scale: torch.Tensor, axis: int | None, domain: str, hint: str, storage: DType
+) -> Value:
     graph = ctx.model.graph
     scale_value = add_initializer(graph, ctx.new_value(f"{hint}.scale"), scale)
-    zero = torch.zeros(scale.shape, dtype=torch.int8)
+    zero = torch.zeros(scale.shape, dtype=storage.torch)
     zero_value = add_initializer(graph, ctx.new_value(f"{hint}.zero_point"), zero)
     attributes = {} if axis is None else {"axis": axis}
-    quantized = Value(ctx.fresh_name(f"{hint}.int8"), DType.INT8, source.shape)
+    quantized = Value(ctx.fresh_name(f"{hint}.{storage.name.lower()}"), storage, source.shape)
     restored = Value(ctx.fresh_name(f"{hint}.fake_quant"), source.dtype, source.shape)
     inputs = [source, scale_value, zero_value]
     graph.append(Node("QuantizeLinear", inputs, [quantized], attributes, domain=domain, name=quantized.name))

@@ -4,7 +4,8 @@ The output-channel axis depends on the layer: Conv weights are `[C_out, C_in/g, 
 ConvTranspose weights `[C_in, C_out/g, k...]` (axis 1; with groups, a channel index of axis 1 is shared by
 the g groups, so its scale covers all of them), Gemm's `B` is `[K, N]` (axis 1) or `[N, K]` with transB
 (axis 0), MatMul's `B` is `[..., K, N]` (the last axis). A constant left operand quantizes per row of the
-output (MatMul / Gemm `A`: axis −2, or −1 with transA). `scale[c] = max |W[c]| / 127`, zero-safe.
+output (MatMul / Gemm `A`: axis −2, or −1 with transA). `scale[c] = max |W[c]| / qmax` (127 for int8, 448
+for float8 E4M3), zero-safe.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import Node
-from .scale import symmetric_scales
+from .scale import QMAX, symmetric_scales
 
 
 def output_channel_axis(node: Node, index: int, rank: int) -> int | None:
@@ -44,6 +45,6 @@ def per_channel_amax(weight: torch.Tensor, axis: int | None) -> torch.Tensor:
     return magnitude.movedim(axis, 0).reshape(weight.shape[axis], -1).amax(dim=1)
 
 
-def weight_scales(weight: torch.Tensor, axis: int | None) -> torch.Tensor:
+def weight_scales(weight: torch.Tensor, axis: int | None, qmax: float = QMAX) -> torch.Tensor:
     """float32 scales, one per index of `axis` (a 1-element tensor when `axis` is None)."""
-    return symmetric_scales(per_channel_amax(weight, axis).reshape(-1))
+    return symmetric_scales(per_channel_amax(weight, axis).reshape(-1), qmax)

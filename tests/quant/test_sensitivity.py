@@ -44,7 +44,7 @@ def test_search_returns_the_most_sensitive_layer_first(setup):
     model, table, batches = setup
     result = mixed_precision(model, table, batches, Target("cosine", 0.99))
     assert result.met and result.keep_float[0] == "conv2"
-    assert result.all_int8.cosine < 0.99 <= result.achieved.cosine
+    assert result.all_quantized.cosine < 0.99 <= result.achieved.cosine
     assert set(result.reasons) == set(result.keep_float) and "rank 1 of 4" in result.reasons["conv2"]
     assert result.layers == 4
 
@@ -53,7 +53,7 @@ def test_easy_target_keeps_everything_quantized_and_strict_top1_is_reachable(set
     model, table, batches = setup
     sensitivities = layer_sensitivity(model, table, batches)
     easy = mixed_precision(model, table, batches, Target("cosine", 0.1), sensitivities=sensitivities)
-    assert easy.met and easy.keep_float == [] and easy.achieved == easy.all_int8
+    assert easy.met and easy.keep_float == [] and easy.achieved == easy.all_quantized
     strict = mixed_precision(model, table, batches, Target("top1", 1.0), sensitivities=sensitivities)
     assert strict.met and strict.achieved.top1 == 1.0
 

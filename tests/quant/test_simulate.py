@@ -9,8 +9,9 @@ from onnx import helper, numpy_helper
 from tensorforge import Executor
 from tensorforge.errors import GraphError, InputError
 from tensorforge.frontend import import_model
+from tensorforge.ir import DType
 from tensorforge.quant.calibration import TensorRange, _observing, calibrate
-from tensorforge.quant.simulate import simulate_int8
+from tensorforge.quant.simulate import simulate_quantized
 from tests.helpers import DEVICES, make_model, relative_error, tensor_info
 from tests.quant.support import random_batches, small_conv_model
 
@@ -22,7 +23,7 @@ def inputs_of(model, name):
 
 def test_pairs_go_in_front_of_every_layer_operand():
     model = small_conv_model()
-    simulated = simulate_int8(model, calibrate(model, random_batches(2), "minmax"))
+    simulated = simulate_quantized(model, calibrate(model, random_batches(2), "minmax"))
     ops = [n.op_type for n in simulated.graph.nodes]
     assert ops.count("QuantizeLinear") == ops.count("DequantizeLinear") == 8  # 4 activations + 4 weights
     for layer in ("conv1", "conv2", "fc", "head"):
@@ -39,7 +40,7 @@ def test_quantized_output_is_close_to_float(device):
     the output stays within a few percent of float, with the direction of each output row nearly kept."""
     model = small_conv_model()
     batches = random_batches(4, batch=4)
-    simulated = simulate_int8(model, calibrate(model, batches, "minmax", device=device))
+    simulated = simulate_quantized(model, calibrate(model, batches, "minmax", device=device))
     float_run, int8_run = Executor(model, device), Executor(simulated, device)
     for feed in batches:
         expected = float_run.run(feed)["y"].cpu().numpy()
@@ -66,7 +67,7 @@ def test_matches_a_hand_written_int8_emulation():
         amax = w.abs().amax(dim=[d for d in range(w.dim()) if d != axis], keepdim=True)
         return fake(w, (amax.double() / 127).float())  # the scale rounded once from the exact quotient
 
-    simulated = simulate_int8(model, table)
+    simulated = simulate_quantized(model, table)
     names = [v.name for n in simulated.graph.nodes for v in n.outputs]
     executor = Executor(_observing(simulated, names))
     for feed in batches:
@@ -98,7 +99,7 @@ def test_int8_round_trip_is_exact_on_the_grid():
     model = import_model(proto)
     x = rng.integers(-127, 128, (1, 3, 5, 5)).astype(np.float32) / 16
     x[0, 0, 0, 0] = 127 / 16
-    simulated = simulate_int8(model, calibrate(model, [{"x": x}], "minmax"))
+    simulated = simulate_quantized(model, calibrate(model, [{"x": x}], "minmax"))
     observed = [v.name for n in simulated.graph.nodes if n.op_type != "Conv" for v in n.outputs]
     results = Executor(_observing(simulated, observed)).run({"x": x})
     int8_values = [results[name] for name in observed if name.endswith(".int8") or ".int8__" in name]
@@ -109,19 +110,19 @@ def test_int8_round_trip_is_exact_on_the_grid():
 def test_keep_float_leaves_named_layers_alone():
     model = small_conv_model()
     table = calibrate(model, random_batches(2), "minmax")
-    simulated = simulate_int8(model, table, keep_float=["conv2", "head"])
+    simulated = simulate_quantized(model, table, keep_float=["conv2", "head"])
     assert inputs_of(simulated, "conv2")[:2] == ["Relu", None]
     assert inputs_of(simulated, "head")[:2] == ["Gemm", None]
     assert inputs_of(simulated, "fc")[:2] == ["DequantizeLinear", "DequantizeLinear"]
     with pytest.raises(InputError, match=r"keep_float names unknown layers \['conv9'\]; the quantizable layers are"):
-        simulate_int8(model, table, keep_float=["conv9"])
+        simulate_quantized(model, table, keep_float=["conv9"])
 
 
 def test_old_opsets_get_tensorforge_domain_qdq_with_the_same_numerics():
     old, new = small_conv_model(opset=11), small_conv_model(opset=17)
     batches = random_batches(2)
-    sim_old = simulate_int8(old, calibrate(old, batches, "entropy"))
-    sim_new = simulate_int8(new, calibrate(new, batches, "entropy"))
+    sim_old = simulate_quantized(old, calibrate(old, batches, "entropy"))
+    sim_new = simulate_quantized(new, calibrate(new, batches, "entropy"))
     assert {n.domain for n in sim_old.graph.nodes if "Quantize" in n.op_type} == {"tensorforge"}
     assert {n.domain for n in sim_new.graph.nodes if "Quantize" in n.op_type} == {""}
     assert sim_old.opset_imports["tensorforge"] == 1
@@ -133,13 +134,13 @@ def test_tables_from_other_models_are_refused():
     model = small_conv_model()
     table = calibrate(small_conv_model(seed=5), random_batches(1), "minmax")
     with pytest.raises(InputError, match="calibration table was computed for another model"):
-        simulate_int8(model, table)
+        simulate_quantized(model, table)
     table = calibrate(model, random_batches(1), "minmax")
     del table.ranges["r1"]
     with pytest.raises(InputError, match="no range for tensor 'r1'"):
-        simulate_int8(model, table)
+        simulate_quantized(model, table)
     table.ranges["r1"] = TensorRange(1.0, 1.0 / 127)
-    assert simulate_int8(model, table) is not None
+    assert simulate_quantized(model, table) is not None
 
 
 def test_duplicate_layer_names_are_refused():
@@ -147,3 +148,20 @@ def test_duplicate_layer_names_are_refused():
     model.graph.nodes[2].name = "conv1"
     with pytest.raises(GraphError, match=r"layers \['conv1'\] share a name"):
         calibrate(model, random_batches(1), "minmax")
+
+
+def test_fp8_pairs_round_to_e4m3_with_amax_over_448():
+    """Each fp8 pair stores E4M3 with zero point 0 and scale `amax / 448`; every fake-quantized activation is a
+    multiple of its scale by an E4M3 value."""
+    model = small_conv_model()
+    table = calibrate(model, random_batches(2), "minmax")
+    simulated = simulate_quantized(model, table, quant="fp8e4m3")
+    quantize = [n for n in simulated.graph.nodes if n.op_type == "QuantizeLinear"]
+    assert len(quantize) == 8 and {n.outputs[0].dtype for n in quantize} == {DType.FLOAT8E4M3FN}
+    x_scale = next(n for n in quantize if n.inputs[0].name == "x").inputs[1].const
+    assert float(x_scale) == pytest.approx(table.ranges["x"].amax / 448, rel=1e-6)
+    (fake_x,) = [v.name for n in simulated.graph.nodes for v in n.outputs if v.name.startswith("x.fake_quant")]
+    steps = Executor(_observing(simulated, [fake_x])).run(random_batches(1, seed=5)[0])[fake_x] / x_scale
+    assert torch.equal(steps, steps.to(torch.float8_e4m3fn).float()) and steps.abs().max() <= 448
+    with pytest.raises(InputError, match="unknown quantized type"):
+        simulate_quantized(model, table, quant="int4")

@@ -7,7 +7,7 @@ import torch
 from tensorforge import Executor
 from tensorforge.ir import Model
 from tensorforge.ir.clone import clone_model
-from tensorforge.quant import calibrate, simulate_int8
+from tensorforge.quant import calibrate, simulate_quantized
 from tensorforge.quant.layers import quantizable_layers
 from tensorforge.quant.lower import lowerable, quantize_layers
 from tensorforge.tactics.autotune import TOLERANCE, build_layer_kernel, relative_error
@@ -28,7 +28,7 @@ def _quantized(x_shape, activation, trans_b, residual, matmul):
     names = [v.name for v in model.graph.inputs]
     batches = [{name: f.numpy() for name, f in zip(names, feeds, strict=True)}]
     table = calibrate(model, batches, "minmax")
-    simulated = simulate_int8(model, table)
+    simulated = simulate_quantized(model, table)
     lowered = clone_model(model)
     quantize_layers(lowered, table)
     (layer,) = lowered.graph.nodes
