@@ -208,12 +208,19 @@ def _short(config: dict[str, Any]) -> str:
 
 
 def _with_constants(node: Node, inputs: Sequence[torch.Tensor | None], device: torch.device) -> list[Any]:
-    """`inputs` padded to the node's arity, each constant input taken from the graph (on `device`)."""
+    """`inputs` padded to the node's arity, each constant input taken from the graph (on `device`). A tensor
+    given where the node has a constant must have the constant's shape (inputs shifted by a missing None
+    would otherwise run as weights)."""
     full = list(inputs) + [None] * (len(node.inputs) - len(inputs))
     for index, value in constant_inputs(node).items():
+        const = value.const
         if full[index] is None:
-            const = value.const
             full[index] = const.to(device) if isinstance(const, torch.Tensor) else const
+        elif isinstance(const, torch.Tensor) and tuple(full[index].shape) != tuple(const.shape):
+            raise ValueError(
+                f"{node.label}: input {index} is the constant {value.name} of shape {list(const.shape)}, got a "
+                f"tensor of shape {list(full[index].shape)}: pass None for constant inputs"
+            )
     return full
 
 

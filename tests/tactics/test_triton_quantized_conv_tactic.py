@@ -53,9 +53,9 @@ def test_the_quantized_tactic_declines_off_cuda():
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
 def test_the_quantized_tactic_is_a_correct_candidate_on_cuda(quant):
-    node, feeds = _quantized_layer(quant, size=28)
+    node, (x, r) = _quantized_layer(quant, size=28)
     choice = autotune(
-        node, 1, [f.cuda() for f in feeds], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True
+        node, 1, [x.cuda(), None, None, r.cuda()], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True
     )
     ours = [c for c in choice.candidates if c.tactic == TACTIC]
     assert len(ours) == 2 * len(tactic_by_key(TACTIC).space(0))

@@ -15,6 +15,7 @@ in L2.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -152,6 +153,7 @@ def gemm(
     """
     config = dict(gemm_configs(0)[0] if config is None else config)
     _check_operands(a, b, input_precision)
+    _check_shared_memory(config, a)
     a_mat = a.mT if trans_a else a
     b_mat = b.mT if trans_b else b
     m, k = a_mat.shape[-2:]
@@ -193,6 +195,31 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, input_precision: str) -> N
         raise ValueError(f"gemm: A is on {a.device} and B on {b.device}")
     if input_precision not in ("ieee", "tf32", "tf32x3"):
         raise ValueError(f"gemm: input_precision must be 'ieee', 'tf32' or 'tf32x3', not {input_precision!r}")
+
+
+def shared_memory_bytes(config: dict[str, int], element_size: int) -> int:
+    """Shared memory a tile configuration takes: an A and a B block per pipeline stage."""
+    block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    return config["num_stages"] * (block_m * block_k + block_k * block_n) * element_size
+
+
+@functools.cache
+def _shared_memory_limit(device_index: int) -> int:
+    return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
+
+
+def _check_shared_memory(config: dict[str, int], a: torch.Tensor) -> None:
+    """Refuse, before compiling, a tile that cannot launch on `a`'s GPU (wide float32 tiles on deep pipelines)."""
+    if a.device.type != "cuda":
+        return
+    needed = shared_memory_bytes(config, a.element_size())
+    limit = _shared_memory_limit(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    if needed > limit:
+        tile = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}, {config['num_stages']} stages"
+        raise ValueError(
+            f"gemm: the tile ({tile}) needs {needed} bytes of shared memory for {a.dtype} operands and the "
+            f"device has {limit}: choose smaller blocks or fewer stages"
+        )
 
 
 def _broadcast(what: str, *shapes: Sequence[int]) -> tuple[int, ...]:
