@@ -12,9 +12,14 @@ at least float32 and rounded once to the output type).
   (`quant`: "int8" or "fp8e4m3") and `Ws` its per-output-channel float32 scales. Equal to FusedConv over
   `DequantizeLinear(QuantizeLinear(X))` and the dequantized weight: the INT8 engine's layer. `explicit=1`
   marks one made from the model's own Q/DQ, whose arithmetic the model prescribes (no float fallback).
+  Quantized activations between layers: an X already of `quant`'s type is taken as `Q(X)` (not quantized again;
+  x_scale is its scale), and a positive float `y_scale` makes the layer write `Q(Y)` on the grid of `quant` with
+  that scale (`Y` in float32, then quantized as X is) instead of Y in float (`y_scale` 0, the default; the
+  output is then X's float type, float32 for a quantized X). `passes/quant_chain.py` sets them up.
 - `QuantizedGemm(A, Bq, C?, Z?, Bs)`: FusedGemm on quantized operands, `Y = post(pre(acc · x_scale · Bs[n] + C)
   + Z)` with `acc = Q(A) @ Bq`: A quantized per tensor as in QuantizedConv, Bq the constant [K, N] weight in
-  that type with per-output-column float32 scales Bs (alpha 1, beta 1, A not transposed).
+  that type with per-output-column float32 scales Bs (alpha 1, beta 1, A not transposed); A already quantized
+  and `y_scale` as in QuantizedConv.
 - `FusedGemm(A, B, C?, Z?)`: `Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`, where `@` is MatMul's
   batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
 - `Attention(Q, Kt, V, B?)`: `Softmax(Q @ Kt · scale + B, axis=-1) @ V` (Kt is Kᵀ, [..., D, Sk]; the float
@@ -141,6 +146,36 @@ def quantize_activation(x: torch.Tensor, x_scale: float, quant: str) -> torch.Te
     return quantize(x, scale, None, QUANT_TYPES[quant])
 
 
+def is_quantized_tensor(x: torch.Tensor) -> bool:
+    """Whether `x` holds quantized values (int8 or float8) rather than real ones."""
+    return not x.is_floating_point() or x.element_size() == 1
+
+
+def quantized_input(x: torch.Tensor, x_scale: float, quant: str) -> torch.Tensor:
+    """`Q(X)` as float32 values (exact: integers and E4M3 values are float32 numbers): X quantized, or X itself
+    when it already is of `quant`'s type (a quantized activation from the layer before)."""
+    if quant not in QUANT_TYPES:
+        raise ValueError(f"unknown quantized type {quant!r}; known: {sorted(QUANT_TYPES)}")
+    if is_quantized_tensor(x):
+        if x.dtype != QUANT_TYPES[quant].torch:
+            raise ValueError(f"a {quant} layer reads a quantized input of its own type, not {x.dtype}")
+        return x.float()
+    return quantize_activation(x, x_scale, quant).float()
+
+
+def output_dtype(x: torch.Tensor) -> torch.dtype:
+    """The float type of a quantized layer's unquantized output: X's, float32 when X is quantized."""
+    return torch.float32 if is_quantized_tensor(x) else x.dtype
+
+
+def requantize(y: torch.Tensor, y_scale: float, quant: str, dtype: torch.dtype) -> torch.Tensor:
+    """A quantized layer's output: `Q(Y)` with `y_scale` as `quantize_activation` does it, or Y as `dtype` when
+    `y_scale` is 0 (float output)."""
+    if not y_scale:
+        return y.to(dtype)
+    return quantize_activation(y, y_scale, quant)
+
+
 @register("QuantizedConv", since=OPSET, domain=DOMAIN)
 def quantized_conv(
     ctx: OpContext,
@@ -153,6 +188,7 @@ def quantized_conv(
     x_scale,
     quant="int8",
     explicit=0,
+    y_scale=0.0,
     auto_pad="NOTSET",
     dilations=None,
     group=1,
@@ -167,25 +203,24 @@ def quantized_conv(
     if w_scale is None:
         raise ValueError("QuantizedConv needs the weight scales (input 4)")
     # Integer values (and fp8 values) are exact in float32; the sum of their products is float32's.
-    xq = quantize_activation(x, x_scale, quant).float()
-    acc = convolution(xq, w.float(), None, auto_pad, dilations, group, pads, strides)
+    acc = convolution(quantized_input(x, x_scale, quant), w.float(), None, auto_pad, dilations, group, pads, strides)
     spatial = acc.dim() - 2
     scales = (w_scale.float() * torch.tensor(x_scale, dtype=torch.float32)).reshape(-1, *[1] * spatial)
     y = epilogue(acc * scales.to(acc.device), b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
-    return y.to(x.dtype)
+    return requantize(y, y_scale, quant, output_dtype(x))
 
 
 @register("QuantizedGemm", since=OPSET, domain=DOMAIN)
 def quantized_gemm(
-    ctx: OpContext, a, b, c=None, z=None, b_scale=None, *, x_scale, quant="int8", explicit=0, pre="",
-    pre_params=(), post="", post_params=(),
+    ctx: OpContext, a, b, c=None, z=None, b_scale=None, *, x_scale, quant="int8", explicit=0, y_scale=0.0,
+    pre="", pre_params=(), post="", post_params=(),
 ):  # fmt: skip
     if b_scale is None:
         raise ValueError("QuantizedGemm needs the weight scales (input 4)")
-    acc = torch.matmul(quantize_activation(a, x_scale, quant).float(), b.float())
+    acc = torch.matmul(quantized_input(a, x_scale, quant), b.float())
     scales = b_scale.float().to(acc.device) * torch.tensor(x_scale, dtype=torch.float32, device=acc.device)
     y = epilogue(acc * scales, c, z, pre, pre_params, post, post_params, lambda t: t.shape)
-    return y.to(a.dtype)
+    return requantize(y, y_scale, quant, output_dtype(a))
 
 
 @register("FusedGemm", since=OPSET, domain=DOMAIN)

@@ -6,6 +6,12 @@ error within the tolerance of its precision, below); a wrong or failing candidat
 are timed with `timing.measure` on the inputs as the producers deliver them, so a cast or a memory-format
 change a variant needs is part of its time. Results are kept in a `TimingCache` under the layer's signature,
 so a rebuild with the cache re-times nothing.
+
+A quantized output (a QuantizedConv / QuantizedGemm with `y_scale`, `passes.quant_chain`) is checked against
+the float values it rounds (the layer with a float output): the candidate's value must lie between the
+quantizations of the reference value minus and plus its precision's tolerance (max norm, as for float outputs).
+Quantization is monotone, so this is exactly "a correct rounding of a value within tolerance", never looser: a
+kernel may round a value within the tolerance of a rounding tie either way, and no other.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, qualified_op
+from ..kernels.quantize import KINDS
 from ..ops.math_flags import full_float32
 from . import cuda_family, fallback, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
 from .base import Tactic, tactics_for
+from .fallback import output_quantization, with_float_output
 from .timing import TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
 from .variant import (
@@ -142,10 +150,12 @@ def autotune(
     workers = compile_workers(device) if workers is None else workers
     inputs = _with_constants(node, inputs, device)
     key, description = layer_signature(node, inputs, device)
-    reference = _reference_outputs(node, opset, inputs, device)
+    quantized = output_quantization(node)
+    reference = _reference_outputs(with_float_output(node) if quantized else node, opset, inputs, device)
     budget = TimingBudget.for_effort(effort)
     from_cache = cache is not None and key in cache
     search = _Search(node, opset, device, inputs, reference, budget, constants, cache, key, description, workers)
+    search.quantized = quantized
     groups = []
     for tactic in tactics_for(node, None):
         if families is not None and tactic.family not in families and tactic.family != "reference":
@@ -252,6 +262,7 @@ class _Search:
         self._references: dict[str, tuple[torch.Tensor, ...]] = {}  # by tactic key
         self.cache, self.key, self.description = cache, key, description
         self.workers = workers
+        self.quantized: dict[int, tuple[float, str]] = {}  # outputs written quantized: (scale, type)
         self.candidates: list[Candidate] = []
         self.trials = 0
         self.prepare_s = 0.0
@@ -305,7 +316,8 @@ class _Search:
                     outputs = kernel(self.args)
                     if tactic.family == "reference" and variant.precision == "fp32":
                         return kernel, ""
-                    problem = _mismatch(outputs, self._reference_of(tactic), kernel.out_dtypes, variant)
+                    reference = self._reference_of(tactic)
+                    problem = _mismatch(outputs, reference, kernel.out_dtypes, variant, self.quantized)
         except Exception as err:  # a failing candidate scores inf; the build goes on
             return None, f"failed: {type(err).__name__}: {err}"
         return kernel, f"wrong result: {problem}" if problem else ""
@@ -346,7 +358,11 @@ def _mismatch(
     reference: Sequence[torch.Tensor],
     expected_dtypes: Sequence[torch.dtype | None],
     variant: Variant,
+    quantized: dict[int, tuple[float, str]] | None = None,
 ) -> str:
+    """What is wrong with `outputs` against `reference` ("" when nothing); `quantized`: the outputs written
+    quantized, by index, whose reference is the float value they round (see the module docstring)."""
+    quantized = quantized or {}
     if any(want is not None for want in reference[len(outputs) :]):
         return f"{len(outputs)} outputs, expected {len(reference)}"
     for index, (got, want) in enumerate(zip(outputs, reference, strict=False)):
@@ -356,11 +372,16 @@ def _mismatch(
         if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != dtype:
             shown = f"{DType.from_torch(got.dtype)}{list(got.shape)}" if isinstance(got, torch.Tensor) else repr(got)
             return f"output {index} is {shown}, expected {DType.from_torch(dtype)}{list(want.shape)}"
+        bound = TOLERANCE[variant.precision] if want.dtype == torch.float32 else DTYPE_TOLERANCE.get(want.dtype, 1e-4)
+        if index in quantized:
+            problem = quantized_mismatch(got, want, *quantized[index], bound)
+            if problem:
+                return f"output {index} {problem}"
+            continue
         if not want.is_floating_point():
             if not torch.equal(got, want):
                 return f"output {index} differs"
             continue
-        bound = TOLERANCE[variant.precision] if want.dtype == torch.float32 else DTYPE_TOLERANCE.get(want.dtype, 1e-4)
         error = relative_error(got, want)
         if not error <= bound:
             return f"output {index} relative error {error:.2e} > {bound:g}"
@@ -382,3 +403,28 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     if scale == 0.0:
         return 0.0 if difference == 0.0 else math.inf
     return difference / scale
+
+
+def quantized_mismatch(got: torch.Tensor, want: torch.Tensor, scale: float, quant: str, bound: float) -> str:
+    """Why quantized `got` is not a rounding of `want / scale` within `bound` (max norm relative) onto the grid
+    of `quant` ("" when it is): each element must lie between Q(v − bound·max|v|) and Q(v + bound·max|v|),
+    v = want / scale, Q rounding and saturating as the reference does. Non-finite references are skipped."""
+    dtype, qmax = KINDS[quant]
+    real = want.double() / scale
+    finite = torch.isfinite(real)
+    if not finite.any():
+        return ""
+    slack = bound * real[finite].abs().max().item()
+
+    def on_grid(values: torch.Tensor) -> torch.Tensor:
+        values = values.clamp(-qmax, qmax) if dtype != torch.int8 else torch.round(values).clamp(-128, 127)
+        return values.to(dtype).double() if dtype != torch.int8 else values
+
+    low, high, value = on_grid(real - slack), on_grid(real + slack), got.double()
+    wrong = finite & ((value < low) | (value > high))
+    count = int(wrong.sum())
+    if not count:
+        return ""
+    first = int(wrong.reshape(-1).nonzero()[0])
+    shown = f"{value.reshape(-1)[first].item():g} for {real.reshape(-1)[first].item():.4f}"
+    return f"has {count} of {got.numel()} values that are no rounding of the reference within {bound:g} (e.g. {shown})"

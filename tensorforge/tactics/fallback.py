@@ -8,6 +8,11 @@ float too, as TensorRT does with precisions that are allowed rather than require
 Triton one or torch's convolution: the configurations of this tactic). Its results are those of the float layer,
 not of the int8 one, so the autotuner checks it against that layer (`Tactic.semantics`): it is at least as
 accurate as the quantized layer it replaces.
+
+Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
+dequantized (`X · x_scale`, exact up to float32's rounding) and a quantized output (`y_scale`) quantized as the
+reference does. With a quantized input the float layer on DQ(X) is the quantized layer itself up to float
+rounding (Q(X) = X there), so such a layer is checked against its own reference.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, Value
-from ..ops.fused import DOMAIN
+from ..ops.fused import DOMAIN, is_quantized_tensor, requantize
 from .base import Kernel, Tactic, register_tactic, tactic_by_key
 
 # The float tactics tried for each quantized op, each in its first configuration; those that do not run the
@@ -29,10 +34,15 @@ _INNER = {
 _FLOAT_OP = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}
 
 
+_QUANTIZED_DTYPES = (DType.INT8, DType.FLOAT8E4M3FN)
+_QUANT_ATTRIBUTES = ("x_scale", "quant", "explicit", "y_scale")
+
+
 def float_twin(node: Node) -> Node:
-    """The float layer that quantized `node` quantizes: the same activation, bias and residual inputs, the
-    dequantized weight, the conv (or none) and epilogue attributes (a detached node, not in any graph).
-    QuantizedConv weights are [Cout, ...] with scales over axis 0; QuantizedGemm weights [K, N] over axis 1."""
+    """The float layer that quantized `node` quantizes: the same activation (in float, dequantized when `node`
+    reads it quantized), bias and residual inputs, the dequantized weight, the conv (or none) and epilogue
+    attributes, a float output (a detached node, not in any graph). QuantizedConv weights are [Cout, ...] with
+    scales over axis 0; QuantizedGemm weights [K, N] over axis 1."""
     wq, scales = node.inputs[1].const, node.inputs[4].const
     if node.op_type == "QuantizedGemm":
         weight = wq.float() * scales.float().reshape(1, -1)
@@ -41,17 +51,45 @@ def float_twin(node: Node) -> Node:
     w = Value(f"{node.inputs[1].name}.dequantized", DType.FLOAT, tuple(weight.shape), const=weight)
     bias = _detached(node.inputs[2]) if len(node.inputs) > 2 else None
     residual = _detached(node.inputs[3]) if len(node.inputs) > 3 else None
-    inputs = [_detached(node.inputs[0]), w, bias, residual]
+    inputs = [_detached(node.inputs[0], as_float=True), w, bias, residual]
     while inputs[-1] is None:
         inputs.pop()
-    attributes = {k: v for k, v in node.attributes.items() if k not in ("x_scale", "quant", "explicit")}
-    outputs = [Value(v.name, v.dtype, v.shape) for v in node.outputs]
+    attributes = {k: v for k, v in node.attributes.items() if k not in _QUANT_ATTRIBUTES}
+    outputs = [Value(v.name, _float(v.dtype), v.shape) for v in node.outputs]
     return Node(_FLOAT_OP[node.op_type], inputs, outputs, attributes, domain=DOMAIN, name=node.name)
 
 
-def _detached(value: Value | None) -> Value | None:
-    """A copy of `value` outside any graph, so the twin adds no use to the real graph's values."""
-    return None if value is None else Value(value.name, value.dtype, value.shape, const=value.const)
+def output_quantization(node: Node) -> dict[int, tuple[float, str]]:
+    """The outputs quantized `node` writes quantized: output index -> (scale, quantized type); empty for float
+    outputs and for other ops."""
+    scale = float(node.attributes.get("y_scale", 0.0)) if node.op_type in _FLOAT_OP else 0.0
+    return {0: (scale, node.attributes.get("quant", "int8"))} if scale else {}
+
+
+def with_float_output(node: Node) -> Node:
+    """A detached copy of quantized `node` that writes Y in float (`y_scale` 0): the values its quantized output
+    rounds, which a kernel's quantized output is checked against."""
+    inputs = [_detached(v) for v in node.inputs]
+    attributes = {k: v for k, v in node.attributes.items() if k != "y_scale"}
+    outputs = [Value(v.name, _float(v.dtype), v.shape) for v in node.outputs]
+    return Node(node.op_type, inputs, outputs, attributes, domain=node.domain, name=node.name)
+
+
+def reads_quantized(node: Node) -> bool:
+    """Whether quantized `node` reads an activation that is already quantized (from a chained producer)."""
+    return node.inputs[0] is not None and node.inputs[0].dtype in _QUANTIZED_DTYPES
+
+
+def _float(dtype: DType) -> DType:
+    return DType.FLOAT if dtype in _QUANTIZED_DTYPES else dtype
+
+
+def _detached(value: Value | None, as_float: bool = False) -> Value | None:
+    """A copy of `value` outside any graph, so the twin adds no use to the real graph's values (`as_float`: a
+    quantized activation declared float, as its dequantized values)."""
+    if value is None:
+        return None
+    return Value(value.name, _float(value.dtype) if as_float else value.dtype, value.shape, const=value.const)
 
 
 class _FloatFallback(Tactic):
@@ -59,8 +97,8 @@ class _FloatFallback(Tactic):
     op: str
     precisions = ("fp32", "fp16", "bf16")
 
-    def semantics(self, node: Node) -> Node:
-        return float_twin(node)
+    def semantics(self, node: Node) -> Node | None:
+        return None if reads_quantized(node) else float_twin(node)
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if node.attributes.get("explicit", 0):
@@ -81,15 +119,22 @@ class _FloatFallback(Tactic):
         kernel = inner.build(twin, opset, device, inner.space(0)[0])
         dequantized = twin.inputs[1].const
         weights: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
+        x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
+        y_scale = float(node.attributes.get("y_scale", 0.0))
 
         def run(inputs):
             x, _, b, z, _ = (list(inputs) + [None] * 5)[:5]
+            if is_quantized_tensor(x):
+                x = x.float() * x_scale  # DQ(X): the quantized activation's real values
             channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             key = (x.dtype, channels_last)
             if key not in weights:
                 fmt = torch.channels_last if channels_last and dequantized.dim() == 4 else torch.contiguous_format
                 weights[key] = dequantized.to(x.device, x.dtype).contiguous(memory_format=fmt)
-            return kernel([x, weights[key], b, z][: len(twin.inputs)])
+            outputs = kernel([x, weights[key], b, z][: len(twin.inputs)])
+            if not y_scale:
+                return outputs
+            return (requantize(outputs[0], y_scale, quant, outputs[0].dtype), *outputs[1:])
 
         return run
 

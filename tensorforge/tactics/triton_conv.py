@@ -17,7 +17,7 @@ from ..kernels.triton.conv import (
     quantized_conv_configs,
 )
 from ..kernels.triton.epilogue import activation_args
-from ..ops.fused import DOMAIN
+from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
 from ..ops.pool import window_geometry
 from .base import Kernel, Tactic, allocate, register_tactic
 
@@ -32,15 +32,16 @@ def _activations(node: Node) -> tuple[tuple[int, float, float], tuple[int, float
     )
 
 
-def _conv_problem(node: Node) -> str | None:
-    """Why the Triton implicit GEMM cannot run `node` (2-D, constant weight, float input, a Triton epilogue)."""
+def _conv_problem(node: Node, inputs: tuple[DType, ...] = _FLOAT_INPUTS) -> str | None:
+    """Why the Triton implicit GEMM cannot run `node` (2-D, constant weight, an input of `inputs`, a Triton
+    epilogue)."""
     x, weight = node.inputs[0], node.inputs[1]
     if weight.rank != 4:
         return f"2-D convolutions only; the weight has rank {weight.rank}"
     if not weight.is_const:
         return "the weight is computed at run time; this kernel packs a constant weight once"
-    if x.dtype not in _FLOAT_INPUTS:
-        return f"float32, float16 and bfloat16 inputs only; the input is {x.dtype.name}"
+    if x.dtype not in inputs:
+        return f"{', '.join(t.name for t in inputs)} inputs only; the input is {x.dtype.name}"
     try:
         _activations(node)
     except ValueError as err:
@@ -102,7 +103,10 @@ class TritonConvTactic(Tactic):
 class TritonQuantizedConvTactic(Tactic):
     """2-D QuantizedConv as one Triton kernel over channels_last tensors: int8 products summed exactly in int32
     (or float8 E4M3 ones in float32, compute capability 8.9+), dequantized by x_scale × the per-channel weight
-    scales, then the FusedConv epilogue. The quantized weight is packed K-major once."""
+    scales, then the FusedConv epilogue. The quantized weight is packed K-major once. A float input is quantized
+    as it is loaded, an input of the layer's quantized type read as it is; with `y_scale` the output is
+    requantized as it is stored. A float output of a quantized input takes the bias's (or the residual's) float
+    type, the variant's, else float32."""
 
     family = "triton"
     name = "conv-igemm-quantized"
@@ -114,9 +118,10 @@ class TritonQuantizedConvTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
-        if node.attributes.get("quant", "int8") == "fp8e4m3" and torch.cuda.get_device_capability(device) < (8, 9):
+        quant = node.attributes.get("quant", "int8")
+        if quant == "fp8e4m3" and torch.cuda.get_device_capability(device) < (8, 9):
             return "float8 tensor cores need compute capability 8.9 or newer"
-        return _conv_problem(node)
+        return _conv_problem(node, (*_FLOAT_INPUTS, QUANT_TYPES[quant]))
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return quantized_conv_configs(effort)
@@ -126,6 +131,7 @@ class TritonQuantizedConvTactic(Tactic):
         strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
         pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
         x_scale = float(node.attributes["x_scale"])
+        y_scale = float(node.attributes.get("y_scale", 0.0))
         pre, post = _activations(node)
         packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
 
@@ -135,11 +141,20 @@ class TritonQuantizedConvTactic(Tactic):
             if entry is None:
                 entry = packed[id(w)] = (w, pack_weight(w, groups, k_major=True))
             begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
-            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
+            out_dtype = w.dtype if y_scale else _float_output(x, b, z)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             y = conv2d_nhwc_quantized(
                 x, entry[1], w_scale.float(), x_scale, b, z, out_hw=out_hw, strides=strides, pads_begin=begin,
-                dilations=dilations, pre=pre, post=post, out_dtype=x.dtype, out=out, config=config,
+                dilations=dilations, pre=pre, post=post, out=out, config=config, y_scale=y_scale,
             )  # fmt: skip
             return (y,)
 
         return kernel
+
+
+def _float_output(x: torch.Tensor, b: torch.Tensor | None, z: torch.Tensor | None) -> torch.dtype:
+    """The float type a quantized layer writes when it writes float: x's, or for a quantized x the bias's or
+    the residual's (the variant converted them), else float32."""
+    if not is_quantized_tensor(x):
+        return x.dtype
+    return next((t.dtype for t in (b, z) if t is not None and t.is_floating_point()), torch.float32)

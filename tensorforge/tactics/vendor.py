@@ -6,13 +6,15 @@
   epilogue applied after it; faster than the reference's im2col + GEMM on the CPU, less accurate there.
 - `vendor.torch-quantized`: QuantizedConv through torch's float convolution (oneDNN / cuDNN, full float32) on
   the quantized values, which float32 holds exactly: the reference's numbers, faster (no int8 tensor cores).
+  Every quantized tactic here also reads an already quantized input and writes a quantized output (`y_scale`,
+  `passes.quant_chain`), or says why not.
 - `vendor.cudnn-fused`: FusedConv as one cuDNN call with bias, residual and ReLU inside
   (`torch.cudnn_convolution_relu` / `cudnn_convolution_add_relu`).
 - `vendor.onednn-fused`: FusedConv on the CPU as one oneDNN call with its post-ops and a pre-reordered weight.
 - `vendor.onednn-linear`: FusedGemm with a constant weight on the CPU as one oneDNN linear with its bias,
   activation or residual add as post-ops and the weight packed once.
-- `vendor.onednn-qconv`: int8 QuantizedConv on the CPU as oneDNN's int8 convolution (VNNI), float32 out.
-- `vendor.onednn-qlinear`: int8 QuantizedGemm on the CPU as oneDNN's int8 linear (VNNI), float32 out.
+- `vendor.onednn-qconv`: int8 QuantizedConv on the CPU as oneDNN's int8 convolution (VNNI), float32 or int8 out.
+- `vendor.onednn-qlinear`: int8 QuantizedGemm on the CPU as oneDNN's int8 linear (VNNI), float32 or int8 out.
 - `vendor.cublas-int8`: int8 QuantizedGemm on CUDA as cuBLAS's int8 product (`torch._int_mm`), exact int32 sums.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
@@ -31,7 +33,15 @@ import torch.nn.functional as F
 from ..ir import Node
 from ..ops import load_all
 from ..ops.conv import convolution
-from ..ops.fused import DOMAIN, apply_activation, epilogue, quantize_activation
+from ..ops.fused import (
+    DOMAIN,
+    apply_activation,
+    epilogue,
+    output_dtype,
+    quantize_activation,
+    quantized_input,
+    requantize,
+)
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
 from .base import Kernel, Tactic, register_tactic
@@ -120,6 +130,7 @@ class TorchQuantizedConvTactic(Tactic):
         conv = _conv_attributes(node)
         pre, pre_params, post, post_params = _epilogue_attributes(node)
         x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
+        y_scale = float(node.attributes.get("y_scale", 0.0))
         weights: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}  # (ptr, NHWC) -> (kept, float)
 
         def float_weight(w: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -131,16 +142,16 @@ class TorchQuantizedConvTactic(Tactic):
 
         def kernel(inputs):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
-            xq = quantize_activation(x, x_scale, quant).float()
             channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             acc = convolution(
-                xq, float_weight(w, channels_last), None, conv.get("auto_pad", "NOTSET"), conv.get("dilations"),
-                conv.get("group", 1), conv.get("pads"), conv.get("strides"), algorithm="direct",
+                quantized_input(x, x_scale, quant), float_weight(w, channels_last), None,
+                conv.get("auto_pad", "NOTSET"), conv.get("dilations"), conv.get("group", 1), conv.get("pads"),
+                conv.get("strides"), algorithm="direct",
             )  # fmt: skip
             spatial = acc.dim() - 2
             scales = (w_scale.float() * x_scale).reshape(-1, *[1] * spatial)
             y = epilogue(acc * scales, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
-            return (y.to(x.dtype),)
+            return (requantize(y, y_scale, quant, output_dtype(x)),)
 
         return kernel
 
@@ -310,19 +321,29 @@ def _linear_operands_problem(node: Node, n: int) -> str | None:
 
 
 def _uint8_activation(x: torch.Tensor, x_scale: float) -> torch.Tensor:
-    """`x` quantized to int8 as the reference QuantizedConv / QuantizedGemm does, offset to oneDNN's uint8
-    with zero point 128."""
-    return (quantize_activation(x, x_scale, "int8").to(torch.int16) + 128).to(torch.uint8)
+    """`x` quantized to int8 as the reference QuantizedConv / QuantizedGemm does (or `x` itself when it is int8
+    already), offset to oneDNN's uint8 with zero point 128 (oneDNN's int8 products take unsigned activations):
+    flipping the sign bit adds 128 to an int8's two's complement, one byte-wise pass."""
+    q = x if x.dtype == torch.int8 else quantize_activation(x, x_scale, "int8")
+    return torch.bitwise_xor(q.view(torch.uint8), 128)
 
 
-def _after_onednn(y, inside: bool, z, pre: str, pre_params, post: str, post_params) -> torch.Tensor:
+def _onednn_output(y_scale: float, tail: bool) -> tuple[float, torch.dtype]:
+    """oneDNN's output scale and type: int8 with `y_scale` when it writes the quantized output itself (nothing
+    of the epilogue left for torch, the `tail`), else float32 (scale 1)."""
+    return (y_scale, torch.int8) if y_scale and not tail else (1.0, torch.float32)
+
+
+def _after_onednn(y, inside: bool, z, pre: str, pre_params, post: str, post_params, y_scale: float) -> torch.Tensor:
     """The part of the epilogue oneDNN did not run: the pre activation (unless it ran `inside`), then the
-    residual add and the post activation."""
+    residual add and the post activation, then the output quantization when oneDNN wrote float32."""
+    if y.dtype == torch.int8:
+        return y  # oneDNN ran all of it
     if not inside:
         y = apply_activation(y, pre, pre_params)
     if z is not None:
         y = apply_activation(y + z, post, post_params)
-    return y
+    return requantize(y, y_scale, "int8", torch.float32)
 
 
 _ONEDNN_LINEAR_UNARY = {
@@ -395,10 +416,11 @@ class OneDnnLinearTactic(Tactic):
 
 @register_tactic
 class OneDnnQuantizedConvTactic(Tactic):
-    """int8 QuantizedConv on the CPU through oneDNN: the activation quantized (as the reference does) and
-    offset to uint8 with zero point 128, the weight packed once per input shape, int32 sums dequantized by
-    x_scale × the weight scales and the bias added in float32 by oneDNN; an activation it has as a post-op
-    runs inside, a residual and what follows it in torch."""
+    """int8 QuantizedConv on the CPU through oneDNN: the activation quantized (as the reference does; an int8
+    input as it is) and offset to uint8 with zero point 128, the weight packed once per input shape, int32 sums
+    dequantized by x_scale × the weight scales and the bias added in float32 by oneDNN; an activation it has as
+    a post-op runs inside, a residual and what follows it in torch. A quantized output (`y_scale`) oneDNN writes
+    as int8 itself when nothing is left for torch, else torch quantizes the float result."""
 
     family = "vendor"
     name = "onednn-qconv"
@@ -428,6 +450,8 @@ class OneDnnQuantizedConvTactic(Tactic):
         residual = len(node.inputs) > 3 and node.inputs[3] is not None
         inside = not residual and pre in _ONEDNN_UNARY
         unary, scalars = _ONEDNN_UNARY[pre](pre_params) if inside else ("none", [])
+        y_scale = float(node.attributes.get("y_scale", 0.0))
+        out_scale, out_dtype = _onednn_output(y_scale, tail=residual or not inside)
         onednn = torch.ops.onednn
         packed: dict[tuple[int, ...], torch.Tensor] = {}
         zero = torch.zeros(node.inputs[1].shape[0], dtype=torch.int64)  # the weight's zero points
@@ -441,10 +465,10 @@ class OneDnnQuantizedConvTactic(Tactic):
                 packed[key] = weight
             q = _uint8_activation(x, x_scale).contiguous(memory_format=torch.channels_last)
             y = onednn.qconv2d_pointwise(
-                q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, 1.0, 0,
-                torch.float32, unary, scalars, "",
+                q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, out_scale, 0,
+                out_dtype, unary, scalars, "",
             )  # fmt: skip
-            return (_after_onednn(y, inside, z, pre, pre_params, post, post_params),)
+            return (_after_onednn(y, inside, z, pre, pre_params, post, post_params, y_scale),)
 
         return kernel
 
@@ -454,9 +478,10 @@ _QLINEAR_UNARY = {"": ("none", ""), "Relu": ("relu", ""), "Gelu": ("gelu", "none
 
 @register_tactic
 class OneDnnQuantizedLinearTactic(Tactic):
-    """int8 QuantizedGemm on the CPU through oneDNN: the activation quantized as the reference does and offset
-    to uint8 (zero point 128), the [K, N] weight packed once per row count, int32 sums dequantized by x_scale ×
-    the column scales with the bias in float32; ReLU or GELU inside, other epilogues in torch."""
+    """int8 QuantizedGemm on the CPU through oneDNN: the activation quantized as the reference does (an int8
+    input as it is) and offset to uint8 (zero point 128), the [K, N] weight packed once per row count, int32
+    sums dequantized by x_scale × the column scales with the bias in float32; ReLU or GELU inside, other
+    epilogues in torch; a quantized output written by oneDNN as int8 when nothing is left for torch."""
 
     family = "vendor"
     name = "onednn-qlinear"
@@ -478,6 +503,8 @@ class OneDnnQuantizedLinearTactic(Tactic):
         residual = len(node.inputs) > 3 and node.inputs[3] is not None
         inside = not residual and pre in _QLINEAR_UNARY
         unary, algorithm = _QLINEAR_UNARY[pre] if inside else ("none", "")
+        y_scale = float(node.attributes.get("y_scale", 0.0))
+        out_scale, out_dtype = _onednn_output(y_scale, tail=residual or not inside)
         onednn = torch.ops.onednn
         packed: dict[int, torch.Tensor] = {}
         zero = torch.zeros(node.inputs[1].shape[1], dtype=torch.int64)  # the weight's zero points
@@ -490,19 +517,20 @@ class OneDnnQuantizedLinearTactic(Tactic):
                 weight = packed[rows.shape[0]] = onednn.qlinear_prepack(w.t().contiguous(), list(rows.shape))
             bias = b.reshape(-1) if b is not None else None
             y = onednn.qlinear_pointwise(
-                _uint8_activation(rows, x_scale), x_scale, 128, weight, w_scale, zero, bias, 1.0, 0, torch.float32,
-                unary, [], algorithm,
+                _uint8_activation(rows, x_scale), x_scale, 128, weight, w_scale, zero, bias, out_scale, 0,
+                out_dtype, unary, [], algorithm,
             )  # fmt: skip
             y = y.reshape(*a.shape[:-1], y.shape[-1])
-            return (_after_onednn(y, inside, z, pre, pre_params, post, post_params),)
+            return (_after_onednn(y, inside, z, pre, pre_params, post, post_params, y_scale),)
 
         return kernel
 
 
 @register_tactic
 class CublasInt8GemmTactic(Tactic):
-    """int8 QuantizedGemm on CUDA: the activation quantized as the reference does, `torch._int_mm` (cuBLAS int8
-    tensor cores, int32 sums), then the dequantizing epilogue. cuBLAS takes more than 16 rows and K and N in
+    """int8 QuantizedGemm on CUDA: the activation quantized as the reference does (an int8 input as it is),
+    `torch._int_mm` (cuBLAS int8 tensor cores, int32 sums), then the dequantizing epilogue and the output
+    quantization (`y_scale`) in torch. cuBLAS takes more than 16 rows and K and N in
     multiples of 8."""
 
     family = "vendor"
@@ -523,17 +551,18 @@ class CublasInt8GemmTactic(Tactic):
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         pre, pre_params, post, post_params = _epilogue_attributes(node)
         x_scale = float(node.attributes["x_scale"])
+        y_scale = float(node.attributes.get("y_scale", 0.0))
 
         def kernel(inputs):
             a, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             rows = a.reshape(-1, a.shape[-1])
             if rows.shape[0] <= 16:
                 raise ValueError(f"cuBLAS's int8 product takes more than 16 rows, not {rows.shape[0]}")
-            q = quantize_activation(rows, x_scale, "int8")
+            q = rows if rows.dtype == torch.int8 else quantize_activation(rows, x_scale, "int8")
             acc = torch._int_mm(q, w)
             y = acc.float() * (w_scale.float() * x_scale)
             y = epilogue(y.reshape(*a.shape[:-1], -1), b, z, pre, pre_params, post, post_params, lambda t: t.shape)
-            return (y.to(a.dtype),)
+            return (requantize(y, y_scale, "int8", output_dtype(a)),)
 
         return kernel
 

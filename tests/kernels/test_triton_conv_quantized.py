@@ -139,13 +139,15 @@ def _reference(xq, x_scale, wq, w_scale, b, z, attrs) -> torch.Tensor:
     return REGISTRY.lookup("FusedConv", DOMAIN, 1).impl(ctx, xq, scaled, *wide, **attrs)
 
 
-def _run(x, x_scale, wq, w_scale, b, z, attrs, *, out_dtype=None, out=None, config=TINY, k_major=True) -> torch.Tensor:
+def _run(
+    x, x_scale, wq, w_scale, b, z, attrs, *, out_dtype=None, out=None, config=TINY, k_major=True, y_scale=0.0
+) -> torch.Tensor:
     begin, _, out_hw = _geometry(x.shape, wq.shape, attrs)
     return conv2d_nhwc_quantized(
         x, pack_weight(wq, attrs.get("group", 1), k_major=k_major), w_scale, x_scale, b, z,
         out_hw=out_hw, strides=attrs.get("strides", [1, 1]), pads_begin=begin, dilations=attrs.get("dilations", [1, 1]),
         pre=activation_args(attrs["pre"]), post=activation_args(attrs["post"]), out_dtype=out_dtype, out=out,
-        config=config,
+        config=config, y_scale=y_scale,
     )  # fmt: skip
 
 
@@ -407,16 +409,19 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tensorforge.kernels.triton.conv import _conv2d_igemm as fn
-for quant, x_type, w_type, mma in ((1, "*fp16", "*i8", "s32.s8.s8"), (1, "*i8", "*i8", "s32.s8.s8"),
-                                   (2, "*fp32", "*fp8e4nv", "f32.e4m3.e4m3")):
+for quant, x_type, w_type, mma, y_type in ((1, "*fp16", "*i8", "s32.s8.s8", "*fp16"),
+                                           (1, "*i8", "*i8", "s32.s8.s8", "*fp16"),
+                                           (1, "*i8", "*i8", "s32.s8.s8", "*i8"),
+                                           (2, "*fp32", "*fp8e4nv", "f32.e4m3.e4m3", "*fp16")):
     constants = dict(
         KH=3, KW=3, DENSE_K=False, EVEN_K=True, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1,
-        SPLIT=False, DOT_PRECISION="ieee", QUANT=quant, QUANTIZE_X=x_type != w_type, W_K_MAJOR=True, ALIGN=16,
+        SPLIT=False, DOT_PRECISION="ieee", QUANT=quant, QUANTIZE_X=x_type != w_type,
+        QUANT_Y=quant if y_type == w_type else 0, W_K_MAJOR=True, ALIGN=16,
         BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
     )
-    types = {"x": x_type, "w": w_type, "bias": "*fp32", "res": "*fp16", "y": "*fp16", "partial": "*fp16",
+    types = {"x": x_type, "w": w_type, "bias": "*fp32", "res": "*fp16", "y": y_type, "partial": "*fp16",
              "w_scale": "*fp32"}
-    floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale")
+    floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale")
     signature = {
         n: "constexpr" if n in constants else types.get(n) or ("fp32" if n in floats else "i32") for n in fn.arg_names
     }
@@ -430,9 +435,10 @@ for quant, x_type, w_type, mma in ((1, "*fp16", "*i8", "s32.s8.s8"), (1, "*i8", 
 
 
 def test_the_quantized_kernel_compiles_for_hopper_with_8_bit_tensor_cores():
-    """Through Triton's real compiler for sm_90 (no GPU needed): int8 (from float16 on load and from int8)
-    and E4M3 (from float32 on load) products run on wgmma with 8-bit operands; the K-major weight loads
-    asynchronously into shared memory, never transposed byte by byte (st.shared.b8)."""
+    """Through Triton's real compiler for sm_90 (no GPU needed): int8 (from float16 on load, from int8, and
+    from int8 to a requantized int8 output) and E4M3 (from float32 on load) products run on wgmma with 8-bit
+    operands; the K-major weight loads asynchronously into shared memory, never transposed byte by byte
+    (st.shared.b8)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
@@ -440,7 +446,7 @@ def test_the_quantized_kernel_compiles_for_hopper_with_8_bit_tensor_cores():
         pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stderr[-2000:]
     counts = [line.split() for line in done.stdout.splitlines()]
-    assert len(counts) == 3, counts
+    assert len(counts) == 4, counts
     for _, _, wgmma, cp_async, byte_stores in counts:
         assert int(wgmma) > 0 and int(cp_async) > 0 and int(byte_stores) == 0, counts
 

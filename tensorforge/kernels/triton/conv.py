@@ -25,6 +25,9 @@ B is the quantized weight, A the input quantized per tensor, either already (int
 and saturating to [−128, 127], E4M3 clipping to ±448 and rounding to nearest even. Padding loads 0, which
 quantizes to 0. int8 products accumulate exactly in int32 (split-K partials too: int32 workspace, summed
 exactly), E4M3 ones in float32; the epilogue first dequantizes, `acc · (s_x · s_w[n])`, then runs as above.
+With an output scale s_y (`QUANT_Y`) the epilogue's float32 result is requantized as it is stored,
+`clip(round(y · (1/s_y)))` onto the grid of the kernel's type (the rounding of the quantize-on-load), so the
+next quantized layer reads int8 (or E4M3) bytes.
 """
 
 from __future__ import annotations
@@ -74,11 +77,13 @@ def _epilogue(
     acc, rows, cols, g, M, OH, OW, KG,
     bias, res, srn, src, srh, srw,
     y, syn, syc, syh, syw,
-    pre0, pre1, post0, post1, w_scale, x_scale,
+    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
+    QUANT_Y: tl.constexpr,
 ):  # fmt: skip
     """Store `post(pre(acc + bias) + Z)` for output pixels `rows` × channels `cols` of group g; a quantized
-    product (`QUANT` 1 or 2) is first dequantized, `acc · (x_scale · w_scale[channel])`."""
+    product (`QUANT` 1 or 2) is first dequantized, `acc · (x_scale · w_scale[channel])`; with `QUANT_Y` (1 int8,
+    2 E4M3) the result is stored quantized, multiplied by y_inv_scale."""
     ow = rows % OW
     pixel = rows // OW
     oh = pixel % OH
@@ -96,7 +101,11 @@ def _epilogue(
         acc += tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0).to(tl.float32)
     acc = activate(acc, POST, post0, post1)
     out_rows = image * syn + oh * syh + ow * syw
-    tl.store(y + out_rows[:, None] + (channels * syc)[None, :], acc.to(y.dtype.element_ty), mask=mask)
+    if QUANT_Y != 0:
+        out = _quantize(acc, y_inv_scale, QUANT_Y)
+    else:
+        out = acc.to(y.dtype.element_ty)
+    tl.store(y + out_rows[:, None] + (channels * syc)[None, :], out, mask=mask)
 
 
 @triton.jit
@@ -107,12 +116,13 @@ def _conv2d_igemm(
     sxn, sxc, sxh, sxw,
     srn, src, srh, srw,
     syn, syc, syh, syw,
-    pre0, pre1, post0, post1, x_scale, x_inv_scale,
+    pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale,
     K_TILES_PER_SPLIT,
     KH: tl.constexpr, KW: tl.constexpr,
     DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr,
+    QUANT_Y: tl.constexpr,
     W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -122,7 +132,8 @@ def _conv2d_igemm(
     Programs along axis 0 are swizzled: GROUP_M row tiles sweep the column tiles together, so the weight columns
     they share stay in L2.
     QUANT: 0 float, 1 int8, 2 float8 E4M3 (w is then quantized, w_scale its per-channel scales, x_scale the
-    input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale.
+    input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale; QUANT_Y: y is
+    of the quantized type and the result is quantized as it is stored, multiplied by y_inv_scale.
     """
     # The channel counts and pixel strides arrive divided by ALIGN: multiplied back here, their divisibility is
     # known to the compiler (vector loads along channels), which Triton's own specialization gives only for 16.
@@ -238,7 +249,7 @@ def _conv2d_igemm(
     else:
         _epilogue(
             acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-            pre0, pre1, post0, post1, w_scale, x_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
+            pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANT_Y,
         )  # fmt: skip
 
 
@@ -247,9 +258,9 @@ def _split_k_epilogue(
     partial, splits, M, OH, OW, KG,
     bias, res, srn, src, srh, srw,
     y, syn, syc, syh, syw,
-    pre0, pre1, post0, post1, w_scale, x_scale,
+    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUANT_Y: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Sum the `splits` partial products of one tile (float32 in split order; int8 products' int32 ones exactly)
     and apply the epilogue once."""
@@ -267,7 +278,7 @@ def _split_k_epilogue(
         acc += tl.load(partial + (slab + rows)[:, None] * KG + cols[None, :], mask=mask, other=0)
     _epilogue(
         acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-        pre0, pre1, post0, post1, w_scale, x_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
+        pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANT_Y,
     )  # fmt: skip
 
 
@@ -538,7 +549,7 @@ _QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # the kernel's QUANT by 
 _FP8_CAPABILITY = (8, 9)
 
 
-def _check_quantized(x, weight, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype):
+def _check_quantized(x, weight, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype, y_scale=0.0):
     """(output shape, QUANT code, output type), after checking every operand (ValueError naming it)."""
     name = "conv2d_nhwc_quantized"
     if weight.dim() != 5 or weight.dtype not in _QUANT_CODES or weight.device != x.device:
@@ -561,10 +572,17 @@ def _check_quantized(x, weight, weight_scale, x_scale, bias, residual, out_hw, o
         )
     if isinstance(x_scale, torch.Tensor) or not (math.isfinite(x_scale) and x_scale > 0):
         raise ValueError(f"{name}: x_scale must be a positive finite Python float (per tensor), got {x_scale!r}")
-    if out_dtype is None:
-        out_dtype = out.dtype if out is not None else x.dtype
-    if out_dtype not in _FLOAT_TYPES:
-        raise ValueError(f"{name}: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    if isinstance(y_scale, torch.Tensor) or not (math.isfinite(y_scale) and y_scale >= 0):
+        raise ValueError(f"{name}: y_scale must be a finite Python float >= 0 (0: float output), got {y_scale!r}")
+    if y_scale:
+        if out_dtype not in (None, weight.dtype):
+            raise ValueError(f"{name}: with y_scale the output is {weight.dtype} (the weight's type), not {out_dtype}")
+        out_dtype = weight.dtype
+    else:
+        if out_dtype is None:
+            out_dtype = out.dtype if out is not None else x.dtype
+        if out_dtype not in _FLOAT_TYPES:
+            raise ValueError(f"{name}: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     _check_out(name, out, out_shape, out_dtype, x.device)
     quant = _QUANT_CODES[weight.dtype]
     if quant == 2:
@@ -598,6 +616,7 @@ def _scaled(strides: Sequence[int], align: int) -> tuple[int, ...]:
 def _launch(
     name: str, x, weight, bias, residual, y, out_shape, strides, pads_begin, dilations, pre, post, cfg, *,
     dot_precision: str = "ieee", quant: int = 0, weight_scale: torch.Tensor | None = None, x_scale: float = 1.0,
+    y_scale: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel (and with split-K the epilogue kernel) into `y`; operands checked by the caller."""
     n, _, oh, ow = out_shape
@@ -621,7 +640,9 @@ def _launch(
         partial_type = torch.int32 if quant == 1 else torch.float32
         partial = torch.empty((plan.splits, groups, m, kg), dtype=partial_type, device=x.device)
     scales = weight_scale if weight_scale is not None else y
-    epilogue_args = (*pre[1:], *post[1:], scales, x_scale)  # the split-K epilogue's
+    quant_y = quant if y_scale else 0
+    y_inv_scale = 1.0 / y_scale if y_scale else 1.0
+    epilogue_args = (*pre[1:], *post[1:], scales, x_scale, y_inv_scale)  # the split-K epilogue's
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n)
     pixel_strides = [t[i] for t in (x.stride(), res_strides, y.stride()) for i in (0, 2, 3)]
     align = _alignment(cg, kg, *pixel_strides)
@@ -630,12 +651,13 @@ def _launch(
         m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align,
         strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
         *_scaled(x.stride(), align), *_scaled(res_strides, align), *_scaled(y.stride(), align),
-        *pre[1:], *post[1:], x_scale, 1.0 / x_scale,
+        *pre[1:], *post[1:], x_scale, 1.0 / x_scale, y_inv_scale,
         plan.k_tiles_per_split,
         KH=kh, KW=kw, DENSE_K=plan.dense_k, EVEN_K=plan.even_k, PADDED=plan.padded,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
         SPLIT=plan.splits > 1, DOT_PRECISION=dot_precision,
-        QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, W_K_MAJOR=_k_major(name, weight), ALIGN=align,
+        QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, QUANT_Y=quant_y,
+        W_K_MAJOR=_k_major(name, weight), ALIGN=align,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -646,7 +668,7 @@ def _launch(
             bias if bias is not None else y, res, *res_strides,
             y, *y.stride(), *epilogue_args,
             HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0], QUANT=quant,
-            BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
+            QUANT_Y=quant_y, BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
         )  # fmt: skip
     return y
 
@@ -702,6 +724,7 @@ def conv2d_nhwc_quantized(
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
     config: Mapping[str, Any] | None = None,
+    y_scale: float = 0.0,
 ) -> torch.Tensor:
     """The int8 or float8 E4M3 convolution `post(pre(Σ q_x·q_w · (x_scale · weight_scale[c]) + bias) + residual)`
     into (N, Cout, *out_hw) of `out_dtype`, channels_last, or into `out`.
@@ -723,6 +746,8 @@ def conv2d_nhwc_quantized(
     capability 8.9 or newer on CUDA (ValueError otherwise). The dequantized sum runs through the float32
     epilogue of `conv2d_nhwc` and is rounded once to `out_dtype` (default: out's type, else x's when x is
     float). `config`: a `quantized_conv_configs` entry (K tiles of at least 32).
+    `y_scale` > 0: the output is requantized as it is stored, `clip(round(y · (1/y_scale)))` in weight_q's type
+    (as x is quantized on load), so the next quantized layer can read it as its already quantized x.
 
     How to call it, for a Conv with weight `w` (Cout, Cin/G, KH, KW), input scale `s_x` and NHWC `x`::
 
@@ -734,7 +759,7 @@ def conv2d_nhwc_quantized(
                                   pre=activation_args("Relu"), out_dtype=torch.float16)
     """
     out_shape, quant, out_dtype = _check_quantized(
-        x, weight_q, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype
+        x, weight_q, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype, y_scale
     )
     cfg = ConvConfig.of(config)
     if cfg.block_k < _QUANTIZED_MIN_BLOCK_K:
@@ -747,5 +772,5 @@ def conv2d_nhwc_quantized(
         y = torch.empty(out_shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
     return _launch(
         "conv2d_nhwc_quantized", x, weight_q, bias, residual, y, out_shape, strides, pads_begin, dilations,
-        pre, post, cfg, quant=quant, weight_scale=weight_scale, x_scale=float(x_scale),
+        pre, post, cfg, quant=quant, weight_scale=weight_scale, x_scale=float(x_scale), y_scale=float(y_scale),
     )  # fmt: skip
