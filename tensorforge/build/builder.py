@@ -4,7 +4,8 @@
    of it is fixed at 1 (said in the report). Dims equal in every profile become static in the graph, so
    constant folding can evaluate the shape arithmetic that depends on them.
 2. The graph optimizer runs (`passes.pipeline.optimize`), then registry inference; an int8 / fp8 build then
-   quantizes its calibrated layers (`quantize.py`).
+   quantizes its calibrated layers (`quantize.py`), and quantized layers (calibrated or from the model's Q/DQ)
+   are chained to pass quantized activations to each other (`passes.quant_chain`).
 3. Per profile, the layers are tuned in schedule order on random inputs of the profile's opt shapes: each
    layer's candidates (tactic × config × precision × layout) are timed on the real outputs of the layers
    already chosen, so a cast or a layout change a candidate needs is part of its measured cost (a greedy
@@ -41,6 +42,7 @@ from ..ops.executor import check_supported
 from ..ops.infer import infer_model
 from ..ops.math_flags import full_float32
 from ..passes.pipeline import optimize
+from ..passes.quant_chain import chain_quantized
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
 from ..runtime.plan import Layer, Plan
@@ -50,7 +52,7 @@ from ..tactics.base import tactic_by_key
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
 from ..tactics.variant import ConstantCache
-from .config import BuildConfig, Profile
+from .config import BuildConfig, Profile, QuantizationConfig
 from .memory import plan_graph
 from .quantize import quantize_model
 
@@ -105,6 +107,7 @@ class Builder:
         if self.config.quantized_type is not None:
             quantization = quantize_model(model, self.config, self.device, self.calibration_data)
             infer_model(model, check=False)
+        model, chaining = chain_quantized(model, (self.config.quantization or QuantizationConfig()).chain)
         model.graph.sort()
         cache = self._load_cache()
         cached_keys = len(cache)
@@ -140,6 +143,7 @@ class Builder:
                 "fired": _count(event.rule for event in optimization.fired()),
             },
             "quantization": quantization,
+            "quantized_activations": chaining,
             "plan_selection": selections,
             "tuning_seconds": round(tuning_seconds, 3),
             "tuning": {key: round(value, 3) for key, value in tuning.items()},

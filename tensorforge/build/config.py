@@ -82,7 +82,9 @@ class QuantizationConfig:
     calibrator; `cache`: a calibration cache file, read when it exists (it must belong to this model), else
     written; `target`: an accuracy the engine must keep against float on the calibration data, as
     (metric, value) with metric "cosine" (mean output cosine) or "top1" (argmax agreement): the most sensitive
-    layers return to float until it is met; `keep_float`: layers (node names) the user keeps float.
+    layers return to float until it is met; `keep_float`: layers (node names) the user keeps float; `chain`:
+    quantized layers pass quantized activations to the quantized layers that read them (`passes.quant_chain`;
+    off: every quantized layer reads and writes float).
     """
 
     data: str | None = None
@@ -91,6 +93,7 @@ class QuantizationConfig:
     cache: str | None = None
     target: tuple[str, float] | None = None
     keep_float: tuple[str, ...] = ()
+    chain: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in CALIBRATION_METHODS:
@@ -117,6 +120,7 @@ class QuantizationConfig:
             "cache": self.cache,
             "target": None if self.target is None else list(self.target),
             "keep_float": list(self.keep_float),
+            "chain": self.chain,
         }
 
     @classmethod
@@ -129,6 +133,7 @@ class QuantizationConfig:
             cache=data.get("cache"),
             target=None if target is None else (str(target[0]), float(target[1])),
             keep_float=tuple(data.get("keep_float", ())),
+            chain=bool(data.get("chain", True)),
         )
 
 

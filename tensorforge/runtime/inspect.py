@@ -101,13 +101,18 @@ def _layer(engine: Engine, plan: Plan, position: int, layer: Layer) -> dict[str,
 
 def _math(node, layer: Layer) -> str:
     """The layer's arithmetic: its variant's precision, or for a quantized layer its quantized type (with the
-    activation scale), or the float precision it fell back to."""
+    activation scale; "from int8" when its input comes quantized, "-> int8" with the output scale when it writes
+    a quantized output), or the float precision it fell back to."""
     quant = node.attributes.get("quant") if node.op_type in ("QuantizedConv", "QuantizedGemm") else None
     if quant is None:
         return layer.precision
+    source = node.inputs[0].dtype
+    reads = f" from {source}" if source in (DType.INT8, DType.FLOAT8E4M3FN) else ""
+    y_scale = node.attributes.get("y_scale", 0.0)
+    writes = f"{quant} (y_scale {y_scale:.4g})" if y_scale else layer.precision
     if layer.tactic.startswith("fallback."):
-        return f"{layer.precision} (float fallback of {quant})"
-    return f"{quant} (x_scale {node.attributes['x_scale']:.4g}) -> {layer.precision}"
+        return f"{layer.precision} (float fallback of {quant}{reads})" + (f" -> {writes}" if y_scale else "")
+    return f"{quant} (x_scale {node.attributes['x_scale']:.4g}){reads} -> {writes}"
 
 
 def _runner_up(layer: Layer) -> Candidate | None:
@@ -162,7 +167,7 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
     """The build report's quantization section as lines: scales, layers quantized, float layers and why."""
     section = report.get("quantization")
     if not section:
-        return []
+        return chain_lines(report)  # an explicitly quantized model: no calibration, maybe chained layers
     lines = [
         f"{section['type']}: {len(section['quantized'])} layers quantized, {len(section['float'])} float "
         f"(scales from {section['scales']})"
@@ -175,6 +180,7 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
             f"layer quantized: {target['all_quantized']:.5f})"
         )
     lines += [f"  float: {name}: {why}" for name, why in section["float"].items()]
+    lines += chain_lines(report)
     for index, names in enumerate(section.get("timed_to_float", [])):
         if names:
             lines.append(
@@ -182,3 +188,16 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
                 + ", ".join(names)
             )
     return lines
+
+
+def chain_lines(report: dict[str, Any]) -> list[str]:
+    """The build report's chaining of quantized layers (`passes.quant_chain`) as lines: how many activations
+    travel quantized, and why the quantized layers that could write for quantized readers write float."""
+    chain = report.get("quantized_activations") or {}
+    if not chain.get("enabled"):
+        return []
+    lines = [
+        f"{len(chain['chained'])} activations pass quantized between quantized layers; "
+        f"{len(chain['float'])} quantized layers write float for quantized readers"
+    ]
+    return lines + [f"  writes float: {name}: {why}" for name, why in chain["float"].items()]

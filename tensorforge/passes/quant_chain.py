@@ -1,0 +1,119 @@
+"""Quantized activations between quantized layers: a producer requantizes its output for the layers that read it.
+
+For a QuantizedConv / QuantizedGemm P with float output Y (`y_scale` 0) whose every reader C_i is a quantized
+layer of P's type reading Y as its input X with the same activation scale s:
+
+    C_i(Y) = C_i'(Q_s(Y))    and    Q_s(Y) = P'(...)    with P' = P(y_scale = s)
+
+where C_i' is C_i reading an already quantized input (`ops/fused.py`: no quantize of X) and P' writes `Q_s(Y)`
+on the grid of its type. The quantized graph computes exactly what the unchained one does (both quantize the
+same float32 Y with the same scale; a plan in float16 used to round Y to float16 first, it no longer does), and
+the activation travels as int8 (or float8) bytes: a quarter of float32's, no quantizing in the consumer.
+
+Calibration gives one scale per tensor, so readers of one tensor agree; the check verifies it and declines when
+they do not (a model whose own Q/DQ quantize one tensor with different scales). Tensors stay float when
+- Y is a graph output (the user gets real values),
+- any reader is a float layer, or reads Y in another position (a residual Z is added in float in the
+  epilogue: a quantized residual would need its own scale and a dequantizing load, not done),
+- the readers quantize to another type than P's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir import DType, Graph, Model, Node, Value, qualified_op
+from ..ops.fused import DOMAIN, QUANT_TYPES
+from .base import PassContext, Rule, RulePass
+from .manager import PassManager
+from .utils import is_graph_output
+
+QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
+
+
+@dataclass
+class _Chain:
+    producer: Node
+    output: Value
+    readers: list[tuple[Node, int]]  # (node, input index)
+
+
+def is_quantized_layer(node: Node) -> bool:
+    return qualified_op(node) in QUANTIZED_LAYERS
+
+
+class RequantizeForReaders(Rule):
+    """`C_i(P(...)) = C_i'(P(...; y_scale = s))` when every reader C_i of P's output quantizes it with scale s."""
+
+    name = "requantize-for-readers"
+    op_types = QUANTIZED_LAYERS
+
+    def match(self, node: Node, ctx: PassContext) -> _Chain | None:
+        if node.attributes.get("y_scale", 0.0) or not node.outputs:
+            return None
+        output = node.outputs[0]
+        readers = list(output.uses())
+        if not any(is_quantized_layer(reader) and index == 0 for reader, index in readers):
+            return None  # no quantized reader: not a candidate
+        return _Chain(node, output, readers)
+
+    def check(self, match: _Chain, ctx: PassContext) -> str | None:
+        quant = match.producer.attributes.get("quant", "int8")
+        if is_graph_output(match.output):
+            return f"{match.output.name!r} is a graph output: it stays float"
+        if match.output.dtype not in (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16, DType.UNDEFINED):
+            return f"{match.output.name!r} is {match.output.dtype.name}, not a float activation"
+        scales = set()
+        for reader, index in match.readers:
+            if not is_quantized_layer(reader):
+                return f"{reader.label} ({reader.op_type}) reads {match.output.name!r} in float"
+            if index != 0:
+                return f"{reader.label} reads {match.output.name!r} as input {index} (a residual stays float)"
+            kind = reader.attributes.get("quant", "int8")
+            if kind != quant:
+                return f"{reader.label} quantizes to {kind}, this layer's type is {quant}"
+            scales.add(float(reader.attributes["x_scale"]))
+        if len(scales) > 1:
+            return f"the readers of {match.output.name!r} quantize it with different scales {sorted(scales)}"
+        return None
+
+    def rewrite(self, match: _Chain, ctx: PassContext) -> str:
+        quant = match.producer.attributes.get("quant", "int8")
+        scale = float(match.readers[0][0].attributes["x_scale"])
+        match.producer.attributes["y_scale"] = scale
+        match.output.dtype = QUANT_TYPES[quant]
+        return f"writes {quant} (scale {scale:.6g}) for {len(match.readers)} quantized reader(s)"
+
+
+class ChainQuantizedLayers(RulePass):
+    """Quantized layers hand quantized activations to quantized readers (see the module docstring); run after
+    the quantization lowering and the Q/DQ fold, before tactics are chosen."""
+
+    name = "chain-quantized-layers"
+    rules = (RequantizeForReaders,)
+
+
+def chained_values(graph: Graph) -> list[str]:
+    """The names of the values quantized layers pass to each other quantized."""
+    return [node.outputs[0].name for node in graph.nodes if is_quantized_layer(node) and node.attributes.get("y_scale")]
+
+
+def chain_quantized(model: Model, enabled: bool = True) -> tuple[Model, dict[str, Any] | None]:
+    """`model` (or its restored copy, should the pass fail) with its quantized layers chained when `enabled`,
+    and the build report's section: the values that travel quantized and, by producer, why the others between
+    quantized layers stay float. None when the model has no quantized layer."""
+    if not any(is_quantized_layer(node) for node in model.graph.nodes):
+        return model, None
+    if not enabled:
+        return model, {"enabled": False, "chained": [], "float": {}}
+    model, report = PassManager([ChainQuantizedLayers()], max_iterations=1).run(model)
+    section = {
+        "enabled": True,
+        "chained": chained_values(model.graph),
+        "float": {event.node: event.detail for event in report.declined()},
+    }
+    failed = [event.detail for event in report.events if event.status == "failed"]
+    if failed:
+        section["failed"] = failed
+    return model, section

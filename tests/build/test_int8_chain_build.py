@@ -1,0 +1,122 @@
+"""INT8 CPU engines whose quantized layers pass int8 activations to each other (`passes.quant_chain`), against
+the unchained int8 engine, the quantized graph on the reference executor and the float model: the int8
+tensors between layers through tuning, the memory plan (a byte per element), the engine file and `inspect`."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tensorforge import Executor
+from tensorforge.build.builder import Builder
+from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
+from tensorforge.ir import DType
+from tensorforge.runtime.engine import Engine
+from tensorforge.runtime.inspect import describe_engine, quantization_lines
+from tests.helpers import relative_error
+from tests.quant.chain_support import SHAPE, batches, chain_model
+
+PROFILE = Profile().add("x", SHAPE, SHAPE, SHAPE)
+INT8_FAMILIES = ("reference", "vendor")  # no float fallback: every quantized layer runs in int8
+
+
+def _build(chain: bool, families=INT8_FAMILIES) -> Engine:
+    config = BuildConfig(
+        precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, tactic_families=families,
+        quantization=QuantizationConfig(method="minmax", chain=chain),
+    )  # fmt: skip
+    return Builder(config, calibration_data=batches()).build(chain_model())
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return _build(True), _build(False)
+
+
+def _run(engine, feed) -> np.ndarray:
+    return engine.create_context().run(feed)["y"].cpu().numpy()
+
+
+def test_the_chained_engine_passes_int8_between_its_layers_and_says_so(engines):
+    chained, unchained = engines
+    section = chained.report["quantized_activations"]
+    assert section["enabled"] and len(section["chained"]) == 3
+    assert "a residual stays float" in section["float"]["conv1"]
+    assert unchained.report["quantized_activations"] == {"enabled": False, "chained": [], "float": {}}
+    int8 = [v for node in chained.model.graph.nodes for v in node.outputs if v.dtype == DType.INT8]
+    assert [v.name for v in int8] == section["chained"]
+    lines = quantization_lines(chained.report)
+    assert any(line.startswith("3 activations pass quantized") for line in lines), lines
+
+
+def test_the_chained_engine_computes_the_quantized_graph_the_unchained_one_and_not_fp32(engines):
+    chained, unchained = engines
+    float_model = chain_model()
+    for feed in batches(2, seed=7):
+        got = _run(chained, feed)
+        want = Executor(unchained.model).run(feed)["y"].numpy()  # the unchained quantized graph's reference
+        assert relative_error(got, Executor(chained.model).run(feed)["y"].numpy()) <= 1e-5
+        assert relative_error(got, want) <= 1e-5
+        assert relative_error(_run(unchained, feed), want) <= 1e-5
+        fp32 = Executor(float_model).run(feed)["y"].numpy()
+        error = relative_error(got, fp32)
+        assert 1e-4 < error < 0.1, error  # quantized, and close to float
+
+
+def test_int8_activations_take_a_byte_per_element_in_the_memory_plan(engines):
+    chained, unchained = engines
+    values = {v.name: v for node in chained.model.graph.nodes for v in node.outputs}
+    for name in chained.report["quantized_activations"]["chained"]:
+        memory = chained.plans[0].memory
+        planned = memory.sizes.get(name, memory.outside.get(name))
+        assert planned == math.prod(values[name].shape), (name, planned)
+    float_bytes = sum(unchained.plans[0].memory.sizes.values()) + sum(unchained.plans[0].memory.outside.values())
+    int8_bytes = sum(chained.plans[0].memory.sizes.values()) + sum(chained.plans[0].memory.outside.values())
+    assert int8_bytes < float_bytes
+
+
+def test_the_chained_engine_file_round_trips_and_inspect_shows_the_int8_activations(engines, tmp_path):
+    chained, _ = engines
+    path = tmp_path / "chained.engine"
+    chained.save(path)
+    loaded = Engine.load(path)
+    feed = batches(1, seed=9)[0]
+    assert np.array_equal(_run(loaded, feed), _run(chained, feed))
+    layers = {layer["name"]: layer for layer in describe_engine(loaded)["profiles"][0]["layers"]}
+    conv3 = layers["conv3"]["precision"]
+    assert conv3.startswith("int8 (x_scale ") and " from i8 -> int8 (y_scale " in conv3
+    assert layers["conv3"]["outputs"][0]["stored_dtype"] == str(DType.INT8)
+    assert layers["conv4"]["precision"].endswith("from i8 -> fp32")
+
+
+def test_with_the_float_fallback_the_chain_still_computes_close_to_the_quantized_graph():
+    """Every family: a layer may run as its float original (dequantizing its int8 input, quantizing its
+    output); the engine then sits between the quantized graph and float, as an unchained one does."""
+    engine = _build(True, families=None)
+    feed = batches(1, seed=7)[0]
+    got = _run(engine, feed)
+    quantized = Executor(engine.model).run(feed)["y"].numpy()
+    fp32 = Executor(chain_model()).run(feed)["y"].numpy()
+    assert relative_error(got, quantized) < 0.1 and relative_error(got, fp32) < 0.1
+    assert torch.isfinite(torch.from_numpy(got)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["int8", "fp8"])
+def test_a_chained_quantized_engine_on_cuda_matches_its_graph_on_the_reference_executor(quant):
+    """The Triton kernels reading and writing int8 / E4M3 between layers on the GPU (no float fallback, fp32
+    float math) against the engine's own chained graph on the reference executor (CPU). int8 sums are exact and
+    the epilogue is the reference's float32 arithmetic: float32's bound, as for the unchained engine. E4M3
+    tensor cores add in reduced precision (about 1e-3), and an E4M3 output near a rounding boundary of its 3-bit
+    mantissa then moves by a whole step (6 to 12 %) for the next layer: bfloat16's bound, not fp16's."""
+    config = BuildConfig(
+        device="cuda", precisions=("fp32", quant), profiles=(PROFILE,), effort=0,
+        quantization=QuantizationConfig(method="minmax"), tactic_families=("reference", "vendor", "triton"),
+    )  # fmt: skip
+    engine = Builder(config, calibration_data=batches()).build(chain_model())
+    assert len(engine.report["quantized_activations"]["chained"]) == 3
+    feed = batches(1, seed=7)[0]
+    got = engine.create_context().run(feed)["y"].cpu().numpy()
+    want = Executor(engine.model).run(feed)["y"].numpy()
+    assert relative_error(got, want) <= (1e-4 if quant == "int8" else 3e-2)

@@ -1,0 +1,177 @@
+"""`passes.quant_chain`: quantized layers hand quantized activations to quantized readers. The chained graph
+computes exactly what the unchained one computes, the registry's quantized layers with quantized inputs and
+outputs equal a float64 simulation up to float32 rounding, and the pass declines, with its reason, where a
+tensor must stay float."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+from tensorforge import Executor
+from tensorforge.frontend import import_model
+from tensorforge.ir import DType
+from tensorforge.ops import load_all
+from tensorforge.ops.registry import REGISTRY
+from tensorforge.passes.pipeline import optimize
+from tensorforge.passes.quant_chain import chain_quantized
+from tests.helpers import make_model, run_onnxruntime, tensor_info
+from tests.quant.chain_support import batches, copy, lowered
+
+
+def _node(model, name):
+    return next(node for node in model.graph.nodes if node.name == name)
+
+
+def test_chains_form_where_every_reader_is_quantized_and_the_others_stay_float_with_a_reason():
+    model, section = chain_quantized(lowered())
+    dtypes = {node.name: node.outputs[0].dtype for node in model.graph.nodes}
+    assert {name for name, dtype in dtypes.items() if dtype == DType.INT8} == {"conv2", "conv3", "fc1"}
+    assert section["chained"] == [_node(model, name).outputs[0].name for name in ("conv2", "conv3", "fc1")]
+    residual = _node(model, "conv1").outputs[0].name
+    assert section["float"] == {
+        "conv1": f"QuantizedConv node 'conv3' reads {residual!r} as input 3 (a residual stays float)"
+    }
+    # the producer writes on its reader's scale; the reader's input is the quantized tensor itself
+    conv2, conv3 = _node(model, "conv2"), _node(model, "conv3")
+    assert conv2.attributes["y_scale"] == conv3.attributes["x_scale"] > 0
+    assert conv3.inputs[0] is conv2.outputs[0]
+
+
+def test_the_chained_graph_computes_exactly_what_the_unchained_one_computes():
+    unchained = lowered()
+    chained, _ = chain_quantized(copy(unchained))
+    for feed in batches(3, seed=11):
+        want = Executor(unchained).run(feed)["y"]
+        got = Executor(chained).run(feed)["y"]
+        assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+
+
+def _simulated_conv(x64, xq_given, w, w_scale, bias, x_scale, y_scale, groups, pads):
+    """QuantizedConv in float64: Q(X) (or the given quantized X), the convolution of integers, the scales and the
+    bias, ReLU, then Q(Y) (or Y); the rounding to int8 in float64 too."""
+    xq = xq_given.double() if xq_given is not None else torch.round(x64 / x_scale).clamp(-128, 127)
+    acc = torch.nn.functional.conv2d(xq, w.double(), None, 1, pads, 1, groups)
+    y = torch.relu(acc * (x_scale * w_scale.double()).reshape(1, -1, 1, 1) + bias.double().reshape(1, -1, 1, 1))
+    return y if not y_scale else y / y_scale
+
+
+@pytest.mark.parametrize("quantized_in", [False, True])
+@pytest.mark.parametrize("quantized_out", [False, True])
+def test_the_registry_quantized_conv_equals_a_float64_simulation(quantized_in, quantized_out):
+    load_all()
+    impl = REGISTRY.lookup("QuantizedConv", "tensorforge", 1).impl
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 6, 6, generator=generator)
+    xq = torch.randint(-128, 128, x.shape, generator=generator, dtype=torch.int8) if quantized_in else None
+    w = torch.randint(-127, 128, (16, 8, 3, 3), generator=generator, dtype=torch.int8)
+    w_scale = torch.rand(16, generator=generator) * 1e-3 + 1e-4
+    bias = torch.randn(16, generator=generator) * 0.1
+    x_scale, y_scale = 0.03, (0.02 if quantized_out else 0.0)
+    got = impl(
+        None, xq if quantized_in else x, w, bias, None, w_scale, x_scale=x_scale, y_scale=y_scale, pads=[1, 1, 1, 1],
+        pre="Relu",
+    )  # fmt: skip
+    real = _simulated_conv(x.double(), xq, w, w_scale, bias, x_scale, y_scale, 1, 1)
+    if not quantized_out:
+        assert got.dtype == torch.float32
+        assert ((got.double() - real).abs().max() / real.abs().max()).item() <= 1e-6
+        return
+    assert got.dtype == torch.int8
+    want = torch.round(real).clamp(-128, 127)
+    differ = got.double() != want
+    # float32 and float64 disagree only within float32's rounding of a tie (x.5)
+    near_tie = (real - real.floor() - 0.5).abs() <= 1e-5 * real.abs().max()
+    assert not (differ & ~near_tie).any()
+    assert (got.double() - want).abs().max() <= 1
+
+
+def test_readers_with_different_scales_or_types_are_declined_with_the_reason():
+    model = lowered()
+    _node(model, "conv3").attributes["x_scale"] *= 2  # as if a model's own Q/DQ gave conv2's output two scales
+    _node(model, "fc2").attributes["quant"] = "fp8e4m3"
+    model, section = chain_quantized(model)
+    assert section["float"]["conv1"].endswith("(a residual stays float)")
+    assert section["float"]["fc1"] == "QuantizedGemm node 'fc2' quantizes to fp8e4m3, this layer's type is int8"
+    assert "conv2" not in section["float"] and _node(model, "conv2").outputs[0].dtype == DType.INT8  # one reader
+
+
+def test_a_tensor_with_two_readers_and_two_scales_stays_float():
+    model = lowered()
+    conv2 = _node(model, "conv2")
+    conv1 = _node(model, "conv1")
+    # conv3 reads conv1's output as its X (instead of as its residual), quantized with another scale than conv2's
+    conv3 = _node(model, "conv3")
+    conv3.set_input(3, None)
+    conv3.set_input(0, conv1.outputs[0])
+    conv3.attributes["x_scale"] = conv2.attributes["x_scale"] * 3
+    model, section = chain_quantized(model)
+    assert "quantize it with different scales" in section["float"]["conv1"]
+
+
+def test_graph_outputs_and_float_readers_stay_float():
+    model = lowered()
+    graph = model.graph
+    graph.outputs = [*graph.outputs, _node(model, "conv2").outputs[0]]  # conv2's output also a graph output
+    model, section = chain_quantized(model)
+    assert "is a graph output: it stays float" in section["float"]["conv2"]
+    assert _node(model, "conv4").outputs[0].dtype == DType.FLOAT  # read by GlobalAveragePool: not a candidate
+    assert "conv4" not in section["float"]
+
+
+def test_chaining_off_leaves_the_graph_alone():
+    model, section = chain_quantized(lowered(), enabled=False)
+    assert section == {"enabled": False, "chained": [], "float": {}}
+    assert all(node.outputs[0].dtype == DType.FLOAT for node in model.graph.nodes)
+
+
+# -- explicitly quantized models ---------------------------------------------------------------------------
+
+
+def _float_chain():
+    """x[2,3,8,8] → Conv 3→8 → Conv 8→8 → Conv 8→4 = y: two chained activations once quantized. (ONNX Runtime's
+    quantizer puts a Q/DQ pair between a Conv and its Relu: the model then rounds the pre-activation, a tensor no
+    quantized layer reads, and such activations stay float.)"""
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": rng.normal(0, 0.4, (8, 3, 3, 3)),
+        "w2": rng.normal(0, 0.3, (8, 8, 3, 3)),
+        "w3": rng.normal(0, 0.3, (4, 8, 1, 1)),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c2", "w3"], ["y"], name="conv3"),
+    ]
+    initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
+    return make_model(nodes, [tensor_info("x", [2, 3, 8, 8])], [tensor_info("y", [2, 4, 8, 8])], 17, initializers)
+
+
+class _Batches(CalibrationDataReader):
+    def __init__(self):
+        self.batches = iter(batches(4, seed=2))
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def test_an_explicitly_quantized_model_chains_and_still_matches_onnx_runtime(tmp_path):
+    source, target = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
+    onnx.save(_float_chain(), source)
+    quantize_static(
+        str(source), str(target), _Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+    )  # fmt: skip
+    model, _ = optimize(import_model(onnx.load(target)))
+    assert [node.op_type for node in model.graph.nodes].count("QuantizedConv") == 3
+    model, section = chain_quantized(model)
+    assert len(section["chained"]) == 2, section
+    assert [node.outputs[0].dtype for node in model.graph.nodes if node.op_type == "QuantizedConv"] == [
+        DType.INT8, DType.INT8, DType.FLOAT,
+    ]  # fmt: skip
+    x = batches(1, seed=5)[0]["x"]
+    got = Executor(model).run({"x": x})["y"].numpy()
+    np.testing.assert_array_equal(got, run_onnxruntime(str(target), {"x": x})["y"])

@@ -1,0 +1,77 @@
+"""A small convolutional model whose quantized layers chain in several ways, calibrated and lowered to its
+quantized layers (without the chaining pass), for the tests of `passes.quant_chain`."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from tensorforge.frontend import import_model
+from tensorforge.ir import Model
+from tensorforge.ir.clone import clone_model
+from tensorforge.ops.infer import infer_model
+from tensorforge.passes.pipeline import optimize
+from tensorforge.quant import calibrate
+from tensorforge.quant.lower import quantize_layers
+from tests.helpers import make_model, tensor_info
+
+SHAPE = (2, 3, 8, 8)
+
+
+def chain_model(seed: int = 0) -> Model:
+    """x[2,3,8,8] → conv1 3→8 (3×3) + Relu = a → conv2 depthwise 3×3 + Relu = b → conv3 1×1 8→8, + a, Relu = d
+    → conv4 1×1 8→16 + Relu = e → GlobalAveragePool → Flatten → fc1 16→10 + Relu → fc2 10→4 = y.
+
+    Chains: b (conv2 → conv3), d (conv3 → conv4), fc1 → fc2. a is also conv3's residual, e is pooled in
+    float, y is the graph output: those stay float."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "w1": rng.normal(0, 0.4, (8, 3, 3, 3)),
+        "b1": rng.normal(0, 0.1, 8),
+        "w2": rng.normal(0, 0.4, (8, 1, 3, 3)),
+        "b2": rng.normal(0, 0.1, 8),
+        "w3": rng.normal(0, 0.4, (8, 8, 1, 1)),
+        "w4": rng.normal(0, 0.4, (16, 8, 1, 1)),
+        "b4": rng.normal(0, 0.1, 16),
+        "w5": rng.normal(0, 0.3, (16, 10)),
+        "b5": rng.normal(0, 0.1, 10),
+        "w6": rng.normal(0, 0.3, (10, 4)),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["a"], name="relu1"),
+        helper.make_node("Conv", ["a", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1], group=8),
+        helper.make_node("Relu", ["c2"], ["b"], name="relu2"),
+        helper.make_node("Conv", ["b", "w3"], ["c3"], name="conv3"),
+        helper.make_node("Add", ["c3", "a"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["d"], name="relu3"),
+        helper.make_node("Conv", ["d", "w4", "b4"], ["c4"], name="conv4"),
+        helper.make_node("Relu", ["c4"], ["e"], name="relu4"),
+        helper.make_node("GlobalAveragePool", ["e"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("MatMul", ["f", "w5"], ["m5"], name="fc1"),
+        helper.make_node("Add", ["m5", "b5"], ["g5"], name="fc1_bias"),
+        helper.make_node("Relu", ["g5"], ["h"], name="relu5"),
+        helper.make_node("MatMul", ["h", "w6"], ["y"], name="fc2"),
+    ]
+    initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
+    proto = make_model(nodes, [tensor_info("x", list(SHAPE))], [tensor_info("y", [2, 4])], 17, initializers)
+    return import_model(proto)
+
+
+def batches(count: int = 3, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(0, 1, SHAPE).astype(np.float32)} for _ in range(count)]
+
+
+def lowered(quant: str = "int8", seed: int = 0) -> Model:
+    """`chain_model` optimized, calibrated (minmax) and lowered to quantized layers of type `quant`."""
+    model, _ = optimize(chain_model(seed))
+    infer_model(model, check=False)
+    quantize_layers(model, calibrate(model, batches(), "minmax"), quant=quant)
+    infer_model(model, check=False)
+    return model
+
+
+def copy(model: Model) -> Model:
+    return clone_model(model)
