@@ -292,7 +292,12 @@ def measure_system(case: Case, system: str, precision: str) -> dict[str, Any]:
         row["traceback"] = traceback.format_exc(limit=-4)
     finally:
         if case.device.type == "cuda":
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except RuntimeError as error:  # a kernel broke the CUDA context: nothing after it can run
+                row["status"] = "error"
+                row.setdefault("error", f"{type(error).__name__}: {error}")
+                row["cuda_context_lost"] = True
     return row
 
 
@@ -482,6 +487,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                     print(f"{name} batch {batch} {system} {precision}: {summary}", flush=True)
                     # Written after every row: a run cut short keeps what it measured.
                     path.write_text(json.dumps(merge_results(old, meta, rows), indent=2) + "\n")
+                    if row.get("cuda_context_lost"):
+                        write_reports(args.out)
+                        raise SystemExit(f"{name} batch {batch} {system} {precision} broke the CUDA context")
             del case
     data = merge_results(old, meta, rows)
     path.write_text(json.dumps(data, indent=2) + "\n")
