@@ -4,8 +4,10 @@
    of it is fixed at 1 (said in the report). Dims equal in every profile become static in the graph, so
    constant folding can evaluate the shape arithmetic that depends on them.
 2. The graph optimizer runs (`passes.pipeline.optimize`), then registry inference; an int8 / fp8 build then
-   quantizes its calibrated layers (`quantize.py`), and quantized layers (calibrated or from the model's Q/DQ)
-   are chained to pass quantized activations to each other (`passes.quant_chain`).
+   quantizes its calibrated layers (`quantize.py`). Quantized layers (calibrated or from the model's Q/DQ)
+   may pass quantized activations to each other (`passes.quant_chain`): by default between the layers the
+   tuned plan runs quantized, then the chained graph is tuned too and kept if its plan times faster (an int8
+   kernel that must dequantize or quantize for a float neighbour can cost more than it saves).
 3. Per profile, the layers are tuned in schedule order on random inputs of the profile's opt shapes: each
    layer's candidates (tactic × config × precision × layout) are timed on the real outputs of the layers
    already chosen, so a cast or a layout change a candidate needs is part of its measured cost (a greedy
@@ -42,7 +44,7 @@ from ..ops.executor import check_supported
 from ..ops.infer import infer_model
 from ..ops.math_flags import full_float32
 from ..passes.pipeline import optimize
-from ..passes.quant_chain import chain_quantized
+from ..passes.quant_chain import chain_quantized, is_quantized_layer
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
 from ..runtime.plan import Layer, Plan
@@ -107,29 +109,21 @@ class Builder:
         if self.config.quantized_type is not None:
             quantization = quantize_model(model, self.config, self.device, self.calibration_data)
             infer_model(model, check=False)
-        model, chaining = chain_quantized(model, (self.config.quantization or QuantizationConfig()).chain)
+        chain = (self.config.quantization or QuantizationConfig()).chain
+        model, chaining = chain_quantized(model, enabled=chain == "always")
         model.graph.sort()
         cache = self._load_cache()
         cached_keys = len(cache)
         constants: ConstantCache = {}
-        plans = []
         tuning_started = time.perf_counter()
-        selections = []
         tuning = {"prepare_s": 0.0, "timing_s": 0.0, "skipped": 0}
-        for profile in profiles:
-            greedy = self._tune(model, profile, precisions, cache, constants, tuning)
-            layers, selection = self._select(model, profile, greedy, precisions, cache, constants)
-            observed = self._observe(model, layers, {name: r.max for name, r in profile.ranges.items()}, constants)
-            memory = plan_graph(
-                model.graph,
-                observed.shapes,
-                dtypes=observed.dtypes,
-                exclude=observed.others,
-                outside=_allocated_by_kernels(model, layers),
+        plans, selections = self._plan_profiles(model, profiles, precisions, cache, constants, tuning)
+        if chain == "auto" and chaining is not None:
+            model, plans, selections, chaining = self._chain_if_faster(
+                model, profiles, precisions, cache, constants, tuning, plans, selections
             )
-            tuned = {name: r.opt for name, r in profile.ranges.items()}
-            plans.append(Plan(profile, tuple(layers), memory, tuned))
-            selections.append(selection)
+        if chaining is not None:
+            chaining["mode"] = chain
         tuning_seconds = time.perf_counter() - tuning_started
         if quantization is not None:
             quantization["timed_to_float"] = [_fallback_layers(model, plan) for plan in plans]
@@ -151,6 +145,47 @@ class Builder:
             "build_seconds": round(time.perf_counter() - started, 3),
         }
         return Engine(model, self.config, plans, environment, report, device=self.device)
+
+    def _plan_profiles(self, model: Model, profiles, precisions, cache, constants, tuning) -> tuple[list, list]:
+        """A tuned plan per profile (layers, memory plan) and each profile's whole-plan selection."""
+        plans, selections = [], []
+        for profile in profiles:
+            greedy = self._tune(model, profile, precisions, cache, constants, tuning)
+            layers, selection = self._select(model, profile, greedy, precisions, cache, constants)
+            observed = self._observe(model, layers, {name: r.max for name, r in profile.ranges.items()}, constants)
+            memory = plan_graph(
+                model.graph,
+                observed.shapes,
+                dtypes=observed.dtypes,
+                exclude=observed.others,
+                outside=_allocated_by_kernels(model, layers),
+            )
+            tuned = {name: r.opt for name, r in profile.ranges.items()}
+            plans.append(Plan(profile, tuple(layers), memory, tuned))
+            selections.append(selection)
+        return plans, selections
+
+    def _chain_if_faster(self, model, profiles, precisions, cache, constants, tuning, plans, selections):
+        """The model and plans with quantized layers chained between the layers every tuned plan runs
+        quantized (not as their float originals), when the chained plans time faster in total; else the
+        unchained ones. Returns (model, plans, selections, the report's section)."""
+        quantized = set.intersection(*[_runs_quantized(model, plan) for plan in plans])
+        candidate = clone_model(model)
+        eligible = {candidate.graph.nodes[index] for index in quantized}
+        candidate, section = chain_quantized(candidate, eligible=eligible)
+        if not section["chained"]:
+            return model, plans, selections, section
+        chained_plans, chained_selections = self._plan_profiles(
+            candidate, profiles, precisions, cache, constants, tuning
+        )
+        unchained_ms = sum(s["ms"][s["chosen"]] for s in selections)
+        chained_ms = sum(s["ms"][s["chosen"]] for s in chained_selections)
+        section["plan_ms"] = {"unchained": round(unchained_ms, 5), "chained": round(chained_ms, 5)}
+        if chained_ms < unchained_ms:
+            return candidate, chained_plans, chained_selections, section
+        section["timed_slower"] = section.pop("chained")
+        section["chained"] = []
+        return model, plans, selections, section
 
     def _load_cache(self) -> TimingCache:
         path = self.config.timing_cache
@@ -352,6 +387,16 @@ def _allocated_by_kernels(model: Model, layers: list[Layer]) -> set[str]:
         if tactic is None or not tactic.writes_into:
             names.update(v.name for v in model.graph.nodes[layer.node].outputs if v.name)
     return names
+
+
+def _runs_quantized(model: Model, plan: Plan) -> set[int]:
+    """The positions of the quantized layers that `plan` runs with quantized arithmetic (not a float fallback)."""
+    nodes = model.graph.nodes
+    return {
+        layer.node
+        for layer in plan.layers
+        if is_quantized_layer(nodes[layer.node]) and not layer.tactic.startswith("fallback.")
+    }
 
 
 def _fallback_layers(model: Model, plan: Plan) -> list[str]:

@@ -19,6 +19,7 @@ QUANTIZED_PRECISIONS = {"int8": "int8", "fp8": "fp8e4m3"}
 EFFORT_LEVELS = (0, 1, 2)
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "mse")
 TARGET_METRICS = ("cosine", "top1")
+CHAIN_MODES = ("auto", "always", "off")  # QuantizationConfig.chain
 
 Shape = tuple[int, ...]
 
@@ -83,8 +84,10 @@ class QuantizationConfig:
     written; `target`: an accuracy the engine must keep against float on the calibration data, as
     (metric, value) with metric "cosine" (mean output cosine) or "top1" (argmax agreement): the most sensitive
     layers return to float until it is met; `keep_float`: layers (node names) the user keeps float; `chain`:
-    quantized layers pass quantized activations to the quantized layers that read them (`passes.quant_chain`;
-    off: every quantized layer reads and writes float).
+    whether quantized layers pass quantized activations to the quantized layers that read them
+    (`passes.quant_chain`): "auto" between the layers the tuned plan runs quantized, kept when the chained plan
+    times faster; "always" wherever the graph allows, before tuning; "off": every quantized layer reads and
+    writes float.
     """
 
     data: str | None = None
@@ -93,9 +96,11 @@ class QuantizationConfig:
     cache: str | None = None
     target: tuple[str, float] | None = None
     keep_float: tuple[str, ...] = ()
-    chain: bool = True
+    chain: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.chain not in CHAIN_MODES:
+            raise InputError(f"unknown chaining mode {self.chain!r}: choose from {list(CHAIN_MODES)}")
         if self.method not in CALIBRATION_METHODS:
             raise InputError(f"unknown calibration method {self.method!r}: choose from {list(CALIBRATION_METHODS)}")
         if self.percentile is not None and (self.method != "percentile" or not 0 < self.percentile <= 100):
@@ -133,7 +138,7 @@ class QuantizationConfig:
             cache=data.get("cache"),
             target=None if target is None else (str(target[0]), float(target[1])),
             keep_float=tuple(data.get("keep_float", ())),
-            chain=bool(data.get("chain", True)),
+            chain=str(data.get("chain", "auto")),
         )
 
 

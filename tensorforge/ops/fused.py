@@ -143,6 +143,10 @@ def quantize_activation(x: torch.Tensor, x_scale: float, quant: str) -> torch.Te
     if quant not in QUANT_TYPES:
         raise ValueError(f"unknown quantized type {quant!r}; known: {sorted(QUANT_TYPES)}")
     scale = torch.tensor(x_scale, dtype=torch.float32, device=x.device)
+    if quant == "int8":
+        # QuantizeLinear's int8 arithmetic (`ops.quantize.quantize`: the same float32 division, rounding half
+        # to even, saturation) without its float64 detour: bit for bit its result, in a third of the time.
+        return (x.to(torch.float32) / scale).round_().clamp_(-128, 127).to(torch.int8)
     return quantize(x, scale, None, QUANT_TYPES[quant])
 
 

@@ -15,11 +15,16 @@ they do not (a model whose own Q/DQ quantize one tensor with different scales). 
 - Y is a graph output (the user gets real values),
 - any reader is a float layer, or reads Y in another position (a residual Z is added in float in the
   epilogue: a quantized residual would need its own scale and a dequantizing load, not done),
-- the readers quantize to another type than P's.
+- the readers quantize to another type than P's,
+- (when the build gives the layers that run quantized in its tuned plan, `eligible`) P or a reader runs as its
+  float original there: a float kernel would pay a dequantize or a quantize of its own. The builder then keeps
+  the chained plan only if it times faster end to end (`build.builder`).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +54,9 @@ class RequantizeForReaders(Rule):
     name = "requantize-for-readers"
     op_types = QUANTIZED_LAYERS
 
+    def __init__(self, eligible: Collection[Node] | None = None) -> None:
+        self.eligible = eligible  # None: every quantized layer may read and write quantized activations
+
     def match(self, node: Node, ctx: PassContext) -> _Chain | None:
         if node.attributes.get("y_scale", 0.0) or not node.outputs:
             return None
@@ -76,6 +84,10 @@ class RequantizeForReaders(Rule):
             scales.add(float(reader.attributes["x_scale"]))
         if len(scales) > 1:
             return f"the readers of {match.output.name!r} quantize it with different scales {sorted(scales)}"
+        if self.eligible is not None:
+            for node in [match.producer, *(reader for reader, _ in match.readers)]:
+                if node not in self.eligible:
+                    return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
         return None
 
     def rewrite(self, match: _Chain, ctx: PassContext) -> str:
@@ -93,21 +105,27 @@ class ChainQuantizedLayers(RulePass):
     name = "chain-quantized-layers"
     rules = (RequantizeForReaders,)
 
+    def __init__(self, eligible: Collection[Node] | None = None) -> None:
+        self.rules = (functools.partial(RequantizeForReaders, eligible),)
+
 
 def chained_values(graph: Graph) -> list[str]:
     """The names of the values quantized layers pass to each other quantized."""
     return [node.outputs[0].name for node in graph.nodes if is_quantized_layer(node) and node.attributes.get("y_scale")]
 
 
-def chain_quantized(model: Model, enabled: bool = True) -> tuple[Model, dict[str, Any] | None]:
-    """`model` (or its restored copy, should the pass fail) with its quantized layers chained when `enabled`,
-    and the build report's section: the values that travel quantized and, by producer, why the others between
-    quantized layers stay float. None when the model has no quantized layer."""
+def chain_quantized(
+    model: Model, enabled: bool = True, eligible: Collection[Node] | None = None
+) -> tuple[Model, dict[str, Any] | None]:
+    """`model` (or its restored copy, should the pass fail) with its quantized layers chained when `enabled`
+    (only among the `eligible` nodes when given), and the build report's section: the values that travel
+    quantized and, by producer, why the others between quantized layers stay float. None when the model has no
+    quantized layer."""
     if not any(is_quantized_layer(node) for node in model.graph.nodes):
         return model, None
     if not enabled:
         return model, {"enabled": False, "chained": [], "float": {}}
-    model, report = PassManager([ChainQuantizedLayers()], max_iterations=1).run(model)
+    model, report = PassManager([ChainQuantizedLayers(eligible)], max_iterations=1).run(model)
     section = {
         "enabled": True,
         "chained": chained_values(model.graph),

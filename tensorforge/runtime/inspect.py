@@ -200,4 +200,10 @@ def chain_lines(report: dict[str, Any]) -> list[str]:
         f"{len(chain['chained'])} activations pass quantized between quantized layers; "
         f"{len(chain['float'])} quantized layers write float for quantized readers"
     ]
+    timed = chain.get("plan_ms")
+    if timed:
+        verdict = "kept" if chain["chained"] else f"not kept ({len(chain.get('timed_slower', []))} activations)"
+        lines.append(
+            f"  chained plan {timed['chained']:.3f} ms against {timed['unchained']:.3f} ms unchained: {verdict}"
+        )
     return lines + [f"  writes float: {name}: {why}" for name, why in chain["float"].items()]

@@ -21,7 +21,7 @@ PROFILE = Profile().add("x", SHAPE, SHAPE, SHAPE)
 INT8_FAMILIES = ("reference", "vendor")  # no float fallback: every quantized layer runs in int8
 
 
-def _build(chain: bool, families=INT8_FAMILIES) -> Engine:
+def _build(chain: str, families=INT8_FAMILIES) -> Engine:
     config = BuildConfig(
         precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, tactic_families=families,
         quantization=QuantizationConfig(method="minmax", chain=chain),
@@ -31,7 +31,7 @@ def _build(chain: bool, families=INT8_FAMILIES) -> Engine:
 
 @pytest.fixture(scope="module")
 def engines():
-    return _build(True), _build(False)
+    return _build("always"), _build("off")
 
 
 def _run(engine, feed) -> np.ndarray:
@@ -43,7 +43,7 @@ def test_the_chained_engine_passes_int8_between_its_layers_and_says_so(engines):
     section = chained.report["quantized_activations"]
     assert section["enabled"] and len(section["chained"]) == 3
     assert "a residual stays float" in section["float"]["conv1"]
-    assert unchained.report["quantized_activations"] == {"enabled": False, "chained": [], "float": {}}
+    assert unchained.report["quantized_activations"] == {"enabled": False, "chained": [], "float": {}, "mode": "off"}
     int8 = [v for node in chained.model.graph.nodes for v in node.outputs if v.dtype == DType.INT8]
     assert [v.name for v in int8] == section["chained"]
     lines = quantization_lines(chained.report)
@@ -93,13 +93,31 @@ def test_the_chained_engine_file_round_trips_and_inspect_shows_the_int8_activati
 def test_with_the_float_fallback_the_chain_still_computes_close_to_the_quantized_graph():
     """Every family: a layer may run as its float original (dequantizing its int8 input, quantizing its
     output); the engine then sits between the quantized graph and float, as an unchained one does."""
-    engine = _build(True, families=None)
+    engine = _build("always", families=None)
     feed = batches(1, seed=7)[0]
     got = _run(engine, feed)
     quantized = Executor(engine.model).run(feed)["y"].numpy()
     fp32 = Executor(chain_model()).run(feed)["y"].numpy()
     assert relative_error(got, quantized) < 0.1 and relative_error(got, fp32) < 0.1
     assert torch.isfinite(torch.from_numpy(got)).all()
+
+
+def test_by_default_the_chain_is_kept_only_where_it_times_faster():
+    """ "auto": chained between the layers the tuned plan runs in int8, then both plans timed whole; the engine
+    has the faster, and the report says which and why."""
+    engine = _build("auto", families=None)
+    section = engine.report["quantized_activations"]
+    assert section["mode"] == "auto" and section["enabled"]
+    int8 = [v.name for node in engine.model.graph.nodes for v in node.outputs if v.dtype == DType.INT8]
+    assert int8 == section["chained"]
+    if "plan_ms" in section:
+        timed = section["plan_ms"]
+        assert (timed["chained"] < timed["unchained"]) == bool(section["chained"])
+        assert section["chained"] or section["timed_slower"]
+    for why in section["float"].values():
+        assert "reads" in why or "runs as its float original in the tuned plan" in why, why
+    feed = batches(1, seed=7)[0]
+    assert relative_error(_run(engine, feed), Executor(engine.model).run(feed)["y"].numpy()) < 0.1
 
 
 @pytest.mark.gpu
@@ -112,7 +130,8 @@ def test_a_chained_quantized_engine_on_cuda_matches_its_graph_on_the_reference_e
     mantissa then moves by a whole step (6 to 12 %) for the next layer: bfloat16's bound, not fp16's."""
     config = BuildConfig(
         device="cuda", precisions=("fp32", quant), profiles=(PROFILE,), effort=0,
-        quantization=QuantizationConfig(method="minmax"), tactic_families=("reference", "vendor", "triton"),
+        quantization=QuantizationConfig(method="minmax", chain="always"),
+        tactic_families=("reference", "vendor", "triton"),
     )  # fmt: skip
     engine = Builder(config, calibration_data=batches()).build(chain_model())
     assert len(engine.report["quantized_activations"]["chained"]) == 3

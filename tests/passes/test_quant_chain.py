@@ -121,6 +121,15 @@ def test_graph_outputs_and_float_readers_stay_float():
     assert "conv4" not in section["float"]
 
 
+def test_only_eligible_layers_chain_when_the_build_names_them():
+    model = lowered()
+    eligible = {node for node in model.graph.nodes if node.name != "conv4"}  # conv4 runs as float, say
+    model, section = chain_quantized(model, eligible=eligible)
+    assert "QuantizedConv node 'conv4' runs as its float original in the tuned plan" in section["float"]["conv3"]
+    assert _node(model, "conv3").outputs[0].dtype == DType.FLOAT
+    assert _node(model, "conv2").outputs[0].dtype == DType.INT8
+
+
 def test_chaining_off_leaves_the_graph_alone():
     model, section = chain_quantized(lowered(), enabled=False)
     assert section == {"enabled": False, "chained": [], "float": {}}
