@@ -30,6 +30,7 @@ import torch
 
 from ..ir import DType, Node, qualified_op
 from ..kernels.quantize import KINDS
+from ..ops.fused import DOMAIN
 from ..ops.math_flags import full_float32
 from . import cuda_family, fallback, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
 from .base import Tactic, tactics_for
@@ -37,6 +38,7 @@ from .fallback import output_quantization, with_float_output
 from .timing import TimingBudget, measure
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
 from .variant import (
+    PRECISION_DTYPE,
     ConstantCache,
     LayerKernel,
     Variant,
@@ -51,6 +53,7 @@ from .variant import (
 TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 5e-3, "bf16": 3e-2}
 DTYPE_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 _REFERENCE_VARIANT = Variant("fp32", "NCHW")
+_QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
 # Below effort 2, a (tactic, precision, layout) whose first configuration runs slower than this many times the
 # best first configuration is not tuned further: it is a slow kernel family or precision for the layer.
 CONTENDER_RATIO = 2.0
@@ -234,6 +237,16 @@ def _with_constants(node: Node, inputs: Sequence[torch.Tensor | None], device: t
     return full
 
 
+def _quantizes_float_input(node: Node) -> bool:
+    """Whether `node` is a quantized layer that quantizes a float input itself."""
+    x = node.inputs[0] if node.inputs else None
+    return qualified_op(node) in _QUANTIZED_LAYERS and x is not None and x.dtype.is_float
+
+
+def _is_float_tensor(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
 def _activations(node: Node, inputs: Sequence[Any]) -> list[Any]:
     """The call arguments of a `LayerKernel`: the non-constant present inputs, in order."""
     consts = constant_inputs(node)
@@ -316,26 +329,41 @@ class _Search:
                     outputs = kernel(self.args)
                     if tactic.family == "reference" and variant.precision == "fp32":
                         return kernel, ""
-                    reference = self._reference_of(tactic)
+                    reference = self._reference_of(tactic, variant.precision)
                     problem = _mismatch(outputs, reference, kernel.out_dtypes, variant, self.quantized)
         except Exception as err:  # a failing candidate scores inf; the build goes on
             return None, f"failed: {type(err).__name__}: {err}"
         return kernel, f"wrong result: {problem}" if problem else ""
 
-    def _reference_of(self, tactic: Tactic) -> tuple[torch.Tensor, ...]:
-        """The reference outputs `tactic`'s kernels must match: the layer's, or those of its `semantics` node
-        (computed once per tactic, not per configuration)."""
+    def _reference_of(self, tactic: Tactic, precision: str) -> tuple[torch.Tensor, ...]:
+        """The reference outputs `tactic`'s kernels in `precision` must match: the layer's, or those of its
+        `semantics` node (computed once per tactic, not per configuration).
+
+        A quantized layer that quantizes a float input is the exception: its 16-bit variants read that input
+        rounded to 16 bits, and a rounding that carries `x / x_scale` across a boundary of the quantized grid
+        moves the element by a whole step (an eighth of its value for E4M3), which no float tolerance bounds;
+        their reference quantizes the same 16-bit input."""
+        rounded = precision if precision in ("fp16", "bf16") and _quantizes_float_input(self.node) else ""
+        key = f"{tactic.key}@{rounded}"
         with _REFERENCE_LOCK:
-            if tactic.key not in self._references:
+            if key not in self._references:
                 twin = tactic.semantics(self.node)
-                if twin is None:
-                    self._references[tactic.key] = self.reference
-                else:
+                if twin is not None:
                     given = zip(self.inputs[: len(twin.inputs)], twin.inputs, strict=True)
                     inputs = [t if v is not None and not v.is_const else None for t, v in given]
                     twin_inputs = _with_constants(twin, inputs, self.device)
-                    self._references[tactic.key] = _reference_outputs(twin, self.opset, twin_inputs, self.device)
-            return self._references[tactic.key]
+                    self._references[key] = _reference_outputs(twin, self.opset, twin_inputs, self.device)
+                elif rounded:
+                    node = with_float_output(self.node) if self.quantized else self.node
+                    consts, dtype = constant_inputs(self.node), PRECISION_DTYPE[rounded]
+                    inputs = [
+                        t.to(dtype).float() if i not in consts and _is_float_tensor(t) else t
+                        for i, t in enumerate(self.inputs)
+                    ]
+                    self._references[key] = _reference_outputs(node, self.opset, inputs, self.device)
+                else:
+                    self._references[key] = self.reference
+            return self._references[key]
 
     def _time(self, tactic: Tactic, config, kernel: LayerKernel | None, problem: str) -> Candidate:
         if kernel is None or problem:

@@ -132,7 +132,7 @@ def test_tf32_dot_is_close_and_ieee_is_exact_enough():
 
 def test_shared_memory_of_a_tile():
     """An A and a B block per pipeline stage: 128x256x64 in float32 on 3 stages is 288 KiB, over the H100/H200
-    limit of 227 KiB (so the launcher refuses it on those GPUs before compiling); the same tile in fp16 fits."""
+    limit of 227 KiB (so the launcher refuses it there for TF32 products before compiling); in fp16 it fits."""
     config = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
     assert shared_memory_bytes(config, 4) == 3 * (128 * 64 + 64 * 256) * 4 == 294912
     assert shared_memory_bytes(config, 2) == 147456

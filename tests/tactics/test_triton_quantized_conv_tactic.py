@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tensorforge.ir import Model
+from tensorforge.kernels.quantize import quantize_activation
 from tensorforge.quant import calibrate
 from tensorforge.quant.lower import quantize_layers
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
@@ -63,3 +64,18 @@ def test_the_quantized_tactic_is_a_correct_candidate_on_cuda(quant):
     # the output): the fp16 candidates, held to 5e-3, pass; fp32 ones (1e-4) may be refused.
     passing = ours if quant == "int8" else [c for c in ours if c.config["precision"] == "fp16"]
     assert all(math.isfinite(c.median_ms) for c in passing), [(c.config, c.note) for c in ours]
+
+
+def test_16_bit_variants_of_a_quantized_layer_are_checked_on_the_input_they_quantize():
+    """An fp16 variant reads x rounded to fp16; where that rounding carries x / x_scale across a boundary of
+    the E4M3 grid the element moves by a whole step (about 2% normwise error here against the float32 input's
+    quantization, four times fp16's bound). Checked against the reference on the same fp16 input, every fp16
+    candidate passes with fp16's own bound."""
+    node, (x, r) = _quantized_layer("fp8e4m3", size=28)
+    choice = autotune(node, 1, [x, None, None, r], "cpu", effort=0, precisions=("fp32", "fp16"))
+    fp16 = [c for c in choice.candidates if c.config.get("precision") == "fp16" and c.tactic != "fallback.float-conv"]
+    assert fp16 and all(math.isfinite(c.median_ms) for c in fp16), [(c.tactic, c.note) for c in fp16]
+    rounded = x.half().float()
+    moved = (quantize_activation(rounded, node.attributes["x_scale"], "fp8e4m3").float()
+             != quantize_activation(x, node.attributes["x_scale"], "fp8e4m3").float())  # fmt: skip
+    assert moved.any()  # the case the rounded reference is for
