@@ -5,9 +5,9 @@
    constant folding can evaluate the shape arithmetic that depends on them.
 2. The graph optimizer runs (`passes.pipeline.optimize`), then registry inference; an int8 / fp8 build then
    quantizes its calibrated layers (`quantize.py`). Quantized layers (calibrated or from the model's Q/DQ)
-   may pass quantized activations to each other (`passes.quant_chain`): by default between the layers the
-   tuned plan runs quantized, then the chained graph is tuned too and kept if its plan times faster (an int8
-   kernel that must dequantize or quantize for a float neighbour can cost more than it saves).
+   may pass quantized activations to each other (`passes.quant_chain`): by default the chained graph is tuned
+   too and kept only if its plan times faster end to end (an int8 kernel that reads int8 skips its quantize;
+   one that must dequantize or quantize for a float neighbour can cost more than it saves).
 3. Per profile, the layers are tuned in schedule order on random inputs of the profile's opt shapes: each
    layer's candidates (tactic × config × precision × layout) are timed on the real outputs of the layers
    already chosen, so a cast or a layout change a candidate needs is part of its measured cost (a greedy
@@ -166,26 +166,39 @@ class Builder:
         return plans, selections
 
     def _chain_if_faster(self, model, profiles, precisions, cache, constants, tuning, plans, selections):
-        """The model and plans with quantized layers chained between the layers every tuned plan runs
-        quantized (not as their float originals), when the chained plans time faster in total; else the
-        unchained ones. Returns (model, plans, selections, the report's section)."""
-        quantized = set.intersection(*[_runs_quantized(model, plan) for plan in plans])
-        candidate = clone_model(model)
-        eligible = {candidate.graph.nodes[index] for index in quantized}
-        candidate, section = chain_quantized(candidate, eligible=eligible)
-        if not section["chained"]:
-            return model, plans, selections, section
-        chained_plans, chained_selections = self._plan_profiles(
-            candidate, profiles, precisions, cache, constants, tuning
-        )
+        """The model and plans with quantized layers chained, when the chained plans time faster in total than
+        the unchained ones; else the unchained ones. Returns (model, plans, selections, the report's section).
+
+        Two chainings are tried in turn: wherever the graph allows (an int8 kernel that reads int8 skips its
+        quantize and can then beat the float original the unchained plan chose), then, when that is slower,
+        only between the layers every unchained plan runs quantized."""
         unchained_ms = sum(s["ms"][s["chosen"]] for s in selections)
-        chained_ms = sum(s["ms"][s["chosen"]] for s in chained_selections)
-        section["plan_ms"] = {"unchained": round(unchained_ms, 5), "chained": round(chained_ms, 5)}
-        if chained_ms < unchained_ms:
-            return candidate, chained_plans, chained_selections, section
-        section["timed_slower"] = section.pop("chained")
-        section["chained"] = []
-        return model, plans, selections, section
+        quantized = set.intersection(*[_runs_quantized(model, plan) for plan in plans])
+        kept, first, attempts = None, None, []
+        for scope in ("everywhere", "between the layers the plan runs quantized"):
+            candidate = clone_model(model)
+            eligible = None if scope == "everywhere" else {candidate.graph.nodes[index] for index in quantized}
+            candidate, section = chain_quantized(candidate, eligible=eligible)
+            first = first or section
+            if not section["chained"] or any(a["chained"] == len(section["chained"]) for a in attempts):
+                continue
+            chained_plans, chained_selections = self._plan_profiles(
+                candidate, profiles, precisions, cache, constants, tuning
+            )
+            chained_ms = sum(s["ms"][s["chosen"]] for s in chained_selections)
+            attempts.append({"scope": scope, "chained": len(section["chained"]), "plan_ms": round(chained_ms, 5)})
+            if chained_ms < unchained_ms:
+                kept = (candidate, chained_plans, chained_selections, section)
+                break
+        if not attempts:
+            return model, plans, selections, first
+        best_ms = min(a["plan_ms"] for a in attempts)
+        timed = {"plan_ms": {"unchained": round(unchained_ms, 5), "chained": best_ms}, "attempts": attempts}
+        if kept is not None:
+            kept[3].update(timed)
+            return kept
+        first.update(timed, timed_slower=first.pop("chained"), chained=[])
+        return model, plans, selections, first
 
     def _load_cache(self) -> TimingCache:
         path = self.config.timing_cache

@@ -85,9 +85,9 @@ class QuantizationConfig:
     (metric, value) with metric "cosine" (mean output cosine) or "top1" (argmax agreement): the most sensitive
     layers return to float until it is met; `keep_float`: layers (node names) the user keeps float; `chain`:
     whether quantized layers pass quantized activations to the quantized layers that read them
-    (`passes.quant_chain`): "auto" between the layers the tuned plan runs quantized, kept when the chained plan
-    times faster; "always" wherever the graph allows, before tuning; "off": every quantized layer reads and
-    writes float.
+    (`passes.quant_chain`): "auto" tunes the chained graph too and keeps it when its plan times faster (chained
+    wherever the graph allows, else only between the layers the unchained plan runs quantized); "always"
+    chains wherever the graph allows, before tuning; "off": every quantized layer reads and writes float.
     """
 
     data: str | None = None

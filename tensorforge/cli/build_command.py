@@ -60,6 +60,14 @@ def build(
         list[str] | None,
         typer.Option("--keep-float", help="a layer (node name) to keep float (repeatable)", show_default=False),
     ] = None,
+    chain: Annotated[
+        str,
+        typer.Option(
+            "--chain",
+            help="quantized layers pass int8 (fp8) activations to each other: auto (when the chained plan times "
+            "faster), always or off",
+        ),
+    ] = "auto",
     profiles: Annotated[
         list[str] | None,
         typer.Option(
@@ -100,9 +108,12 @@ def build(
                 cache=str(calib_cache) if calib_cache else None,
                 target=parse_target(accuracy_target) if accuracy_target else None,
                 keep_float=tuple(keep_float or ()),
+                chain=chain,
             )
         elif calib or calib_cache or accuracy_target or keep_float:
             raise InputError("--calib, --calib-cache, --accuracy-target and --keep-float go with --int8 or --fp8")
+        elif chain != "auto":  # a model quantized by its own Q/DQ
+            quantization = QuantizationConfig(chain=chain)
         config = BuildConfig(
             device=choose_device(device),
             precisions=precisions,

@@ -16,9 +16,9 @@ they do not (a model whose own Q/DQ quantize one tensor with different scales). 
 - any reader is a float layer, or reads Y in another position (a residual Z is added in float in the
   epilogue: a quantized residual would need its own scale and a dequantizing load, not done),
 - the readers quantize to another type than P's,
-- (when the build gives the layers that run quantized in its tuned plan, `eligible`) P or a reader runs as its
-  float original there: a float kernel would pay a dequantize or a quantize of its own. The builder then keeps
-  the chained plan only if it times faster end to end (`build.builder`).
+- (when the build names the layers that run quantized in its tuned plan, `eligible`) P or a reader runs as
+  its float original there: a float kernel would pay a dequantize or a quantize of its own.
+The builder keeps a chained graph only when its plan times faster end to end (`build.builder`).
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ def test_bad_build_options_fail_with_a_message(inception, tmp_path):
         (["--int8", "--calib-method", "kl"], "unknown calibration method"),
         (["--int8", "--accuracy-target", "cosine"], "METRIC=VALUE"),
         (["--int8", "--fp8"], "one quantized precision"),
+        (["--int8", "--chain", "sometimes"], "unknown chaining mode"),
     ]
     for extra, message in cases:
         result = runner.invoke(app, ["build", str(inception), "-o", engine, "--effort", "0", *extra])
