@@ -99,9 +99,30 @@ def constant_inputs(node: Node) -> dict[int, Value]:
 
 class LayerKernel:
     """A tactic's kernel run in a variant: constants bound and pre-converted, activations converted per call,
-    outputs in the dtypes the variant promises. Called with the layer's non-constant inputs in order."""
+    outputs in the dtypes the variant promises. Called with the layer's non-constant inputs in order.
 
-    __slots__ = ("_declared", "_slots", "constants", "kernel", "node", "out_dtypes", "variant", "writes_into")
+    A call is on the execution loop's path once per layer and run, so what does not change between calls is
+    worked out here: the input list with the constants in place (copied, then filled with the converted
+    arguments), which arguments the graph declares float32, the variant's dtype and memory format, and
+    whether any output can need a cast at all.
+    """
+
+    __slots__ = (
+        "_arg_float",
+        "_arg_positions",
+        "_cast_outputs",
+        "_declared",
+        "_dtype",
+        "_memory_format",
+        "_slots",
+        "_template",
+        "constants",
+        "kernel",
+        "node",
+        "out_dtypes",
+        "variant",
+        "writes_into",
+    )
 
     def __init__(
         self,
@@ -130,24 +151,44 @@ class LayerKernel:
                 slots.append(("arg", count))
                 count += 1
         self._slots = slots
+        self._template = [payload if kind == "const" else None for kind, payload in slots]
+        self._arg_positions = tuple(index for index, (kind, _) in enumerate(slots) if kind == "arg")
+        self._arg_float = tuple(self._declared[index] == DType.FLOAT for index in self._arg_positions)
+        self._dtype = variant.dtype
+        self._memory_format = variant.memory_format
+        self._cast_outputs = any(dtype is not None for dtype in self.out_dtypes)
 
     def __call__(self, args: Sequence[Any], alloc: Alloc | None = None) -> tuple[Any, ...]:
         """The outputs for `args`; a `writes_into` kernel asks `alloc` (when given) for its output buffers."""
-        variant = self.variant
-        inputs = [
-            payload if kind == "const" else None if kind == "none" else convert(args[payload], declared, variant)
-            for (kind, payload), declared in zip(self._slots, self._declared, strict=True)
-        ]
-        extra = {"alloc": alloc} if alloc is not None and self.writes_into else {}
-        if variant.precision == "tf32":
+        inputs = self._template.copy()
+        dtype, memory_format = self._dtype, self._memory_format
+        for position, declared_float, tensor in zip(self._arg_positions, self._arg_float, args, strict=True):
+            if isinstance(tensor, torch.Tensor):  # `convert`, inlined
+                if declared_float and tensor.dtype != dtype and tensor.is_floating_point():
+                    tensor = tensor.to(dtype)
+                if (
+                    memory_format is not None
+                    and tensor.dim() == 4
+                    and not tensor.is_contiguous(memory_format=memory_format)
+                ):
+                    tensor = tensor.contiguous(memory_format=memory_format)
+            inputs[position] = tensor
+        if self.variant.precision == "tf32":
             with tf32_math():
-                outputs = self.kernel(inputs, **extra)
+                outputs = self._run(inputs, alloc)
         else:
-            outputs = self.kernel(inputs, **extra)
+            outputs = self._run(inputs, alloc)
+        if not self._cast_outputs:
+            return tuple(outputs)
         return tuple(
             out.to(dtype) if dtype is not None and isinstance(out, torch.Tensor) and out.dtype != dtype else out
             for out, dtype in zip(outputs, self.out_dtypes, strict=False)
         )
+
+    def _run(self, inputs: list[Any], alloc: Alloc | None) -> Sequence[Any]:
+        if alloc is not None and self.writes_into:
+            return self.kernel(inputs, alloc=alloc)
+        return self.kernel(inputs)
 
 
 def prepare_constants(
