@@ -103,7 +103,7 @@ class Builder:
             )
             precisions = tuple(p for p in precisions if p not in dropped)
         _specialize(model, profiles)
-        model, optimization = optimize(model)
+        model, optimization = optimize(model, device=self.device.type)
         infer_model(model, check=False)
         quantization = None
         if self.config.quantized_type is not None:

@@ -6,8 +6,12 @@ before patterns are matched, pattern recognition turns decomposed GELU/LayerNorm
 then attention (two MatMuls around a softmax) into one, BatchNorm is folded into its convolution before the
 epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
 explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
-merged once their epilogues are settled, and what is left of elementwise chains becomes FusedPointwise. A last
+merged once their epilogues are settled, squeeze-and-excitation blocks (pool, two 1×1 convolutions, the gating
+product) become one node for the CPU, and what is left of elementwise chains becomes FusedPointwise. A last
 dead-code sweep removes what the fusions orphaned. The manager repeats the list to a fixed point.
+
+`device` is the device type the graph is optimized for ("cpu", "cuda"): a pass that pays off on one device
+only runs for it (the squeeze-and-excitation fusion, CPU); None runs the passes every device runs.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from .manager import OptimizationReport, PassManager
 from .patterns import RecognizePatterns
 from .pointwise import FusePointwise
 from .shapes import InferShapes
+from .squeeze_excite import FuseSqueezeExcite
 
 
-def default_passes() -> list[Pass]:
-    """A fresh instance of each pass of the default pipeline, in order."""
+def default_passes(device: str | None = None) -> list[Pass]:
+    """A fresh instance of each pass of the default pipeline for `device` (a device type; None: the passes of
+    every device), in order."""
+    cpu_only = [FuseSqueezeExcite()] if device == "cpu" else []
     return [
         ConstantFolding(),
         Cleanup(),
@@ -42,17 +49,19 @@ def default_passes() -> list[Pass]:
         FuseEpilogue(),
         FoldExplicitQuantization(),
         MergeParallel(),
+        *cpu_only,
         FusePointwise(),
         DeadCodeElimination(),
     ]
 
 
 def optimize(
-    model: Model, passes: list[Pass] | None = None, max_iterations: int = 8
+    model: Model, passes: list[Pass] | None = None, max_iterations: int = 8, device: str | None = None
 ) -> tuple[Model, OptimizationReport]:
-    """Optimize `model` in place with `passes` (the default pipeline when None); return it and the report.
+    """Optimize `model` in place with `passes` (the default pipeline for the device type `device` when None);
+    return it and the report.
 
     Clone the model first (`tensorforge.ir.clone.clone_model`) to keep the original.
     """
-    manager = PassManager(default_passes() if passes is None else passes, max_iterations=max_iterations)
+    manager = PassManager(default_passes(device) if passes is None else passes, max_iterations=max_iterations)
     return manager.run(model)

@@ -20,6 +20,8 @@
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
   fused CPU kernels: the score matrix is not written out).
 - `vendor.torch-layernorm`: LayerNormalization as torch's one-pass `layer_norm` (statistics in float32).
+- `vendor.torch-squeeze-excite`: SqueezeExcite as a mean, two `F.linear` products (MKL's matrix-vector kernels,
+  with the weights reshaped once) and the gating product: five or six torch calls instead of four layers.
 """
 
 from __future__ import annotations
@@ -650,5 +652,39 @@ class TorchAttentionTactic(Tactic):
             q, kt, v, bias = (list(inputs) + [None] * 4)[:4]
             mask = bias.to(q.dtype) if bias is not None else None
             return (F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale),)
+
+        return kernel
+
+
+@register_tactic
+class TorchSqueezeExciteTactic(Tactic):
+    """SqueezeExcite (`ops/squeeze_excite.py`) in torch: `x.mean((2, 3))`, two `F.linear` with the bias and
+    the 1×1 weights viewed as [R, C] and [C, R] matrices, the activations, then `x · g` broadcast over H×W
+    (in x's memory format). The reference runs each 1×1 convolution on a [N, C, 1, 1] tensor through the
+    convolution path (a batched product and a separate epilogue); this is the same arithmetic on the vector."""
+
+    family = "vendor"
+    name = "torch-squeeze-excite"
+    op_types = (f"{DOMAIN}::SqueezeExcite",)
+    precisions = ("fp32",)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        act1, params1 = a.get("act1", ""), list(a.get("act1_params", ()))
+        act2, params2 = a.get("act2", ""), list(a.get("act2_params", ()))
+        matrices: dict[int, torch.Tensor] = {}  # by the weight's data pointer: it is a prepared constant
+
+        def matrix(w: torch.Tensor) -> torch.Tensor:
+            key = w.data_ptr()
+            if key not in matrices:
+                matrices[key] = w.reshape(w.shape[0], w.shape[1]).contiguous()
+            return matrices[key]
+
+        def kernel(inputs):
+            x, w1, b1, w2, b2 = (list(inputs) + [None] * 5)[:5]
+            pooled = x.mean((2, 3))
+            hidden = apply_activation(F.linear(pooled, matrix(w1), b1), act1, params1)
+            gate = apply_activation(F.linear(hidden, matrix(w2), b2), act2, params2)
+            return (x * gate.reshape(*gate.shape, 1, 1),)
 
         return kernel
