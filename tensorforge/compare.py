@@ -27,6 +27,7 @@ from .errors import InputError, ModelLoadError, UnsupportedError
 from .feeds import build_feeds
 from .ir import Value, qualified_op
 from .ops.executor import bind_feeds
+from .passes.quant_chain import is_quantized_layer
 from .runtime.engine import Engine
 from .tactics.autotune import TOLERANCE
 from .tensors import to_numpy
@@ -134,10 +135,14 @@ def compare(
             return
         node = value.producer()
         position, layer = layer_of[node]
-        allowed = rtol if rtol is not None else tolerance[value] if value.dtype.is_float else 0.0
+        # A quantized activation between quantized layers (`passes.quant_chain`) is compared as the real values
+        # it stands for, Q(Y) · y_scale.
+        scale = float(node.attributes.get("y_scale", 0.0)) if is_quantized_layer(node) else 0.0
+        allowed = rtol if rtol is not None else tolerance[value] if value.dtype.is_float or scale else 0.0
         diff = TensorDiff(value.name, original, position, node.label, layer.precision, allowed, value.name in outputs)
         tensor = tensor.detach().cpu()
-        _measure(diff, (tensor.double() if tensor.is_floating_point() else tensor).numpy(), reference[original])
+        tensor = tensor.double() * scale if scale else tensor.double() if tensor.is_floating_point() else tensor
+        _measure(diff, tensor.numpy(), reference[original])
         diffs.append(diff)
         compared.add(value)
 

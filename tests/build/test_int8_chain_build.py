@@ -5,17 +5,19 @@ tensors between layers through tuning, the memory plan (a byte per element), the
 import math
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from tensorforge import Executor
 from tensorforge.build.builder import Builder
 from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
+from tensorforge.compare import compare
 from tensorforge.ir import DType
 from tensorforge.runtime.engine import Engine
 from tensorforge.runtime.inspect import describe_engine, quantization_lines
 from tests.helpers import relative_error
-from tests.quant.chain_support import SHAPE, batches, chain_model
+from tests.quant.chain_support import SHAPE, batches, chain_model, chain_proto
 
 PROFILE = Profile().add("x", SHAPE, SHAPE, SHAPE)
 INT8_FAMILIES = ("reference", "vendor")  # no float fallback: every quantized layer runs in int8
@@ -88,6 +90,16 @@ def test_the_chained_engine_file_round_trips_and_inspect_shows_the_int8_activati
     assert conv3.startswith("int8 (x_scale ") and " from i8 -> int8 (y_scale " in conv3
     assert layers["conv3"]["outputs"][0]["stored_dtype"] == str(DType.INT8)
     assert layers["conv4"]["precision"].endswith("from i8 -> fp32")
+
+
+def test_a_layerwise_comparison_reads_int8_activations_as_the_real_values_they_stand_for(engines, tmp_path):
+    chained, _ = engines
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain_proto(), path)
+    result = compare(path, chained, layerwise=True)
+    by_origin = {t.original: t for t in result.tensors}
+    relu2 = by_origin["b"]  # conv2's output, int8 in the engine
+    assert 0 < relu2.rel < 0.05 and relu2.tolerance > 0  # the quantization error, not int8 against float
 
 
 def test_with_the_float_fallback_the_chain_still_computes_close_to_the_quantized_graph():

@@ -4,6 +4,7 @@ quantized layers (without the chaining pass), for the tests of `passes.quant_cha
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import helper, numpy_helper
 
 from tensorforge.frontend import import_model
@@ -19,6 +20,11 @@ SHAPE = (2, 3, 8, 8)
 
 
 def chain_model(seed: int = 0) -> Model:
+    """`chain_proto` imported."""
+    return import_model(chain_proto(seed))
+
+
+def chain_proto(seed: int = 0) -> onnx.ModelProto:
     """x[2,3,8,8] → conv1 3→8 (3×3) + Relu = a → conv2 depthwise 3×3 + Relu = b → conv3 1×1 8→8, + a, Relu = d
     → conv4 1×1 8→16 + Relu = e → GlobalAveragePool → Flatten → fc1 16→10 + Relu → fc2 10→4 = y.
 
@@ -55,8 +61,7 @@ def chain_model(seed: int = 0) -> Model:
         helper.make_node("MatMul", ["h", "w6"], ["y"], name="fc2"),
     ]
     initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
-    proto = make_model(nodes, [tensor_info("x", list(SHAPE))], [tensor_info("y", [2, 4])], 17, initializers)
-    return import_model(proto)
+    return make_model(nodes, [tensor_info("x", list(SHAPE))], [tensor_info("y", [2, 4])], 17, initializers)
 
 
 def batches(count: int = 3, seed: int = 1) -> list[dict[str, np.ndarray]]:
