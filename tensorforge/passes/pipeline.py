@@ -63,5 +63,7 @@ def optimize(
 
     Clone the model first (`tensorforge.ir.clone.clone_model`) to keep the original.
     """
-    manager = PassManager(default_passes(device) if passes is None else passes, max_iterations=max_iterations)
+    if passes is None:
+        passes = default_passes() if device is None else default_passes(device)
+    manager = PassManager(passes, max_iterations=max_iterations)
     return manager.run(model)
