@@ -125,7 +125,9 @@ def test_by_default_the_chain_is_kept_only_when_it_times_faster():
     timed, attempts = section["plan_ms"], section["attempts"]
     assert attempts[0]["scope"] == "everywhere" and attempts[0]["chained"] == 3
     assert (timed["chained"] < timed["unchained"]) == bool(section["chained"])
-    assert timed["chained"] == min(a["plan_ms"] for a in attempts)
+    assert timed in [a["plan_ms"] for a in attempts]
+    kept = [a for a in attempts if a["plan_ms"]["chained"] < a["plan_ms"]["unchained"]]
+    assert len(kept) <= 1 and bool(kept) == bool(section["chained"])  # the first faster chaining is kept
     assert section["chained"] or section["timed_slower"]
     feed = batches(1, seed=7)[0]
     assert relative_error(_run(engine, feed), Executor(engine.model).run(feed)["y"].numpy()) < 0.1
