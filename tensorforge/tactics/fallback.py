@@ -10,9 +10,10 @@ not of the int8 one, so the autotuner checks it against that layer (`Tactic.sema
 accurate as the quantized layer it replaces.
 
 Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
-dequantized (`X · x_scale`, exact up to float32's rounding) and a quantized output (`y_scale`) quantized as the
-reference does. With a quantized input the float layer on DQ(X) is the quantized layer itself up to float
-rounding (Q(X) = X there), so such a layer is checked against its own reference.
+dequantized (`X · x_scale`, rounded once to the variant's float type, the type the variant gave the bias and the
+residual) and a quantized output (`y_scale`) quantized as the reference does. With a quantized input the float
+layer on DQ(X) is the quantized layer itself up to float rounding (Q(X) = X there), so such a layer is checked
+against its own reference.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from ..ir import DType, Node, Value
 from ..ops.fused import DOMAIN, is_quantized_tensor, requantize
 from .base import Kernel, Tactic, register_tactic, tactic_by_key
+from .variant import operand_float_type
 
 # The float tactics tried for each quantized op, each in its first configuration; those that do not run the
 # layer on the device fail at build and score inf.
@@ -124,8 +126,8 @@ class _FloatFallback(Tactic):
 
         def run(inputs):
             x, _, b, z, _ = (list(inputs) + [None] * 5)[:5]
-            if is_quantized_tensor(x):
-                x = x.float() * x_scale  # DQ(X): the quantized activation's real values
+            if is_quantized_tensor(x):  # DQ(X), the quantized activation's real values, in the variant's type
+                x = x.to(operand_float_type(b, z)) * x_scale
             channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             key = (x.dtype, channels_last)
             if key not in weights:

@@ -171,4 +171,37 @@ def test_every_quantized_tactic_on_cuda_runs_the_chained_forms_or_declines(quant
             assert not wrong, wrong
         if node.op_type == "QuantizedConv":
             ours = [c for c in ran if c.tactic == TRITON and c.config["precision"] == "fp16"]
-            assert ours, [(c.tactic, c.note) for c in choice.candidates]
+            triton = [(c.config["precision"], c.median_ms, c.note) for c in choice.candidates if c.tactic == TRITON]
+            assert ours, (name, triton)
+
+
+@pytest.mark.parametrize("layer", ["conv3", "conv4"])
+def test_the_float_fallback_dequantizes_a_quantized_input_into_the_variants_type(chained, layer, monkeypatch):
+    """In an fp16 variant the inner float kernel gets the dequantized activation in fp16, like the bias and the
+    residual the variant converted: mixed float32 / fp16 operands ran cuDNN's fused convolution on misread
+    memory on CUDA (wrong values, then an illegal address)."""
+    node = _node(chained, layer)
+    inner = tactic_by_key("vendor.torch-direct")
+    seen: list[torch.dtype] = []
+    build = type(inner).build
+
+    def spying_build(self, *args, **kwargs):
+        kernel = build(self, *args, **kwargs)
+
+        def run(inputs, **kw):
+            seen.extend(t.dtype for t in inputs if isinstance(t, torch.Tensor))
+            return kernel(inputs, **kw)
+
+        return run
+
+    monkeypatch.setattr(type(inner), "build", spying_build)
+    args = [t for t in _inputs(node) if t is not None]
+    config = {"precision": "fp16", "layout": "NCHW", "inner": "vendor.torch-direct"}
+    got = build_layer_kernel(tactic_by_key("fallback.float-conv"), node, 1, CPU, config, {})(args)[0]
+    assert seen and set(seen) == {torch.float16}, seen
+    want = build_layer_kernel(tactic_by_key("reference.registry"), with_float_output(node), 1, CPU, {}, {})(args)[0]
+    scale = float(node.attributes.get("y_scale", 0.0))
+    if scale:
+        assert quantized_mismatch(got, want, scale, "int8", TOLERANCE["fp16"]) == ""
+    else:
+        assert got.dtype == torch.float16 and relative_error(got.float(), want) <= TOLERANCE["fp16"]
