@@ -45,6 +45,7 @@ from tensorforge import __version__, zoo
 from tensorforge.build.builder import Builder
 from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.frontend import import_model
+from tensorforge.runtime.engine import Engine
 from tensorforge.tactics.autotune import relative_error
 
 SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "compile-ro", "compile-max", "ort")
@@ -172,7 +173,9 @@ class Case:
 Measurement = dict[str, float]
 
 
-def run_tensorforge(case: Case, precision: str) -> Measurement:
+def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engine, float]:
+    """The case's engine in `precision` (quantized ones with `chain`, see QuantizationConfig) and its build
+    time in seconds."""
     model = import_model(case.proto)
     profile = Profile()
     for input_name, x in case.feeds.items():
@@ -189,11 +192,15 @@ def run_tensorforge(case: Case, precision: str) -> Measurement:
             profiles=(profile,),
             effort=case.effort,
             timing_cache=str(Path(scratch) / "timing.json"),
-            quantization=QuantizationConfig(method="minmax") if calibration else None,
+            quantization=QuantizationConfig(method="minmax", chain=chain) if calibration else None,
         )
         started = time.perf_counter()
         engine = Builder(config, calibration_data=calibration).build(model)
-        build_s = time.perf_counter() - started
+        return engine, time.perf_counter() - started
+
+
+def run_tensorforge(case: Case, precision: str) -> Measurement:
+    engine, build_s = build_engine(case, precision)
     context = engine.create_context()
     feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
     ms = case.time(lambda: context.run(feeds))

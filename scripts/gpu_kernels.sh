@@ -11,6 +11,8 @@
 #   sweep     bench/conv_sweep.py: every distinct conv layer, our kernels against cuDNN (SWEEP_S=300, SWEEP_ARGS)
 #   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256")
+#   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
+#             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all)
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500)
 #   max       ResNet-50 fp16 batch 256 beside torch.compile max-autotune (MAX_S=550)
 set -uo pipefail
@@ -57,6 +59,16 @@ for stage in $stages; do
         > "$out/int8.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/int8.txt" | cut -c1-160
       ;;
+    layers)
+      deadline=$(( $(date +%s) + ${LAYERS_S:-400} ))
+      for pair in ${LAYERS:-int8:always fp8:always}; do
+        left=$(( deadline - $(date +%s) ))
+        (( left > 0 )) || break
+        timeout "$left" python3 bench/quantized_layers.py --model resnet50 --batch "${LAYERS_BATCH:-256}" \
+          --precision "${pair%%:*}" --chain "${pair##*:}" --out "$out" >> "$out/layers.txt" 2>&1
+      done
+      grep -E "win|chain" "$out/layers.txt" | cut -c1-200
+      ;;
     zoo)
       for model in mobilenetv3 efficientnet_b0; do
         timeout "$(( ${ZOO_S:-500} / 2 ))" python3 bench/suite.py --models "$model" --batch 1 --batch 256 \
@@ -71,7 +83,7 @@ for stage in $stages; do
       grep -E "batch [0-9]+ " "$out/max.txt" | cut -c1-160
       ;;
     *)
-      echo "unknown stage $stage (tests, parallel, sweep, suite, int8, zoo, max)" >&2
+      echo "unknown stage $stage (tests, parallel, sweep, suite, int8, layers, zoo, max)" >&2
       ;;
   esac
   echo "== $stage: $(($(date +%s) - started)) s"
