@@ -486,7 +486,8 @@ NETWORK_SHAPES = {
 def test_network_shapes_every_config_on_the_gpu(x_type, kind, layer):
     """Every effort-1 config, x quantized on load (float16) or given quantized, into float16. E4M3 on wgmma
     configs adds each instruction's 32 products in the tensor cores' reduced precision: about 1e-3 normwise on
-    these layers on an H200, inside the float16 output's tolerance."""
+    these layers on an H200, inside the float16 output's tolerance. E4M3 tiles of 256 rows quantizing on load
+    are refused (they stopped the H200 with an illegal instruction)."""
     torch.manual_seed(13)
     x_type = {"quantized": "int8" if kind == "int8" else "fp8"}.get(x_type, x_type)
     x, x_scale, xq, wq, w_scale, b, z, attrs = _layer(
@@ -494,6 +495,10 @@ def test_network_shapes_every_config_on_the_gpu(x_type, kind, layer):
     )
     want = _reference(xq, x_scale, wq, w_scale, b, z, attrs)
     for config in quantized_conv_configs(1):
+        if kind == "fp8e4m3" and x_type == "fp16" and config["block_m"] >= conv._FP8_FAULTY_BLOCK_M:
+            with pytest.raises(ValueError, match="illegal instruction"):  # refused before it can fault
+                _run(x, x_scale, wq, w_scale, b, z, attrs, config=config)
+            continue
         got = _run(x, x_scale, wq, w_scale, b, z, attrs, out=_poisoned(want, torch.float16), config=config)
         error = _error(got, want)
         assert error <= TOLERANCE[torch.float16], (error, config)

@@ -17,7 +17,6 @@ from tests.helpers import DEVICES
 from tests.kernels.test_triton_conv_quantized import (
     EPILOGUES,
     FULL_EPILOGUE,
-    GEOMETRIES,
     NETWORK_SHAPES,
     TINY,
     TOLERANCE,

@@ -547,6 +547,9 @@ def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
 
 _QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # the kernel's QUANT by the weight's type
 _FP8_CAPABILITY = (8, 9)
+# E4M3 configs quantizing a float input on load from this many rows up fault on the GPU (an illegal instruction,
+# which also ends the process's CUDA context): refused before launch.
+_FP8_FAULTY_BLOCK_M = 256
 
 
 def _check_quantized(x, weight, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype, y_scale=0.0):
@@ -766,6 +769,12 @@ def conv2d_nhwc_quantized(
         raise ValueError(
             f"conv2d_nhwc_quantized: 8-bit tensor-core products take K in steps of {_QUANTIZED_MIN_BLOCK_K}; "
             f"block_k is {cfg.block_k}"
+        )
+    if quant == 2 and x.dtype != weight_q.dtype and x.device.type == "cuda" and cfg.block_m >= _FP8_FAULTY_BLOCK_M:
+        raise ValueError(
+            f"conv2d_nhwc_quantized: E4M3 tiles {cfg.block_m} rows tall quantizing a {x.dtype} input as it is "
+            "loaded compile (Triton 3.6) into code that stops the GPU with an illegal instruction (seen on an "
+            f"H200 with 256x128x64 tiles); use block_m < {_FP8_FAULTY_BLOCK_M} or quantize the input first"
         )
     y = out
     if y is None:
