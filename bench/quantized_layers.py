@@ -5,8 +5,8 @@ fallback, as the autotuner timed them on the layer's real inputs, and which one 
     python bench/quantized_layers.py --model resnet50 --batch 256 --precision int8 --chain always --out DIR
 
 Prints a table (layer, shape, what it reads and writes, quantized ms, float ms, their ratio) and the engine's
-end-to-end time; writes `quantized-layers-MODEL-bBATCH-PRECISION-CHAIN.json` under DIR. A ratio under 1 is a
-layer the quantized kernels win.
+end-to-end time; writes `quantized-layers-MODEL-bBATCH-PRECISION-CHAIN.json` under DIR, which also keeps,
+per layer, why candidates failed or were refused. A ratio under 1 is a layer the quantized kernels win.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def layer_rows(engine) -> list[dict[str, Any]]:
         if node.op_type not in QUANTIZED_OPS:
             continue
         quantized_ms, quantized = _best(layer, fallback=False)
+        failures = sorted(
+            {f"{c.tactic}: {c.note[:200]}" for c in layer.candidates if c.note and not c.note.startswith("cached")}
+        )
         float_ms, fallback = _best(layer, fallback=True)
         rows.append(
             {
@@ -64,6 +67,7 @@ def layer_rows(engine) -> list[dict[str, Any]]:
                 "float_ms": float_ms,
                 "float": fallback,
                 "ratio": quantized_ms / float_ms if float_ms > 0 and math.isfinite(float_ms) else math.inf,
+                "failures": failures,
             }
         )
     return rows
