@@ -111,7 +111,10 @@ class Builder:
             quantization = quantize_model(model, self.config, self.device, self.calibration_data)
             infer_model(model, check=False)
         chain = (self.config.quantization or QuantizationConfig()).chain
-        model, chaining = chain_quantized(model, enabled=chain == "always")
+        # Quantized residuals round values the accuracy-target search did not see rounded: with a target,
+        # residuals stay float (the X chains are exact, see passes.quant_chain).
+        residuals = (self.config.quantization or QuantizationConfig()).target is None
+        model, chaining = chain_quantized(model, enabled=chain == "always", residuals=residuals)
         model.graph.sort()
         cache = self._load_cache()
         cached_keys = len(cache)
@@ -121,10 +124,12 @@ class Builder:
         plans, selections = self._plan_profiles(model, profiles, precisions, cache, constants, tuning)
         if chain == "auto" and chaining is not None:
             model, plans, selections, chaining = self._chain_if_faster(
-                model, profiles, precisions, cache, constants, tuning, plans, selections
+                model, profiles, precisions, cache, constants, tuning, plans, selections, residuals
             )
         if chaining is not None:
             chaining["mode"] = chain
+            if not residuals:
+                chaining["residuals"] = "float: the accuracy target was verified without quantized residuals"
         tuning_seconds = time.perf_counter() - tuning_started
         if quantization is not None:
             quantization["timed_to_float"] = [_fallback_layers(model, plan) for plan in plans]
@@ -166,7 +171,7 @@ class Builder:
             selections.append(selection)
         return plans, selections
 
-    def _chain_if_faster(self, model, profiles, precisions, cache, constants, tuning, plans, selections):
+    def _chain_if_faster(self, model, profiles, precisions, cache, constants, tuning, plans, selections, residuals):
         """The model and plans with quantized layers chained, when the chained plans time faster in total than
         the unchained ones; else the unchained ones. Returns (model, plans, selections, the report's section).
 
@@ -178,7 +183,7 @@ class Builder:
         for scope in ("everywhere", "between the layers the plan runs quantized"):
             candidate = clone_model(model)
             eligible = None if scope == "everywhere" else {candidate.graph.nodes[index] for index in quantized}
-            candidate, section = chain_quantized(candidate, eligible=eligible)
+            candidate, section = chain_quantized(candidate, eligible=eligible, residuals=residuals)
             first = first or section
             if not section["chained"] or any(a["chained"] == len(section["chained"]) for a in attempts):
                 continue

@@ -15,7 +15,9 @@ at least float32 and rounded once to the output type).
   Quantized activations between layers: an X already of `quant`'s type is taken as `Q(X)` (not quantized again;
   x_scale is its scale), and a positive float `y_scale` makes the layer write `Q(Y)` on the grid of `quant` with
   that scale (`Y` in float32, then quantized as X is) instead of Y in float (`y_scale` 0, the default; the
-  output is then X's float type, float32 for a quantized X). `passes/quant_chain.py` sets them up.
+  output is then X's float type, float32 for a quantized X). A positive `z_scale` marks a quantized residual:
+  Z is of `quant`'s type and adds `Z · z_scale` (the residual stream of a ResNet kept in int8). `passes/quant_chain.py`
+  sets them up.
 - `QuantizedGemm(A, Bq, C?, Z?, Bs)`: FusedGemm on quantized operands, `Y = post(pre(acc · x_scale · Bs[n] + C)
   + Z)` with `acc = Q(A) @ Bq`: A quantized per tensor as in QuantizedConv, Bq the constant [K, N] weight in
   that type with per-output-column float32 scales Bs (alpha 1, beta 1, A not transposed); A already quantized
@@ -167,6 +169,16 @@ def quantized_input(x: torch.Tensor, x_scale: float, quant: str) -> torch.Tensor
     return quantize_activation(x, x_scale, quant).float()
 
 
+def residual_values(z: torch.Tensor | None, z_scale: float) -> torch.Tensor | None:
+    """A quantized layer's residual as real values: `Z · z_scale` in float32 for a quantized Z (`z_scale` > 0),
+    else Z as it is."""
+    if z is None or not z_scale:
+        return z
+    if not is_quantized_tensor(z):
+        raise ValueError(f"a residual with z_scale {z_scale:g} must be quantized, got {z.dtype}")
+    return z.float() * z_scale
+
+
 def output_dtype(x: torch.Tensor) -> torch.dtype:
     """The float type of a quantized layer's unquantized output: X's, float32 when X is quantized."""
     return torch.float32 if is_quantized_tensor(x) else x.dtype
@@ -193,6 +205,7 @@ def quantized_conv(
     quant="int8",
     explicit=0,
     y_scale=0.0,
+    z_scale=0.0,
     auto_pad="NOTSET",
     dilations=None,
     group=1,
@@ -210,6 +223,7 @@ def quantized_conv(
     acc = convolution(quantized_input(x, x_scale, quant), w.float(), None, auto_pad, dilations, group, pads, strides)
     spatial = acc.dim() - 2
     scales = (w_scale.float() * torch.tensor(x_scale, dtype=torch.float32)).reshape(-1, *[1] * spatial)
+    z = residual_values(z, z_scale)
     y = epilogue(acc * scales.to(acc.device), b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
     return requantize(y, y_scale, quant, output_dtype(x))
 

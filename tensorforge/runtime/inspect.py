@@ -206,4 +206,8 @@ def chain_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"  chained plan {timed['chained']:.3f} ms against {timed['unchained']:.3f} ms unchained: {verdict}"
         )
+    if chain.get("quantized_residuals"):
+        lines.append(f"  residuals added from quantized values: {', '.join(chain['quantized_residuals'])}")
+    if chain.get("residuals"):
+        lines.append(f"  residuals: {chain['residuals']}")
     return lines + [f"  writes float: {name}: {why}" for name, why in chain["float"].items()]

@@ -210,7 +210,8 @@ def build_layer_kernel(
 ) -> LayerKernel:
     """`tactic`'s kernel for `node` in the config's variant, its weights converted once (shared via `constants`)."""
     variant = Variant.of(config)
-    space_config = {k: v for k, v in config.items() if k not in ("precision", "layout")}
+    hidden = ("layout",) if tactic.sees_precision else ("precision", "layout")
+    space_config = {k: v for k, v in config.items() if k not in hidden}
     kernel = tactic.build(node, opset, device, space_config)
     constants = prepare_constants(node, variant, device, constants)
     return LayerKernel(node, kernel, variant, constants, writes_into=tactic.writes_into)

@@ -9,6 +9,10 @@ times every supported candidate; one that fails to build or run scores inf and n
 A tactic with `writes_into` builds kernels that also take `alloc=`, an `Alloc`: they ask it for each output
 buffer (`alloc(output index, shape, dtype, memory format)`) and write there, so an execution context can place
 their outputs in its planned arena; without `alloc` they allocate as usual (`allocate`).
+
+`build` gets the configuration without the variant (the kernel sees its inputs already converted), except for
+a tactic with `sees_precision`, whose config keeps "precision": one that makes float operands of its own (the
+float fallback dequantizing a quantized activation) needs the variant's float type.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Tactic:
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32", "fp16", "bf16")
     layouts: ClassVar[tuple[str, ...]] = ("any",)  # "any": 4-D tensors in the memory format they come in
     writes_into: ClassVar[bool] = False  # its kernels take `alloc=` (see the module docstring)
+    sees_precision: ClassVar[bool] = False  # `build`'s config keeps the variant's "precision"
 
     @property
     def key(self) -> str:

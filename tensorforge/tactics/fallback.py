@@ -10,10 +10,10 @@ not of the int8 one, so the autotuner checks it against that layer (`Tactic.sema
 accurate as the quantized layer it replaces.
 
 Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
-dequantized (`X · x_scale`, rounded once to the variant's float type, the type the variant gave the bias and the
-residual) and a quantized output (`y_scale`) quantized as the reference does. With a quantized input the float
-layer on DQ(X) is the quantized layer itself up to float rounding (Q(X) = X there), so such a layer is checked
-against its own reference.
+dequantized (`X · x_scale`, rounded once to the variant's float type; a quantized residual likewise,
+`Z · z_scale`) and a quantized output (`y_scale`) quantized as the reference does.
+With a quantized input the float layer on DQ(X) is the quantized layer itself up to float rounding (Q(X) = X
+there), so such a layer is checked against its own reference.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from ..ir import DType, Node, Value
 from ..ops.fused import DOMAIN, is_quantized_tensor, requantize
 from .base import Kernel, Tactic, register_tactic, tactic_by_key
-from .variant import operand_float_type
+from .variant import PRECISION_DTYPE
 
 # The float tactics tried for each quantized op, each in its first configuration; those that do not run the
 # layer on the device fail at build and score inf.
@@ -37,12 +37,12 @@ _FLOAT_OP = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}
 
 
 _QUANTIZED_DTYPES = (DType.INT8, DType.FLOAT8E4M3FN)
-_QUANT_ATTRIBUTES = ("x_scale", "quant", "explicit", "y_scale")
+_QUANT_ATTRIBUTES = ("x_scale", "quant", "explicit", "y_scale", "z_scale")
 
 
 def float_twin(node: Node) -> Node:
-    """The float layer that quantized `node` quantizes: the same activation (in float, dequantized when `node`
-    reads it quantized), bias and residual inputs, the dequantized weight, the conv (or none) and epilogue
+    """The float layer that quantized `node` quantizes: the same activation and residual (in float, dequantized
+    when `node` reads them quantized), bias, the dequantized weight, the conv (or none) and epilogue
     attributes, a float output (a detached node, not in any graph). QuantizedConv weights are [Cout, ...] with
     scales over axis 0; QuantizedGemm weights [K, N] over axis 1."""
     wq, scales = node.inputs[1].const, node.inputs[4].const
@@ -52,7 +52,7 @@ def float_twin(node: Node) -> Node:
         weight = wq.float() * scales.float().reshape(-1, *[1] * (wq.dim() - 1))
     w = Value(f"{node.inputs[1].name}.dequantized", DType.FLOAT, tuple(weight.shape), const=weight)
     bias = _detached(node.inputs[2]) if len(node.inputs) > 2 else None
-    residual = _detached(node.inputs[3]) if len(node.inputs) > 3 else None
+    residual = _detached(node.inputs[3], as_float=True) if len(node.inputs) > 3 else None
     inputs = [_detached(node.inputs[0], as_float=True), w, bias, residual]
     while inputs[-1] is None:
         inputs.pop()
@@ -98,9 +98,10 @@ class _FloatFallback(Tactic):
     family = "fallback"  # its own family: `--families` without it keeps every quantized layer quantized
     op: str
     precisions = ("fp32", "fp16", "bf16")
+    sees_precision = True  # dequantizes quantized activations into the variant's float type
 
     def semantics(self, node: Node) -> Node | None:
-        return None if reads_quantized(node) else float_twin(node)
+        return None if reads_quantized(node) or node.attributes.get("z_scale") else float_twin(node)
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if node.attributes.get("explicit", 0):
@@ -122,12 +123,16 @@ class _FloatFallback(Tactic):
         dequantized = twin.inputs[1].const
         weights: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
         x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
-        y_scale = float(node.attributes.get("y_scale", 0.0))
+        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
+
+        dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
 
         def run(inputs):
             x, _, b, z, _ = (list(inputs) + [None] * 5)[:5]
             if is_quantized_tensor(x):  # DQ(X), the quantized activation's real values, in the variant's type
-                x = x.to(operand_float_type(b, z)) * x_scale
+                x = x.to(dtype) * x_scale
+            if z_scale:
+                z = z.to(dtype) * z_scale
             channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             key = (x.dtype, channels_last)
             if key not in weights:

@@ -106,8 +106,8 @@ class TritonQuantizedConvTactic(Tactic):
     (or float8 E4M3 ones in float32, compute capability 8.9+), dequantized by x_scale × the per-channel weight
     scales, then the FusedConv epilogue. The quantized weight is packed K-major once. A float input is quantized
     as it is loaded, an input of the layer's quantized type read as it is; with `y_scale` the output is
-    requantized as it is stored. A float output of a quantized input takes the bias's (or the residual's) float
-    type, the variant's, else float32."""
+    requantized as it is stored, and a quantized residual (`z_scale`) dequantized as it is added. A float output
+    of a quantized input takes the bias's (or a float residual's) float type, the variant's, else float32."""
 
     family = "triton"
     name = "conv-igemm-quantized"
@@ -132,7 +132,7 @@ class TritonQuantizedConvTactic(Tactic):
         strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
         pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
         x_scale = float(node.attributes["x_scale"])
-        y_scale = float(node.attributes.get("y_scale", 0.0))
+        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         pre, post = _activations(node)
         packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
 
@@ -146,7 +146,7 @@ class TritonQuantizedConvTactic(Tactic):
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             y = conv2d_nhwc_quantized(
                 x, entry[1], w_scale.float(), x_scale, b, z, out_hw=out_hw, strides=strides, pads_begin=begin,
-                dilations=dilations, pre=pre, post=post, out=out, config=config, y_scale=y_scale,
+                dilations=dilations, pre=pre, post=post, out=out, config=config, y_scale=y_scale, z_scale=z_scale,
             )  # fmt: skip
             return (y,)
 

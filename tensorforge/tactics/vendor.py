@@ -43,6 +43,7 @@ from ..ops.fused import (
     quantize_activation,
     quantized_input,
     requantize,
+    residual_values,
 )
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
@@ -132,7 +133,7 @@ class TorchQuantizedConvTactic(Tactic):
         conv = _conv_attributes(node)
         pre, pre_params, post, post_params = _epilogue_attributes(node)
         x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
-        y_scale = float(node.attributes.get("y_scale", 0.0))
+        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         weights: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}  # (ptr, NHWC) -> (kept, float)
 
         def float_weight(w: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -152,6 +153,7 @@ class TorchQuantizedConvTactic(Tactic):
             )  # fmt: skip
             spatial = acc.dim() - 2
             scales = (w_scale.float() * x_scale).reshape(-1, *[1] * spatial)
+            z = residual_values(z, z_scale)
             y = epilogue(acc * scales, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
             return (requantize(y, y_scale, quant, output_dtype(x)),)
 
@@ -452,7 +454,7 @@ class OneDnnQuantizedConvTactic(Tactic):
         residual = len(node.inputs) > 3 and node.inputs[3] is not None
         inside = not residual and pre in _ONEDNN_UNARY
         unary, scalars = _ONEDNN_UNARY[pre](pre_params) if inside else ("none", [])
-        y_scale = float(node.attributes.get("y_scale", 0.0))
+        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         out_scale, out_dtype = _onednn_output(y_scale, tail=residual or not inside)
         onednn = torch.ops.onednn
         packed: dict[tuple[int, ...], torch.Tensor] = {}
@@ -470,6 +472,7 @@ class OneDnnQuantizedConvTactic(Tactic):
                 q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, out_scale, 0,
                 out_dtype, unary, scalars, "",
             )  # fmt: skip
+            z = residual_values(z, z_scale)
             return (_after_onednn(y, inside, z, pre, pre_params, post, post_params, y_scale),)
 
         return kernel

@@ -298,7 +298,7 @@ constants = dict(
     BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
 )
 pointers = ("x", "w", "bias", "res", "y", "partial", "w_scale")
-floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale")
+floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
 signature = {
     n: "constexpr" if n in constants else "*fp16" if n in pointers else "fp32" if n in floats else "i32"
     for n in fn.arg_names

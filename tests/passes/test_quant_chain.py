@@ -12,7 +12,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from tensorforge import Executor
 from tensorforge.frontend import import_model
-from tensorforge.ir import DType
+from tensorforge.ir import DType, Node, Value
 from tensorforge.ops import load_all
 from tensorforge.ops.registry import REGISTRY
 from tensorforge.passes.pipeline import optimize
@@ -26,7 +26,7 @@ def _node(model, name):
 
 
 def test_chains_form_where_every_reader_is_quantized_and_the_others_stay_float_with_a_reason():
-    model, section = chain_quantized(lowered())
+    model, section = chain_quantized(lowered(), residuals=False)
     dtypes = {node.name: node.outputs[0].dtype for node in model.graph.nodes}
     assert {name for name, dtype in dtypes.items() if dtype == DType.INT8} == {"conv2", "conv3", "fc1"}
     assert section["chained"] == [_node(model, name).outputs[0].name for name in ("conv2", "conv3", "fc1")]
@@ -40,9 +40,43 @@ def test_chains_form_where_every_reader_is_quantized_and_the_others_stay_float_w
     assert conv3.inputs[0] is conv2.outputs[0]
 
 
+def test_a_residual_stream_travels_quantized_on_the_scale_its_input_readers_give_it():
+    """conv1's output is conv2's input and conv3's residual; conv3 reads its own input quantized (from conv2), so
+    conv1 writes int8 on conv2's scale and conv3 adds it dequantized (`z_scale`)."""
+    model, section = chain_quantized(lowered())
+    conv1, conv2, conv3 = (_node(model, name) for name in ("conv1", "conv2", "conv3"))
+    assert conv1.outputs[0].dtype == DType.INT8 and conv3.inputs[3] is conv1.outputs[0]
+    assert conv1.attributes["y_scale"] == conv2.attributes["x_scale"] == conv3.attributes["z_scale"] > 0
+    assert section["quantized_residuals"] == ["conv3"] and section["float"] == {}
+    assert len(section["chained"]) == 4
+
+
 def test_the_chained_graph_computes_exactly_what_the_unchained_one_computes():
     unchained = lowered()
+    chained, _ = chain_quantized(copy(unchained), residuals=False)
+    for feed in batches(3, seed=11):
+        want = Executor(unchained).run(feed)["y"]
+        got = Executor(chained).run(feed)["y"]
+        assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+
+
+def test_a_quantized_residual_computes_the_unchained_graph_with_its_residual_quantized_and_dequantized():
+    """The one approximation residual chaining adds: the residual rounded onto its readers' grid. The chained
+    graph equals, exactly, the unchained one with QuantizeLinear / DequantizeLinear on conv3's residual."""
+    unchained = lowered()
     chained, _ = chain_quantized(copy(unchained))
+    scale = _node(chained, "conv3").attributes["z_scale"]
+    conv3 = _node(unchained, "conv3")
+    residual = conv3.inputs[3]
+    scale_value = Value("z_scale", DType.FLOAT, (), const=torch.tensor(scale, dtype=torch.float32))
+    zero = Value("z_zero", DType.INT8, (), const=torch.tensor(0, dtype=torch.int8))
+    quantized = Value("z_q", DType.INT8, residual.shape)
+    restored = Value("z_dq", DType.FLOAT, residual.shape)
+    unchained.graph.initializers.update({v.name: v for v in (scale_value, zero)})
+    unchained.graph.append(Node("QuantizeLinear", [residual, scale_value, zero], [quantized], {}, name="q"))
+    unchained.graph.append(Node("DequantizeLinear", [quantized, scale_value, zero], [restored], {}, name="dq"))
+    conv3.set_input(3, restored)
+    unchained.graph.sort()
     for feed in batches(3, seed=11):
         want = Executor(unchained).run(feed)["y"]
         got = Executor(chained).run(feed)["y"]
@@ -93,7 +127,7 @@ def test_readers_with_different_scales_or_types_are_declined_with_the_reason():
     _node(model, "conv3").attributes["x_scale"] *= 2  # as if a model's own Q/DQ gave conv2's output two scales
     _node(model, "fc2").attributes["quant"] = "fp8e4m3"
     model, section = chain_quantized(model)
-    assert section["float"]["conv1"].endswith("(a residual stays float)")
+    assert "conv1" not in section["float"] and _node(model, "conv3").attributes["z_scale"]  # conv2's scale
     assert section["float"]["fc1"] == "QuantizedGemm node 'fc2' quantizes to fp8e4m3, this layer's type is int8"
     assert "conv2" not in section["float"] and _node(model, "conv2").outputs[0].dtype == DType.INT8  # one reader
 

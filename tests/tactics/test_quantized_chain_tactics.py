@@ -26,11 +26,13 @@ from tests.quant.chain_support import lowered
 CPU = torch.device("cpu")
 CONV_TACTICS = ["vendor.torch-quantized", "vendor.onednn-qconv", "fallback.float-conv"]
 GEMM_TACTICS = ["vendor.onednn-qlinear", "fallback.float-gemm"]
-# (layer, its form): conv2 (depthwise) and conv3 (1×1 with a float residual) read and write int8, conv4 reads
-# int8 and writes float, fc1 reads float and writes int8, fc2 reads int8 and writes float.
+# (layer, its form): conv1 reads float and writes int8 (conv2's input and conv3's residual), conv2 (depthwise)
+# reads and writes int8, conv3 (1×1) reads int8 and adds an int8 residual, conv4 reads int8 and writes float,
+# fc1 reads float and writes int8, fc2 reads int8 and writes float.
 LAYERS = {
+    "conv1": "float -> int8",
     "conv2": "int8 -> int8",
-    "conv3": "int8 -> int8, residual",
+    "conv3": "int8 -> int8, int8 residual",
     "conv4": "int8 -> float",
     "fc1": "float -> int8",
     "fc2": "int8 -> float",
@@ -40,7 +42,7 @@ LAYERS = {
 @pytest.fixture(scope="module")
 def chained():
     model, section = chain_quantized(lowered())
-    assert len(section["chained"]) == 3
+    assert len(section["chained"]) == 4 and section["quantized_residuals"] == ["conv3"]
     return model
 
 

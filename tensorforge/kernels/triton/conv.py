@@ -77,13 +77,14 @@ def _epilogue(
     acc, rows, cols, g, M, OH, OW, KG,
     bias, res, srn, src, srh, srw,
     y, syn, syc, syh, syw,
-    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale,
+    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
     QUANT_Y: tl.constexpr,
 ):  # fmt: skip
-    """Store `post(pre(acc + bias) + Z)` for output pixels `rows` × channels `cols` of group g; a quantized
-    product (`QUANT` 1 or 2) is first dequantized, `acc · (x_scale · w_scale[channel])`; with `QUANT_Y` (1 int8,
-    2 E4M3) the result is stored quantized, multiplied by y_inv_scale."""
+    """Store `post(pre(acc + bias) + Z · z_scale)` for output pixels `rows` × channels `cols` of group g (z_scale
+    1 for a float Z, its scale for a quantized one); a quantized product (`QUANT` 1 or 2) is first dequantized,
+    `acc · (x_scale · w_scale[channel])`; with `QUANT_Y` (1 int8, 2 E4M3) the result is stored quantized,
+    multiplied by y_inv_scale."""
     ow = rows % OW
     pixel = rows // OW
     oh = pixel % OH
@@ -98,7 +99,8 @@ def _epilogue(
     acc = activate(acc, PRE, pre0, pre1)
     if HAS_RES:
         res_rows = image * srn + oh * srh + ow * srw
-        acc += tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)
+        acc += z.to(tl.float32) * z_scale
     acc = activate(acc, POST, post0, post1)
     out_rows = image * syn + oh * syh + ow * syw
     if QUANT_Y != 0:
@@ -116,7 +118,7 @@ def _conv2d_igemm(
     sxn, sxc, sxh, sxw,
     srn, src, srh, srw,
     syn, syc, syh, syw,
-    pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale,
+    pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale,
     K_TILES_PER_SPLIT,
     KH: tl.constexpr, KW: tl.constexpr,
     DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
@@ -249,7 +251,8 @@ def _conv2d_igemm(
     else:
         _epilogue(
             acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-            pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANT_Y,
+            pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
+            QUANT_Y,
         )  # fmt: skip
 
 
@@ -258,7 +261,7 @@ def _split_k_epilogue(
     partial, splits, M, OH, OW, KG,
     bias, res, srn, src, srh, srw,
     y, syn, syc, syh, syw,
-    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale,
+    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
     QUANT_Y: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -278,7 +281,8 @@ def _split_k_epilogue(
         acc += tl.load(partial + (slab + rows)[:, None] * KG + cols[None, :], mask=mask, other=0)
     _epilogue(
         acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-        pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANT_Y,
+        pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
+        QUANT_Y,
     )  # fmt: skip
 
 
@@ -552,7 +556,9 @@ _FP8_CAPABILITY = (8, 9)
 _FP8_FAULTY_BLOCK_M = 256
 
 
-def _check_quantized(x, weight, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype, y_scale=0.0):
+def _check_quantized(
+    x, weight, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype, y_scale=0.0, z_scale=0.0
+):  # fmt: skip
     """(output shape, QUANT code, output type), after checking every operand (ValueError naming it)."""
     name = "conv2d_nhwc_quantized"
     if weight.dim() != 5 or weight.dtype not in _QUANT_CODES or weight.device != x.device:
@@ -577,6 +583,15 @@ def _check_quantized(x, weight, weight_scale, x_scale, bias, residual, out_hw, o
         raise ValueError(f"{name}: x_scale must be a positive finite Python float (per tensor), got {x_scale!r}")
     if isinstance(y_scale, torch.Tensor) or not (math.isfinite(y_scale) and y_scale >= 0):
         raise ValueError(f"{name}: y_scale must be a finite Python float >= 0 (0: float output), got {y_scale!r}")
+    if isinstance(z_scale, torch.Tensor) or not (math.isfinite(z_scale) and z_scale >= 0):
+        raise ValueError(f"{name}: z_scale must be a finite Python float >= 0 (0: float residual), got {z_scale!r}")
+    if residual is not None and (residual.dtype == weight.dtype) != bool(z_scale):
+        raise ValueError(
+            f"{name}: a {weight.dtype} residual needs its z_scale and a float one none; got a {residual.dtype} "
+            f"residual with z_scale {z_scale!r}"
+        )
+    if residual is not None and residual.dtype not in (*_FLOAT_TYPES, weight.dtype):
+        raise ValueError(f"{name}: the residual must be float or {weight.dtype}, got {residual.dtype}")
     if y_scale:
         if out_dtype not in (None, weight.dtype):
             raise ValueError(f"{name}: with y_scale the output is {weight.dtype} (the weight's type), not {out_dtype}")
@@ -619,7 +634,7 @@ def _scaled(strides: Sequence[int], align: int) -> tuple[int, ...]:
 def _launch(
     name: str, x, weight, bias, residual, y, out_shape, strides, pads_begin, dilations, pre, post, cfg, *,
     dot_precision: str = "ieee", quant: int = 0, weight_scale: torch.Tensor | None = None, x_scale: float = 1.0,
-    y_scale: float = 0.0,
+    y_scale: float = 0.0, z_scale: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel (and with split-K the epilogue kernel) into `y`; operands checked by the caller."""
     n, _, oh, ow = out_shape
@@ -645,7 +660,8 @@ def _launch(
     scales = weight_scale if weight_scale is not None else y
     quant_y = quant if y_scale else 0
     y_inv_scale = 1.0 / y_scale if y_scale else 1.0
-    epilogue_args = (*pre[1:], *post[1:], scales, x_scale, y_inv_scale)  # the split-K epilogue's
+    z_factor = z_scale if z_scale else 1.0  # a float residual adds as it is
+    epilogue_args = (*pre[1:], *post[1:], scales, x_scale, y_inv_scale, z_factor)  # the split-K epilogue's
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n)
     pixel_strides = [t[i] for t in (x.stride(), res_strides, y.stride()) for i in (0, 2, 3)]
     align = _alignment(cg, kg, *pixel_strides)
@@ -654,7 +670,7 @@ def _launch(
         m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align,
         strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
         *_scaled(x.stride(), align), *_scaled(res_strides, align), *_scaled(y.stride(), align),
-        *pre[1:], *post[1:], x_scale, 1.0 / x_scale, y_inv_scale,
+        *pre[1:], *post[1:], x_scale, 1.0 / x_scale, y_inv_scale, z_factor,
         plan.k_tiles_per_split,
         KH=kh, KW=kw, DENSE_K=plan.dense_k, EVEN_K=plan.even_k, PADDED=plan.padded,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
@@ -728,6 +744,7 @@ def conv2d_nhwc_quantized(
     out: torch.Tensor | None = None,
     config: Mapping[str, Any] | None = None,
     y_scale: float = 0.0,
+    z_scale: float = 0.0,
 ) -> torch.Tensor:
     """The int8 or float8 E4M3 convolution `post(pre(Σ q_x·q_w · (x_scale · weight_scale[c]) + bias) + residual)`
     into (N, Cout, *out_hw) of `out_dtype`, channels_last, or into `out`.
@@ -751,6 +768,7 @@ def conv2d_nhwc_quantized(
     float). `config`: a `quantized_conv_configs` entry (K tiles of at least 32).
     `y_scale` > 0: the output is requantized as it is stored, `clip(round(y · (1/y_scale)))` in weight_q's type
     (as x is quantized on load), so the next quantized layer can read it as its already quantized x.
+    `z_scale` > 0: the residual is quantized (of weight_q's type) and adds `residual · z_scale`.
 
     How to call it, for a Conv with weight `w` (Cout, Cin/G, KH, KW), input scale `s_x` and NHWC `x`::
 
@@ -762,7 +780,7 @@ def conv2d_nhwc_quantized(
                                   pre=activation_args("Relu"), out_dtype=torch.float16)
     """
     out_shape, quant, out_dtype = _check_quantized(
-        x, weight_q, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype, y_scale
+        x, weight_q, weight_scale, x_scale, bias, residual, out_hw, out, out_dtype, y_scale, z_scale
     )
     cfg = ConvConfig.of(config)
     if cfg.block_k < _QUANTIZED_MIN_BLOCK_K:
@@ -782,4 +800,5 @@ def conv2d_nhwc_quantized(
     return _launch(
         "conv2d_nhwc_quantized", x, weight_q, bias, residual, y, out_shape, strides, pads_begin, dilations,
         pre, post, cfg, quant=quant, weight_scale=weight_scale, x_scale=float(x_scale), y_scale=float(y_scale),
+        z_scale=float(z_scale),
     )  # fmt: skip
