@@ -245,7 +245,8 @@ def _quantizes_float_input(node: Node) -> bool:
 
 
 def _is_float_tensor(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.is_floating_point()
+    """A tensor of real values (a float8 tensor holds quantized ones)."""
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1
 
 
 def _activations(node: Node, inputs: Sequence[Any]) -> list[Any]:
