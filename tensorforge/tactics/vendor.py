@@ -423,8 +423,11 @@ class OneDnnQuantizedConvTactic(Tactic):
     """int8 QuantizedConv on the CPU through oneDNN: the activation quantized (as the reference does; an int8
     input as it is) and offset to uint8 with zero point 128, the weight packed once per input shape, int32 sums
     dequantized by x_scale × the weight scales and the bias added in float32 by oneDNN; an activation it has as
-    a post-op runs inside, a residual and what follows it in torch. A quantized output (`y_scale`) oneDNN writes
-    as int8 itself when nothing is left for torch, else torch quantizes the float result."""
+    a post-op runs inside. A residual of the output's shape followed by nothing or a ReLU is oneDNN's sum
+    post-op (the residual, copied, is the buffer oneDNN accumulates into): in int8 with its z_scale when both
+    the residual and the output are quantized, else in float32; another residual runs in torch. A quantized
+    output (`y_scale`) oneDNN writes as int8 itself when nothing is left for torch, else torch quantizes the
+    float result."""
 
     family = "vendor"
     name = "onednn-qconv"
@@ -452,6 +455,7 @@ class OneDnnQuantizedConvTactic(Tactic):
         dilations = list(conv.get("dilations") or [1, 1])
         group = conv.get("group", 1)
         residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        summed = residual and not pre and post in ("", "Relu")  # oneDNN's sum post-op, then its ReLU
         inside = not residual and pre in _ONEDNN_UNARY
         unary, scalars = _ONEDNN_UNARY[pre](pre_params) if inside else ("none", [])
         y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
@@ -459,15 +463,45 @@ class OneDnnQuantizedConvTactic(Tactic):
         onednn = torch.ops.onednn
         packed: dict[tuple[int, ...], torch.Tensor] = {}
         zero = torch.zeros(node.inputs[1].shape[0], dtype=torch.int64)  # the weight's zero points
+        weight_shape = tuple(node.inputs[1].shape)
 
-        def kernel(inputs):
-            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+        def weight_for(x, w, w_scale):
             key = tuple(x.shape)
             weight = packed.get(key)
             if weight is None:
                 weight = onednn.qconv_prepack(w, w_scale, x_scale, 128, strides, padding, dilations, group, list(key))
                 packed[key] = weight
+            return weight
+
+        def sum_post_op(q, weight, w_scale, b, z):
+            """The convolution + bias + residual (+ ReLU) in one oneDNN call, or None when z does not fit."""
+            _, _, out_hw = window_geometry(
+                q.shape[2:], weight_shape[2:], strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
+            )
+            if tuple(z.shape) != (q.shape[0], weight_shape[0], *out_hw):
+                return None  # a broadcast residual: added in torch
+            in_int8 = y_scale > 0 and z.dtype == torch.int8
+            if in_int8:
+                accum = z.clone(memory_format=torch.channels_last)
+                accum_scale, dtype, scale = z_scale, torch.int8, y_scale
+            else:
+                accum = residual_values(z, z_scale).to(torch.float32).contiguous(memory_format=torch.channels_last)
+                accum = accum.clone() if accum.data_ptr() == z.data_ptr() else accum
+                accum_scale, dtype, scale = 1.0, torch.float32, 1.0
+            y = onednn.qconv2d_pointwise.binary(
+                q, x_scale, 128, weight, w_scale, zero, accum, b, strides, padding, dilations, group, scale, 0,
+                dtype, accum_scale, 0, "sum", 1.0, "relu" if post else "none", [], "",
+            )  # fmt: skip
+            return y if in_int8 else requantize(y, y_scale, "int8", torch.float32)
+
+        def kernel(inputs):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            weight = weight_for(x, w, w_scale)
             q = _uint8_activation(x, x_scale).contiguous(memory_format=torch.channels_last)
+            if summed:
+                y = sum_post_op(q, weight, w_scale, b, z)
+                if y is not None:
+                    return (y,)
             y = onednn.qconv2d_pointwise(
                 q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, out_scale, 0,
                 out_dtype, unary, scalars, "",
