@@ -3,8 +3,10 @@ with a constant matrix weight a `tensorforge::QuantizedGemm`.
 
 The activation scale comes from the calibration table (per tensor, int8: `amax / 127`; fp8 E4M3:
 `amax / 448`), the weight is quantized once per output channel (`weights.py`'s scales, the same ones the Q/DQ
-simulation uses), so an engine of quantized layers computes what `simulate_int8` computes. Other quantizable
-layers (ConvTranspose, a FusedGemm with a computed or batched weight, transA, alpha or beta) stay float.
+simulation uses), so an engine of quantized layers computes what `simulate_quantized` computes (up to the
+rounding of quantized residual streams, `passes.quant_chain`, which builds with an accuracy target leave out).
+Other quantizable layers (ConvTranspose, a FusedGemm with a computed or batched weight, transA, alpha or beta)
+stay float.
 """
 
 from __future__ import annotations
