@@ -3,10 +3,12 @@ QuantizedGemm of a zoo model's int8 (or fp8) engine, the fastest quantized kerne
 fallback, as the autotuner timed them on the layer's real inputs, and which one the build kept.
 
     python bench/quantized_layers.py --model resnet50 --batch 256 --precision int8 --chain always --out DIR
+    python bench/quantized_layers.py --model resnet50 --device cpu --chain off always --out DIR   # side by side
 
 Prints a table (layer, shape, what it reads and writes, quantized ms, float ms, their ratio) and the engine's
-end-to-end time; writes `quantized-layers-MODEL-bBATCH-PRECISION-CHAIN.json` under DIR, which also keeps,
-per layer, why candidates failed or were refused. A ratio under 1 is a layer the quantized kernels win.
+end-to-end time (with several `--chain` modes, the engines timed in alternation in one process); writes
+`quantized-layers-MODEL-bBATCH-PRECISION-CHAIN.json` under DIR, which also keeps, per layer, why candidates
+failed or were refused. A ratio under 1 is a layer the quantized kernels win.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -98,41 +101,51 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--precision", choices=("int8", "fp8"), default="int8")
-    parser.add_argument("--chain", choices=CHAIN_MODES, default="auto")
+    parser.add_argument("--chain", choices=CHAIN_MODES, nargs="+", default=["auto"], help="one engine per mode")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--effort", type=int, default=0)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="timings of the engines in alternation")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
     size = BENCH_SIZES.get(args.model, 224)
     case = Case(args.model, args.batch, size, device, args.runs, args.warmup, args.effort)
-    engine, build_s = build_engine(case, args.precision, chain=args.chain)
-    context = engine.create_context()
     feeds = {k: v.to(device) for k, v in case.feeds.items()}
-    ms = case.time(lambda: context.run(feeds))
-    error = case.error(context.run(feeds)["output"])
-    rows = layer_rows(engine)
-    print(table(rows))
-    print(f"{args.model} batch {args.batch} {args.precision} chain {args.chain}: {ms:.3f} ms, built in {build_s:.1f} s")
+    built = {}
+    for chain in args.chain:
+        engine, build_s = build_engine(case, args.precision, chain=chain)
+        built[chain] = (engine, build_s, engine.create_context())
+    # Engines timed in alternation, the median of the rounds' medians: a noisy machine slows them alike.
+    times: dict[str, list[float]] = {chain: [] for chain in built}
+    for _ in range(args.rounds):
+        for chain, (_, _, context) in built.items():
+            times[chain].append(case.time(lambda context=context: context.run(feeds)))
+    command = " ".join(["python", "bench/quantized_layers.py", *(sys.argv[1:] if argv is None else argv)])
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"quantized-layers-{args.model}-b{args.batch}-{args.precision}-{args.chain}.json"
-    result = {
-        "invocation": {
-            **invocation(device, []),
-            "command": " ".join(["python", "bench/quantized_layers.py", *(sys.argv[1:] if argv is None else argv)]),
-        },
-        "ms": ms,
-        "build_s": build_s,
-        "error_vs_fp64": error,
-        "chaining": engine.report.get("quantized_activations"),
-        "layers": rows,
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"wrote {path}")
+    for chain, (engine, build_s, context) in built.items():
+        ms = statistics.median(times[chain])
+        rows = layer_rows(engine)
+        print(table(rows))
+        print(f"{args.model} batch {args.batch} {args.precision} chain {chain}: {ms:.3f} ms, built in {build_s:.1f} s")
+        path = args.out / f"quantized-layers-{args.model}-b{args.batch}-{args.precision}-{chain}.json"
+        result = {
+            "invocation": {**invocation(device, []), "command": command},
+            "ms": ms,
+            "rounds_ms": times[chain],
+            "build_s": build_s,
+            "error_vs_fp64": case.error(context.run(feeds)["output"]),
+            "chaining": engine.report.get("quantized_activations"),
+            "layers": rows,
+            "date": time.strftime("%Y-%m-%d"),
+        }
+        path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print(f"wrote {path}")
+    if len(built) > 1:
+        summary = ", ".join(f"chain {chain} {statistics.median(times[chain]):.3f} ms" for chain in built)
+        print(f"side by side ({args.rounds} rounds in alternation): {summary}")
 
 
 if __name__ == "__main__":
