@@ -13,7 +13,8 @@
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256")
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
 #             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all)
-#   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500)
+#   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500
+#             shared by the models; ZOO_MODELS, ZOO_BATCHES to choose: a depthwise net's build takes about 130 s)
 #   max       ResNet-50 fp16 batch 256 beside torch.compile max-autotune (MAX_S=550)
 set -uo pipefail
 out=${1:?output directory}
@@ -70,8 +71,12 @@ for stage in $stages; do
       grep -E "win|chain" "$out/layers.txt" | cut -c1-200
       ;;
     zoo)
-      for model in mobilenetv3 efficientnet_b0; do
-        timeout "$(( ${ZOO_S:-500} / 2 ))" python3 bench/suite.py --models "$model" --batch 1 --batch 256 \
+      # shellcheck disable=SC2206 - ZOO_MODELS is a list of names
+      models=(${ZOO_MODELS:-mobilenetv3 efficientnet_b0})
+      batches=()
+      for batch in ${ZOO_BATCHES:-1 256}; do batches+=(--batch "$batch"); done
+      for model in "${models[@]}"; do
+        timeout "$(( ${ZOO_S:-500} / ${#models[@]} ))" python3 bench/suite.py --models "$model" "${batches[@]}" \
           --systems tensorforge eager+graph compile-ro compile --precision fp16 --effort 0 --runs 30 --merge \
           --out "$out/suite" >> "$out/zoo.txt" 2>&1
       done
