@@ -110,10 +110,11 @@ class Builder:
         if self.config.quantized_type is not None:
             quantization = quantize_model(model, self.config, self.device, self.calibration_data)
             infer_model(model, check=False)
-        chain = (self.config.quantization or QuantizationConfig()).chain
+        quantization_config = self.config.quantization or QuantizationConfig()
+        chain = quantization_config.chain
         # Quantized residuals round values the accuracy-target search did not see rounded: with a target,
         # residuals stay float (the X chains are exact, see passes.quant_chain).
-        residuals = (self.config.quantization or QuantizationConfig()).target is None
+        residuals = quantization_config.target is None
         model, chaining = chain_quantized(model, enabled=chain == "always", residuals=residuals)
         model.graph.sort()
         cache = self._load_cache()

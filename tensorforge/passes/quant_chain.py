@@ -57,23 +57,28 @@ def is_quantized_layer(node: Node) -> bool:
     return qualified_op(node) in QUANTIZED_LAYERS
 
 
-class RequantizeForReaders(Rule):
-    """`C_i(P(...)) = C_i'(P(...; y_scale = s))` when every reader C_i of P's output quantizes it with scale s."""
+class _RequantizeOutput(Rule):
+    """What both chaining rules share: a quantized layer with a float output, declined where the output must stay
+    float; the readers it may serve are each rule's own (`_serves`, `_reader_problem`)."""
 
-    name = "requantize-for-readers"
     op_types = QUANTIZED_LAYERS
 
     def __init__(self, eligible: Collection[Node] | None = None) -> None:
         self.eligible = eligible  # None: every quantized layer may read and write quantized activations
 
+    def _serves(self, readers: list[tuple[Node, int]]) -> bool:
+        raise NotImplementedError
+
+    def _reader_problem(self, reader: Node, index: int, output: Value, quant: str, scales: set[float]) -> str | None:
+        """Why `reader` (reading `output` as input `index`) keeps it float; adds its input scale to `scales`."""
+        raise NotImplementedError
+
     def match(self, node: Node, ctx: PassContext) -> _Chain | None:
         if node.attributes.get("y_scale", 0.0) or not node.outputs:
             return None
         output = node.outputs[0]
         readers = list(output.uses())
-        if not any(is_quantized_layer(reader) and index == 0 for reader, index in readers):
-            return None  # no quantized reader: not a candidate
-        return _Chain(node, output, readers)
+        return _Chain(node, output, readers) if self._serves(readers) else None
 
     def check(self, match: _Chain, ctx: PassContext) -> str | None:
         quant = match.producer.attributes.get("quant", "int8")
@@ -81,69 +86,11 @@ class RequantizeForReaders(Rule):
             return f"{match.output.name!r} is a graph output: it stays float"
         if match.output.dtype not in (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16, DType.UNDEFINED):
             return f"{match.output.name!r} is {match.output.dtype.name}, not a float activation"
-        scales = set()
+        scales: set[float] = set()
         for reader, index in match.readers:
-            if not is_quantized_layer(reader):
-                return f"{reader.label} ({reader.op_type}) reads {match.output.name!r} in float"
-            if index != 0:
-                return f"{reader.label} reads {match.output.name!r} as input {index} (a residual stays float)"
-            kind = reader.attributes.get("quant", "int8")
-            if kind != quant:
-                return f"{reader.label} quantizes to {kind}, this layer's type is {quant}"
-            scales.add(float(reader.attributes["x_scale"]))
-        if len(scales) > 1:
-            return f"the readers of {match.output.name!r} quantize it with different scales {sorted(scales)}"
-        if self.eligible is not None:
-            for node in [match.producer, *(reader for reader, _ in match.readers)]:
-                if node not in self.eligible:
-                    return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
-        return None
-
-    def rewrite(self, match: _Chain, ctx: PassContext) -> str:
-        quant = match.producer.attributes.get("quant", "int8")
-        scale = float(match.readers[0][0].attributes["x_scale"])
-        match.producer.attributes["y_scale"] = scale
-        match.output.dtype = QUANT_TYPES[quant]
-        return f"writes {quant} (scale {scale:.6g}) for {len(match.readers)} quantized reader(s)"
-
-
-class RequantizeResidualStream(Rule):
-    """`C_j(..., Z = P(...)) = C_j'(..., Z = P(...; y_scale = s))` with C_j' taking `z_scale` = s, when P's readers
-    quantize its output as X with scale s or add it as the residual of a QuantizedConv that reads X quantized."""
-
-    name = "requantize-residual-stream"
-    op_types = QUANTIZED_LAYERS
-
-    def __init__(self, eligible: Collection[Node] | None = None) -> None:
-        self.eligible = eligible
-
-    def match(self, node: Node, ctx: PassContext) -> _Chain | None:
-        if node.attributes.get("y_scale", 0.0) or not node.outputs:
-            return None
-        output = node.outputs[0]
-        readers = list(output.uses())
-        if not any(reader.op_type == "QuantizedConv" and index == 3 for reader, index in readers):
-            return None  # not a residual of a quantized layer
-        return _Chain(node, output, readers)
-
-    def check(self, match: _Chain, ctx: PassContext) -> str | None:
-        quant = match.producer.attributes.get("quant", "int8")
-        if is_graph_output(match.output):
-            return f"{match.output.name!r} is a graph output: it stays float"
-        if match.output.dtype not in (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16, DType.UNDEFINED):
-            return f"{match.output.name!r} is {match.output.dtype.name}, not a float activation"
-        scales = set()
-        for reader, index in match.readers:
-            if not is_quantized_layer(reader):
-                return f"{reader.label} ({reader.op_type}) reads {match.output.name!r} in float"
-            if reader.attributes.get("quant", "int8") != quant:
-                return f"{reader.label} quantizes to {reader.attributes.get('quant', 'int8')}, this layer's is {quant}"
-            if index == 0:
-                scales.add(float(reader.attributes["x_scale"]))
-            elif index != 3 or reader.op_type != "QuantizedConv":
-                return f"{reader.label} reads {match.output.name!r} as input {index}"
-            elif reader.inputs[0].dtype != QUANT_TYPES[quant]:
-                return f"{reader.label} adds {match.output.name!r} but reads its own input in float"
+            problem = self._reader_problem(reader, index, match.output, quant, scales)
+            if problem:
+                return problem
         if not scales:
             return f"no quantized layer reads {match.output.name!r} as its input: the residual has no scale"
         if len(scales) > 1:
@@ -154,11 +101,64 @@ class RequantizeResidualStream(Rule):
                     return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
         return None
 
-    def rewrite(self, match: _Chain, ctx: PassContext) -> str:
+    @staticmethod
+    def _requantize(match: _Chain) -> tuple[str, float]:
+        """P writes Q(Y) on its input readers' scale; returns (quantized type, scale)."""
         quant = match.producer.attributes.get("quant", "int8")
         scale = next(float(reader.attributes["x_scale"]) for reader, index in match.readers if index == 0)
         match.producer.attributes["y_scale"] = scale
         match.output.dtype = QUANT_TYPES[quant]
+        return quant, scale
+
+
+class RequantizeForReaders(_RequantizeOutput):
+    """`C_i(P(...)) = C_i'(P(...; y_scale = s))` when every reader C_i of P's output quantizes it with scale s."""
+
+    name = "requantize-for-readers"
+
+    def _serves(self, readers: list[tuple[Node, int]]) -> bool:
+        return any(is_quantized_layer(reader) and index == 0 for reader, index in readers)
+
+    def _reader_problem(self, reader: Node, index: int, output: Value, quant: str, scales: set[float]) -> str | None:
+        if not is_quantized_layer(reader):
+            return f"{reader.label} ({reader.op_type}) reads {output.name!r} in float"
+        if index != 0:
+            return f"{reader.label} reads {output.name!r} as input {index} (a residual stays float)"
+        kind = reader.attributes.get("quant", "int8")
+        if kind != quant:
+            return f"{reader.label} quantizes to {kind}, this layer's type is {quant}"
+        scales.add(float(reader.attributes["x_scale"]))
+        return None
+
+    def rewrite(self, match: _Chain, ctx: PassContext) -> str:
+        quant, scale = self._requantize(match)
+        return f"writes {quant} (scale {scale:.6g}) for {len(match.readers)} quantized reader(s)"
+
+
+class RequantizeResidualStream(_RequantizeOutput):
+    """`C_j(..., Z = P(...)) = C_j'(..., Z = P(...; y_scale = s))` with C_j' taking `z_scale` = s, when P's readers
+    quantize its output as X with scale s or add it as the residual of a QuantizedConv that reads X quantized."""
+
+    name = "requantize-residual-stream"
+
+    def _serves(self, readers: list[tuple[Node, int]]) -> bool:
+        return any(reader.op_type == "QuantizedConv" and index == 3 for reader, index in readers)
+
+    def _reader_problem(self, reader: Node, index: int, output: Value, quant: str, scales: set[float]) -> str | None:
+        if not is_quantized_layer(reader):
+            return f"{reader.label} ({reader.op_type}) reads {output.name!r} in float"
+        if reader.attributes.get("quant", "int8") != quant:
+            return f"{reader.label} quantizes to {reader.attributes.get('quant', 'int8')}, this layer's is {quant}"
+        if index == 0:
+            scales.add(float(reader.attributes["x_scale"]))
+        elif index != 3 or reader.op_type != "QuantizedConv":
+            return f"{reader.label} reads {output.name!r} as input {index}"
+        elif reader.inputs[0].dtype != QUANT_TYPES[quant]:
+            return f"{reader.label} adds {output.name!r} but reads its own input in float"
+        return None
+
+    def rewrite(self, match: _Chain, ctx: PassContext) -> str:
+        quant, scale = self._requantize(match)
         residual_readers = [reader for reader, index in match.readers if index == 3]
         for reader in residual_readers:
             reader.attributes["z_scale"] = scale

@@ -30,7 +30,7 @@ import torch
 
 from ..ir import DType, Node, qualified_op
 from ..kernels.quantize import KINDS
-from ..ops.fused import DOMAIN
+from ..ops.fused import DOMAIN, is_quantized_tensor
 from ..ops.math_flags import full_float32
 from . import cuda_family, fallback, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
 from .base import Tactic, tactics_for
@@ -246,7 +246,7 @@ def _quantizes_float_input(node: Node) -> bool:
 
 def _is_float_tensor(t: Any) -> bool:
     """A tensor of real values (a float8 tensor holds quantized ones)."""
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1
+    return isinstance(t, torch.Tensor) and not is_quantized_tensor(t)
 
 
 def _activations(node: Node, inputs: Sequence[Any]) -> list[Any]:

@@ -124,7 +124,6 @@ class _FloatFallback(Tactic):
         weights: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
         x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
         y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
-
         dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
 
         def run(inputs):

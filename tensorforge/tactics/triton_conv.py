@@ -20,7 +20,6 @@ from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
 from ..ops.pool import window_geometry
 from .base import Kernel, Tactic, allocate, register_tactic
-from .variant import operand_float_type
 
 _FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
@@ -156,4 +155,7 @@ class TritonQuantizedConvTactic(Tactic):
 def _float_output(x: torch.Tensor, b: torch.Tensor | None, z: torch.Tensor | None) -> torch.dtype:
     """The float type a quantized layer writes when it writes float: x's, or for a quantized x the bias's or
     the residual's (the variant converted them), else float32."""
-    return operand_float_type(b, z) if is_quantized_tensor(x) else x.dtype
+    if not is_quantized_tensor(x):
+        return x.dtype
+    floats = (t.dtype for t in (b, z) if t is not None and not is_quantized_tensor(t))
+    return next(floats, torch.float32)

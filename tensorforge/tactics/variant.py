@@ -54,14 +54,6 @@ class Variant:
         return {"NCHW": torch.contiguous_format, "NHWC": torch.channels_last}.get(self.layout)
 
 
-def operand_float_type(*tensors: torch.Tensor | None) -> torch.dtype:
-    """The float type of the variant a layer runs in, read off its float operands (the variant converted them;
-    quantized ones, int8 or float8, it does not): the first float one's type, float32 when there is none."""
-    return next(
-        (t.dtype for t in tensors if t is not None and t.is_floating_point() and t.element_size() > 1), torch.float32
-    )
-
-
 def precision_choices(node: Node, allowed: Sequence[str]) -> list[str]:
     """The precisions worth trying for `node`: only fp32 unless it reads or writes a float32 tensor."""
     values = [v for v in (*node.inputs, *node.outputs) if v is not None]

@@ -461,24 +461,25 @@ class OneDnnQuantizedConvTactic(Tactic):
         y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         out_scale, out_dtype = _onednn_output(y_scale, tail=residual or not inside)
         onednn = torch.ops.onednn
-        packed: dict[tuple[int, ...], torch.Tensor] = {}
+        packed: dict[tuple[int, ...], tuple[torch.Tensor, tuple[int, ...]]] = {}  # x shape -> (weight, y shape)
         zero = torch.zeros(node.inputs[1].shape[0], dtype=torch.int64)  # the weight's zero points
         weight_shape = tuple(node.inputs[1].shape)
 
         def weight_for(x, w, w_scale):
+            """The weight packed for x's shape, and the output shape, both worked out once per input shape."""
             key = tuple(x.shape)
-            weight = packed.get(key)
-            if weight is None:
+            entry = packed.get(key)
+            if entry is None:
                 weight = onednn.qconv_prepack(w, w_scale, x_scale, 128, strides, padding, dilations, group, list(key))
-                packed[key] = weight
-            return weight
+                _, _, out_hw = window_geometry(
+                    key[2:], weight_shape[2:], strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
+                )
+                entry = packed[key] = (weight, (key[0], weight_shape[0], *out_hw))
+            return entry
 
-        def sum_post_op(q, weight, w_scale, b, z):
+        def sum_post_op(q, weight, out_shape, w_scale, b, z):
             """The convolution + bias + residual (+ ReLU) in one oneDNN call, or None when z does not fit."""
-            _, _, out_hw = window_geometry(
-                q.shape[2:], weight_shape[2:], strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
-            )
-            if tuple(z.shape) != (q.shape[0], weight_shape[0], *out_hw):
+            if tuple(z.shape) != out_shape:
                 return None  # a broadcast residual: added in torch
             in_int8 = y_scale > 0 and z.dtype == torch.int8
             if in_int8:
@@ -496,10 +497,10 @@ class OneDnnQuantizedConvTactic(Tactic):
 
         def kernel(inputs):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
-            weight = weight_for(x, w, w_scale)
+            weight, out_shape = weight_for(x, w, w_scale)
             q = _uint8_activation(x, x_scale).contiguous(memory_format=torch.channels_last)
             if summed:
-                y = sum_post_op(q, weight, w_scale, b, z)
+                y = sum_post_op(q, weight, out_shape, w_scale, b, z)
                 if y is not None:
                     return (y,)
             y = onednn.qconv2d_pointwise(
