@@ -112,9 +112,10 @@ class Builder:
             infer_model(model, check=False)
         quantization_config = self.config.quantization or QuantizationConfig()
         chain = quantization_config.chain
-        # Quantized residuals round values the accuracy-target search did not see rounded: with a target,
-        # residuals stay float (the X chains are exact, see passes.quant_chain).
-        residuals = quantization_config.target is None
+        # Quantized residuals round values (the X chains are exact, see passes.quant_chain): with an accuracy
+        # target, only when its search measured that rounding (it does unless chaining is off).
+        target = (quantization or {}).get("target")
+        residuals = target is None or target["residuals"]
         model, chaining = chain_quantized(model, enabled=chain == "always", residuals=residuals)
         model.graph.sort()
         cache = self._load_cache()
@@ -129,8 +130,12 @@ class Builder:
             )
         if chaining is not None:
             chaining["mode"] = chain
-            if not residuals:
-                chaining["residuals"] = "float: the accuracy target was verified without quantized residuals"
+            if target is not None and chaining["enabled"]:
+                chaining["residuals"] = (
+                    "verified: the accuracy-target search rounded the residuals the chained engine adds quantized"
+                    if residuals
+                    else "float: the accuracy target was verified without quantized residuals"
+                )
         tuning_seconds = time.perf_counter() - tuning_started
         if quantization is not None:
             quantization["timed_to_float"] = [_fallback_layers(model, plan) for plan in plans]

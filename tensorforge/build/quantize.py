@@ -5,6 +5,8 @@
    device), then written to the cache when one is named.
 2. Layers: with an accuracy target, the mixed-precision search returns the most sensitive layers to float
    until the simulated int8 model meets it on the calibration data; layers the user names stay float too.
+   Unless chaining is off, the simulation also rounds the residuals the chained engine will add from their
+   quantized values (`simulate_quantized(residuals=True)`), so the builder may keep those quantized.
 3. Every other calibrated FusedConv becomes a QuantizedConv (`quant.lower`); the report says which layers
    stayed float and why.
 """
@@ -82,8 +84,9 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
         if feeds is None:
             raise InputError("an accuracy target needs calibration data to measure it on: give --calib")
         result = mixed_precision(
-            model, table, feeds, Target(*settings.target), device=device, fixed_float=[*fixed, *keep], quant=quant
-        )
+            model, table, feeds, Target(*settings.target), device=device, fixed_float=[*fixed, *keep], quant=quant,
+            residuals=settings.chain != "off",
+        )  # fmt: skip
         keep += result.keep_float
         reasons.update(result.reasons)
         section["target"] = {
@@ -92,6 +95,7 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
             "all_quantized": result.all_quantized.metric(settings.target[0]),
             "achieved": result.achieved.metric(settings.target[0]),
             "met": result.met,
+            "residuals": result.residuals,  # measured with the chained engine's quantized residuals
         }
     lowering = quantize_layers(model, table, keep_float=keep, quant=quant)
     reasons.update({name: why for name, why in lowering.left_float.items() if name not in reasons})

@@ -17,7 +17,8 @@ they do not (a model whose own Q/DQ quantize one tensor with different scales). 
 - the readers quantize to another type than P's,
 - (when the build names the layers that run quantized in its tuned plan, `eligible`) P or a reader runs as
   its float original there: a float kernel would pay a dequantize or a quantize of its own.
-The builder keeps a chained graph only when its plan times faster end to end (`build.builder`).
+The builder keeps a chained graph only when its plan times faster end to end (`build.builder`). These conditions
+are stated once, in `ops.chain_rules`, which the Q/DQ simulation of the accuracy-target search applies too.
 
 Residual streams (a second pass, after the first has chained what it can): when Y is also read as the residual Z
 of QuantizedConv readers C_j, and at least one reader quantizes Y as its X with scale s,
@@ -25,9 +26,10 @@ of QuantizedConv readers C_j, and at least one reader quantizes Y as its X with 
     C_j(..., Z = Y) = C_j'(..., Z = Q_s(Y))    with C_j' adding Q_s(Y) · s (`z_scale` = s)
 
 which rounds the residual onto the grid its X readers quantize it to anyway (the one approximation chaining
-adds; the accuracy-target search measures it). Only readers that already read their X quantized take a
-quantized Z: their float fallback then reads only quantized activations, which it dequantizes exactly. A
-ResNet's block outputs, read by the next block's first convolution and added by its last, travel in int8.
+adds; `quant.simulate_quantized(residuals=True)` rounds it too, so the accuracy-target search measures it).
+Only readers that already read their X quantized take a quantized Z: their float fallback then reads only
+quantized activations, which it dequantizes exactly. A ResNet's block outputs, read by the next block's first
+convolution and added by its last, travel in int8.
 """
 
 from __future__ import annotations
@@ -37,13 +39,19 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ..ir import DType, Graph, Model, Node, Value, qualified_op
-from ..ops.fused import DOMAIN, QUANT_TYPES
+from ..ir import Graph, Model, Node, Value
+from ..ops.chain_rules import (
+    INPUT_CHAINS,
+    QUANTIZED_LAYERS,
+    RESIDUAL_STREAMS,
+    Z_INPUT,
+    ChainRule,
+    ChainView,
+    is_quantized_layer,
+)
+from ..ops.fused import QUANT_TYPES
 from .base import PassContext, Rule, RulePass, _label
 from .manager import PassManager
-from .utils import is_graph_output
-
-QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
 
 
 @dataclass
@@ -53,59 +61,28 @@ class _Chain:
     readers: list[tuple[Node, int]]  # (node, input index)
 
 
-def is_quantized_layer(node: Node) -> bool:
-    return qualified_op(node) in QUANTIZED_LAYERS
-
-
 class _RequantizeOutput(Rule):
     """What both chaining rules share: a quantized layer with a float output, declined where the output must stay
-    float; the readers it may serve are each rule's own (`_serves`, `_reader_problem`)."""
+    float; which readers it may serve is each rule's own (`ops.chain_rules`, also the simulation's)."""
 
     op_types = QUANTIZED_LAYERS
+    chain_rule: ChainRule
 
     def __init__(self, eligible: Collection[Node] | None = None) -> None:
         self.eligible = eligible  # None: every quantized layer may read and write quantized activations
-
-    def _serves(self, readers: list[tuple[Node, int]]) -> bool:
-        raise NotImplementedError
-
-    def _reader_problem(self, reader: Node, index: int, output: Value, quant: str, scales: set[float]) -> str | None:
-        """Why `reader` (reading `output` as input `index`) keeps it float; adds its input scale to `scales`."""
-        raise NotImplementedError
+        self.view = ChainView()  # the graph itself says what is quantized: the rewrites set y_scale and dtypes
 
     def match(self, node: Node, ctx: PassContext) -> _Chain | None:
-        if node.attributes.get("y_scale", 0.0) or not node.outputs:
-            return None
-        output = node.outputs[0]
-        readers = list(output.uses())
-        return _Chain(node, output, readers) if self._serves(readers) else None
+        readers = self.chain_rule.candidate(node, self.view)
+        return None if readers is None else _Chain(node, node.outputs[0], readers)
 
     def check(self, match: _Chain, ctx: PassContext) -> str | None:
-        quant = match.producer.attributes.get("quant", "int8")
-        if is_graph_output(match.output):
-            return f"{match.output.name!r} is a graph output: it stays float"
-        if match.output.dtype not in (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16, DType.UNDEFINED):
-            return f"{match.output.name!r} is {match.output.dtype.name}, not a float activation"
-        scales: set[float] = set()
-        for reader, index in match.readers:
-            problem = self._reader_problem(reader, index, match.output, quant, scales)
-            if problem:
-                return problem
-        if not scales:
-            return f"no quantized layer reads {match.output.name!r} as its input: the residual has no scale"
-        if len(scales) > 1:
-            return f"the readers of {match.output.name!r} quantize it with different scales {sorted(scales)}"
-        if self.eligible is not None:
-            for node in [match.producer, *(reader for reader, _ in match.readers)]:
-                if node not in self.eligible:
-                    return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
-        return None
+        return self.chain_rule.problem(match.producer, match.readers, self.view, self.eligible)
 
-    @staticmethod
-    def _requantize(match: _Chain) -> tuple[str, float]:
+    def _requantize(self, match: _Chain) -> tuple[str, float]:
         """P writes Q(Y) on its input readers' scale; returns (quantized type, scale)."""
         quant = match.producer.attributes.get("quant", "int8")
-        scale = next(float(reader.attributes["x_scale"]) for reader, index in match.readers if index == 0)
+        scale = self.chain_rule.scale(match.readers, self.view)
         match.producer.attributes["y_scale"] = scale
         match.output.dtype = QUANT_TYPES[quant]
         return quant, scale
@@ -115,20 +92,7 @@ class RequantizeForReaders(_RequantizeOutput):
     """`C_i(P(...)) = C_i'(P(...; y_scale = s))` when every reader C_i of P's output quantizes it with scale s."""
 
     name = "requantize-for-readers"
-
-    def _serves(self, readers: list[tuple[Node, int]]) -> bool:
-        return any(is_quantized_layer(reader) and index == 0 for reader, index in readers)
-
-    def _reader_problem(self, reader: Node, index: int, output: Value, quant: str, scales: set[float]) -> str | None:
-        if not is_quantized_layer(reader):
-            return f"{reader.label} ({reader.op_type}) reads {output.name!r} in float"
-        if index != 0:
-            return f"{reader.label} reads {output.name!r} as input {index} (a residual stays float)"
-        kind = reader.attributes.get("quant", "int8")
-        if kind != quant:
-            return f"{reader.label} quantizes to {kind}, this layer's type is {quant}"
-        scales.add(float(reader.attributes["x_scale"]))
-        return None
+    chain_rule = INPUT_CHAINS
 
     def rewrite(self, match: _Chain, ctx: PassContext) -> str:
         quant, scale = self._requantize(match)
@@ -140,26 +104,11 @@ class RequantizeResidualStream(_RequantizeOutput):
     quantize its output as X with scale s or add it as the residual of a QuantizedConv that reads X quantized."""
 
     name = "requantize-residual-stream"
-
-    def _serves(self, readers: list[tuple[Node, int]]) -> bool:
-        return any(reader.op_type == "QuantizedConv" and index == 3 for reader, index in readers)
-
-    def _reader_problem(self, reader: Node, index: int, output: Value, quant: str, scales: set[float]) -> str | None:
-        if not is_quantized_layer(reader):
-            return f"{reader.label} ({reader.op_type}) reads {output.name!r} in float"
-        if reader.attributes.get("quant", "int8") != quant:
-            return f"{reader.label} quantizes to {reader.attributes.get('quant', 'int8')}, this layer's is {quant}"
-        if index == 0:
-            scales.add(float(reader.attributes["x_scale"]))
-        elif index != 3 or reader.op_type != "QuantizedConv":
-            return f"{reader.label} reads {output.name!r} as input {index}"
-        elif reader.inputs[0].dtype != QUANT_TYPES[quant]:
-            return f"{reader.label} adds {output.name!r} but reads its own input in float"
-        return None
+    chain_rule = RESIDUAL_STREAMS
 
     def rewrite(self, match: _Chain, ctx: PassContext) -> str:
         quant, scale = self._requantize(match)
-        residual_readers = [reader for reader, index in match.readers if index == 3]
+        residual_readers = [reader for reader, index in match.readers if index == Z_INPUT]
         for reader in residual_readers:
             reader.attributes["z_scale"] = scale
         return f"writes {quant} (scale {scale:.6g}), the residual of {len(residual_readers)} layer(s)"

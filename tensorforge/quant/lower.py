@@ -3,8 +3,9 @@ with a constant matrix weight a `tensorforge::QuantizedGemm`.
 
 The activation scale comes from the calibration table (per tensor, int8: `amax / 127`; fp8 E4M3:
 `amax / 448`), the weight is quantized once per output channel (`weights.py`'s scales, the same ones the Q/DQ
-simulation uses), so an engine of quantized layers computes what `simulate_quantized` computes (up to the
-rounding of quantized residual streams, `passes.quant_chain`, which builds with an accuracy target leave out).
+simulation uses), so an engine of quantized layers computes what `simulate_quantized` computes; with
+`residuals=True` the simulation also rounds the quantized residual streams that `passes.quant_chain` forms
+afterwards, knowing the lowered layers from `engine_layers`.
 Other quantizable layers (ConvTranspose, a FusedGemm with a computed or batched weight, transA, alpha or beta)
 stay float.
 """
@@ -20,6 +21,7 @@ from ..errors import InputError
 from ..ir import Model, Node, Value, qualified_op, validate
 from ..kernels.quantize import KINDS, MIN_SCALE
 from ..kernels.quantize import quantize_weight as kernels_quantize_weight
+from ..ops.chain_rules import QuantizedLayer, layer_of
 from ..ops.fused import DOMAIN
 from ..passes.base import PassContext
 from ..passes.utils import add_initializer, remove_unused_initializers, replace_with_fused
@@ -28,6 +30,7 @@ from .layers import QuantLayer, quantizable_layers
 
 FUSED_CONV = f"{DOMAIN}::FusedConv"
 FUSED_GEMM = f"{DOMAIN}::FusedGemm"
+LOWERED_OPS = {FUSED_CONV: "QuantizedConv", FUSED_GEMM: "QuantizedGemm"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,34 @@ def quantize_layers(
 ) -> Lowering:
     """Rewrite, in place, every FusedConv of `model` that `quantizable_layers` lists and `keep_float` does not
     name into a QuantizedConv of type `quant` ("int8" or "fp8e4m3"), with the scales of `table`."""
+    chosen, left = _selection(model, keep_float, quant)
+    # Scales by the original value names, before rewriting renames any output.
+    scales = {layer.name: activation_scale(table, layer.node.inputs[0], quant) for layer in chosen}
+    ctx = PassContext(model)
+    for layer in chosen:
+        _rewrite(ctx, layer, scales[layer.name], quant)
+    remove_unused_initializers(model.graph)
+    model.graph.sort()
+    validate(model.graph)
+    return Lowering(tuple(layer.name for layer in chosen), left)
+
+
+def engine_layers(
+    model: Model, table: CalibrationTable, *, keep_float: Iterable[str] = (), quant: str = "int8"
+) -> dict[Node, QuantizedLayer]:
+    """The quantized layer each node of `model` is, or becomes when `quantize_layers` lowers `model` with these
+    arguments, as the chaining rules see it (`ops.chain_rules`): the layers it would quantize, and the
+    QuantizedConv / QuantizedGemm already there (a model's own Q/DQ). The model is left as it is."""
+    chosen, _ = _selection(model, keep_float, quant)
+    layers = {node: layer for node in model.graph.nodes if (layer := layer_of(node)) is not None}
+    for layer in chosen:
+        x_scale = activation_scale(table, layer.node.inputs[0], quant)
+        layers[layer.node] = QuantizedLayer(LOWERED_OPS[qualified_op(layer.node)], quant, x_scale)
+    return layers
+
+
+def _selection(model: Model, keep_float: Iterable[str], quant: str) -> tuple[list[QuantLayer], dict[str, str]]:
+    """The layers `quantize_layers` quantizes, and those it leaves float with the reason."""
     if quant not in KINDS:
         raise InputError(f"unknown quantized type {quant!r}: choose from {sorted(KINDS)}")
     layers = quantizable_layers(model)
@@ -76,19 +107,11 @@ def quantize_layers(
         )
     left = lowerable(layers)
     left.update({name: "kept in float" for name in keep})
-    chosen = [layer for layer in layers if layer.name not in left]
-    # Scales by the original value names, before rewriting renames any output.
-    scales = {layer.name: _activation_scale(table, layer.node.inputs[0], quant) for layer in chosen}
-    ctx = PassContext(model)
-    for layer in chosen:
-        _rewrite(ctx, layer, scales[layer.name], quant)
-    remove_unused_initializers(model.graph)
-    model.graph.sort()
-    validate(model.graph)
-    return Lowering(tuple(layer.name for layer in chosen), left)
+    return [layer for layer in layers if layer.name not in left], left
 
 
-def _activation_scale(table: CalibrationTable, value: Value, quant: str) -> float:
+def activation_scale(table: CalibrationTable, value: Value, quant: str) -> float:
+    """The per-tensor scale a quantized layer of type `quant` quantizes `value` with."""
     scale = table.scale(value.name)  # raises, naming the tensor, when the table lacks it
     return scale if quant == "int8" else max(table.ranges[value.name].amax / KINDS[quant][1], MIN_SCALE)
 
@@ -111,7 +134,7 @@ def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) ->
     inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
     inputs = [inputs[0], wq, inputs[2], inputs[3], ws]
     attributes = {**node.attributes, "x_scale": float(x_scale), "quant": quant}
-    return replace_with_fused(ctx, node, "QuantizedConv", inputs, attributes)
+    return replace_with_fused(ctx, node, LOWERED_OPS[FUSED_CONV], inputs, attributes)
 
 
 def _rewrite_gemm(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) -> Node:
@@ -125,4 +148,4 @@ def _rewrite_gemm(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: st
     inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
     kept = {k: v for k, v in node.attributes.items() if k in ("pre", "pre_params", "post", "post_params")}
     attributes = {**kept, "x_scale": float(x_scale), "quant": quant}
-    return replace_with_fused(ctx, node, "QuantizedGemm", [inputs[0], wq, inputs[2], inputs[3], ws], attributes)
+    return replace_with_fused(ctx, node, LOWERED_OPS[FUSED_GEMM], [inputs[0], wq, inputs[2], inputs[3], ws], attributes)

@@ -8,7 +8,9 @@ a CTC recognizer).
 `layer_sensitivity` quantizes one layer at a time (the others stay float). `mixed_precision` quantizes every
 layer, then moves layers back to float, most sensitive first by the target's metric (ties, common for top-1
 on little data, broken by cosine), until the target is met; with every layer in float the model is the
-float model, so the search always ends.
+float model, so the search always ends. With `residuals` every measurement also rounds the residuals a chained
+engine adds quantized (`simulate_quantized(residuals=True)`), for the float layers of that very measurement: a
+layer returned to float breaks the residual streams it stood in.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class MixedPrecisionResult:
     keep_float: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     layers: int = 0
+    residuals: bool = False  # whether the measurements rounded the quantized residual streams
 
     @property
     def met(self) -> bool:
@@ -104,10 +107,12 @@ class _Evaluator:
         device: str | torch.device,
         fixed_float: Iterable[str] = (),
         quant: str = "int8",
+        residuals: bool = False,
     ) -> None:
         self.model, self.table, self.device = model, table, torch.device(device)
         self.fixed_float = tuple(fixed_float)
         self.quant = quant
+        self.residuals = residuals
         self.feeds = list(feeds)
         if not self.feeds:
             raise InputError("the evaluation set is empty: give at least one batch of inputs")
@@ -126,7 +131,9 @@ class _Evaluator:
 
     def quantized(self, keep_float: Iterable[str]) -> Agreement:
         keep = (*self.fixed_float, *keep_float)
-        simulated = simulate_quantized(self.model, self.table, quant=self.quant, keep_float=keep, verify=False)
+        simulated = simulate_quantized(
+            self.model, self.table, quant=self.quant, keep_float=keep, verify=False, residuals=self.residuals
+        )
         return agreement(self.reference, self._outputs(simulated))
 
     def sensitivities(self) -> list[LayerSensitivity]:
@@ -148,10 +155,11 @@ def layer_sensitivity(
     device: str | torch.device = "cpu",
     fixed_float: Iterable[str] = (),
     quant: str = "int8",
+    residuals: bool = False,
 ) -> list[LayerSensitivity]:
     """Each quantizable layer quantized alone to `quant` ("int8" or "fp8e4m3"), in graph order (those in
-    `fixed_float` are always float)."""
-    return _Evaluator(model, table, feeds, output, device, fixed_float, quant).sensitivities()
+    `fixed_float` are always float; `residuals`: see the module docstring)."""
+    return _Evaluator(model, table, feeds, output, device, fixed_float, quant, residuals).sensitivities()
 
 
 def mixed_precision(
@@ -165,17 +173,19 @@ def mixed_precision(
     sensitivities: Sequence[LayerSensitivity] | None = None,
     fixed_float: Iterable[str] = (),
     quant: str = "int8",
+    residuals: bool = False,
 ) -> MixedPrecisionResult:
     """Quantize everything to `quant` ("int8" or "fp8e4m3"), then return the most sensitive layers to float
     until `target` is met.
 
     `sensitivities` (from `layer_sensitivity` on the same data) saves measuring them again; layers in
-    `fixed_float` (those an engine cannot quantize) are float throughout and never counted."""
-    evaluator = _Evaluator(model, table, feeds, output, device, fixed_float, quant)
+    `fixed_float` (those an engine cannot quantize) are float throughout and never counted; with `residuals`
+    every measurement rounds the quantized residual streams of a chained engine too."""
+    evaluator = _Evaluator(model, table, feeds, output, device, fixed_float, quant, residuals)
     ranked = list(sensitivities) if sensitivities is not None else evaluator.sensitivities()
     ranked.sort(key=lambda s: (s.agreement.metric(target.metric), s.agreement.cosine))
     everything = evaluator.quantized(())
-    result = MixedPrecisionResult(target, everything, everything, layers=len(ranked))
+    result = MixedPrecisionResult(target, everything, everything, layers=len(ranked), residuals=residuals)
     for rank, item in enumerate(ranked, start=1):
         if result.met:
             break

@@ -10,6 +10,16 @@ on any device, the numerics of a quantized engine that accumulates `Σ q_x · q_
 kernels must match. An activation read by several quantized layers gets one shared pair; layers named in
 `keep_float` read float. Scales have the operand's float type. Models older than opset 13 (whose Q/DQ lack
 `axis`), or 19 for float8, get the tensorforge-domain Q/DQ, which follow opset 21.
+
+With `residuals=True` the simulation also rounds the residuals a chained engine adds from their quantized value
+(`passes.quant_chain`'s residual streams): where the chaining rules (`ops.chain_rules`, applied to the layers
+`quantize_layers` would make with the same `keep_float`, `lower.engine_layers`) give a FusedConv a quantized
+residual Z = T, that layer's Z reads the same DQ(Q(T)) its X readers read, so it adds `Q_s(T) · s` as the
+engine does. In a graph optimized as the builder does, the residual is the FusedConv's input 3 (epilogue
+fusion has folded the Add into it); an unfused Conv followed by Add is not a layer the engine quantizes and
+stays as it is. The rules are those of a chaining everywhere the graph allows: an engine chained only between
+some layers (`eligible`, the builder's second chaining attempt), or not chained, rounds a subset of these
+residuals (a layer closer to float, as a quantized layer run as its float original is).
 """
 
 from __future__ import annotations
@@ -22,12 +32,14 @@ from ..errors import InputError
 from ..ir import DType, Model, Node, Value, validate
 from ..ir.clone import clone_model
 from ..kernels.quantize import KINDS
+from ..ops.chain_rules import Z_INPUT, plan_chains
 from ..ops.fused import DOMAIN, OPSET
 from ..passes.base import Pass, PassContext
 from ..passes.utils import add_initializer
 from .calibration import CalibrationTable
 from .fingerprint import model_fingerprint
 from .layers import Operand, QuantLayer, quantizable_layers
+from .lower import engine_layers
 from .weights import weight_scales
 
 QDQ_OPSET = {"int8": 13, "fp8e4m3": 19}  # the first ONNX opset whose QuantizeLinear takes `axis` / float8
@@ -40,13 +52,16 @@ class InsertQDQ(Pass):
 
     name = "insert-qdq"
 
-    def __init__(self, table: CalibrationTable, keep_float: Iterable[str] = (), quant: str = "int8") -> None:
+    def __init__(
+        self, table: CalibrationTable, keep_float: Iterable[str] = (), quant: str = "int8", residuals: bool = False
+    ) -> None:
         if quant not in KINDS:
             raise InputError(f"unknown quantized type {quant!r}: choose from {sorted(KINDS)}")
         self.table = table
         self.keep_float = frozenset(keep_float)
         self.quant = quant
         self.qmax = KINDS[quant][1]
+        self.residuals = residuals  # also round the residuals a chained engine adds quantized (module docstring)
 
     def run(self, ctx: PassContext) -> bool:
         layers = quantizable_layers(ctx.model)
@@ -54,6 +69,8 @@ class InsertQDQ(Pass):
         if unknown:
             known = [layer.name for layer in layers]
             raise InputError(f"keep_float names unknown layers {unknown}; the quantizable layers are {known}")
+        # The chains, planned on the graph before any pair is inserted (the rules read the layers' readers).
+        adders = self._quantized_residuals(ctx) if self.residuals else {}
         domain = "" if ctx.opset() >= QDQ_OPSET[self.quant] else DOMAIN
         shared: dict[Value, Value] = {}
         changed = False
@@ -69,13 +86,32 @@ class InsertQDQ(Pass):
                         fake = shared[operand.value] = self._fake_activation(ctx, operand.value, domain)
                 layer.node.set_input(operand.index, fake)
                 changed = True
+        for adder, (scale, quant) in adders.items():
+            residual = adder.inputs[Z_INPUT]
+            fake = shared.get(residual)
+            if fake is None or quant != self.quant or self._activation_scale(residual) != scale:
+                # its X readers are all layers of a model's own Q/DQ, with their own scale and type
+                fake = shared[residual] = self._fake_activation(ctx, residual, domain, scale, quant)
+            adder.set_input(Z_INPUT, fake)
+            changed = True
         if changed and domain:
             ctx.model.opset_imports.setdefault(DOMAIN, OPSET)
         return changed
 
-    def _fake_activation(self, ctx: PassContext, value: Value, domain: str) -> Value:
-        scale = torch.tensor(self.table.scale(value.name, self.qmax), dtype=value.dtype.torch)
-        return _qdq(ctx, value, scale, None, domain, value.name, _STORAGE[self.quant])
+    def _quantized_residuals(self, ctx: PassContext) -> dict[Node, tuple[float, str]]:
+        """The layers a chained engine of this model gives a quantized residual, with its `z_scale` and type."""
+        layers = engine_layers(ctx.model, self.table, keep_float=self.keep_float, quant=self.quant)
+        adders = plan_chains(ctx.model.graph, layers.get).adders
+        return {adder: (scale, layers[adder].quant) for adder, scale in adders.items()}
+
+    def _activation_scale(self, value: Value) -> float:
+        return self.table.scale(value.name, self.qmax)
+
+    def _fake_activation(
+        self, ctx: PassContext, value: Value, domain: str, scale: float | None = None, quant: str | None = None
+    ) -> Value:
+        tensor = torch.tensor(self._activation_scale(value) if scale is None else scale, dtype=value.dtype.torch)
+        return _qdq(ctx, value, tensor, None, domain, value.name, _STORAGE[quant or self.quant])
 
     def _fake_weight(self, ctx: PassContext, layer: QuantLayer, operand: Operand, domain: str) -> Value:
         weight = operand.value
@@ -93,9 +129,11 @@ def simulate_quantized(
     quant: str = "int8",
     keep_float: Iterable[str] = (),
     verify: bool = True,
+    residuals: bool = False,
 ) -> Model:
     """A copy of `model` with Q/DQ of type `quant` ("int8" or "fp8e4m3") in front of its quantizable layers
-    (those in `keep_float` stay float). With `verify`, the table must have been calibrated on this very
+    (those in `keep_float` stay float); with `residuals`, also on the residuals a chained engine adds from
+    their quantized value (module docstring). With `verify`, the table must have been calibrated on this very
     model."""
     if verify:
         fingerprint = model_fingerprint(model)
@@ -105,7 +143,7 @@ def simulate_quantized(
                 f"model has {fingerprint}): calibrate this model"
             )
     copy = clone_model(model)
-    InsertQDQ(table, keep_float, quant).run(PassContext(copy))
+    InsertQDQ(table, keep_float, quant, residuals).run(PassContext(copy))
     copy.graph.sort()
     validate(copy.graph)
     return copy

@@ -175,9 +175,10 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
     target = section.get("target")
     if target:
         verdict = "met" if target["met"] else "NOT met"
+        residuals = ", quantized residuals rounded" if target.get("residuals") else ""
         lines.append(
             f"accuracy target {target['metric']} >= {target['value']}: {verdict} ({target['achieved']:.5f}; every "
-            f"layer quantized: {target['all_quantized']:.5f})"
+            f"layer quantized: {target['all_quantized']:.5f}{residuals})"
         )
     lines += [f"  float: {name}: {why}" for name, why in section["float"].items()]
     lines += chain_lines(report)

@@ -14,10 +14,12 @@ from tensorforge.build.builder import Builder
 from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.compare import compare
 from tensorforge.ir import DType
+from tensorforge.quant import simulate_quantized
+from tensorforge.quant.sensitivity import agreement
 from tensorforge.runtime.engine import Engine
 from tensorforge.runtime.inspect import describe_engine, quantization_lines
 from tests.helpers import relative_error
-from tests.quant.chain_support import SHAPE, batches, chain_model, chain_proto
+from tests.quant.chain_support import SHAPE, batches, calibrated, chain_model, chain_proto
 
 PROFILE = Profile().add("x", SHAPE, SHAPE, SHAPE)
 INT8_FAMILIES = ("reference", "vendor")  # no float fallback: every quantized layer runs in int8
@@ -34,6 +36,10 @@ def _build(chain: str, families=INT8_FAMILIES) -> Engine:
 @pytest.fixture(scope="module")
 def engines():
     return _build("always"), _build("off")
+
+
+def _node(model, name):
+    return next(node for node in model.graph.nodes if node.name == name)
 
 
 def _run(engine, feed) -> np.ndarray:
@@ -95,18 +101,74 @@ def test_the_chained_engine_file_round_trips_and_inspect_shows_the_int8_activati
     assert layers["conv4"]["precision"].endswith("from i8 -> fp32")
 
 
-def test_an_accuracy_target_keeps_residuals_float():
-    """The accuracy-target search verifies the quantized graph without residual rounding: with a target the
-    engine adds residuals in float (the exact chains only), and says why."""
+def _simulated(residuals: bool, keep_float=()):
+    """The chain model optimized and calibrated as `_build` does, simulated with Q/DQ."""
+    model, table = calibrated(chain_proto())
+    return simulate_quantized(model, table, keep_float=keep_float, residuals=residuals)
+
+
+def test_the_chained_engine_computes_the_simulation_with_quantized_residuals(engines):
+    """The simulation the accuracy-target search runs, with residuals, is the chained CPU engine (oneDNN and
+    reference int8 kernels) up to float32 rounding; without them it is the unchained engine."""
+    chained, unchained = engines
+    rounded, plain = _simulated(True), _simulated(False)
+    for feed in batches(3, seed=7):
+        got = _run(chained, feed)
+        assert relative_error(got, Executor(rounded).run(feed)["y"].numpy()) <= 1e-5
+        assert relative_error(_run(unchained, feed), Executor(plain).run(feed)["y"].numpy()) <= 1e-5
+        assert relative_error(got, Executor(plain).run(feed)["y"].numpy()) > 1e-4  # the residual's rounding
+
+
+def _target_build(target, chain="always", keep_float=()) -> Engine:
     config = BuildConfig(
         precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, tactic_families=INT8_FAMILIES,
-        quantization=QuantizationConfig(method="minmax", chain="always", target=("cosine", 0.9)),
+        quantization=QuantizationConfig(method="minmax", chain=chain, target=target, keep_float=keep_float),
     )  # fmt: skip
-    engine = Builder(config, calibration_data=batches()).build(chain_model())
+    return Builder(config, calibration_data=batches()).build(chain_model())
+
+
+def test_an_accuracy_target_build_keeps_quantized_residuals_and_meets_the_target():
+    """The search rounded the residuals as the chained engine adds them, so the engine keeps them quantized and
+    says they were verified; the engine itself meets the target on the calibration data, and computes the
+    simulation the search measured."""
+    engine = _target_build(("cosine", 0.9))
     section = engine.report["quantized_activations"]
-    assert section["residuals"].startswith("float: the accuracy target was verified")
-    assert not any(node.attributes.get("z_scale") for node in engine.model.graph.nodes)
-    assert "a residual stays float" in section["float"]["conv1"]
+    target = engine.report["quantization"]["target"]
+    assert target["met"] and target["residuals"] and target["achieved"] >= 0.9
+    assert section["quantized_residuals"] == ["conv3"] and section["float"] == {}
+    assert section["residuals"].startswith("verified: the accuracy-target search rounded the residuals")
+    assert _node(engine.model, "conv3").attributes["z_scale"] > 0
+    lines = quantization_lines(engine.report)
+    assert any(
+        line.startswith("accuracy target cosine >= 0.9: met") and "quantized residuals" in line for line in lines
+    )
+    assert any(line.startswith("  residuals: verified") for line in lines)
+    float_model, data = chain_model(), batches()
+    reference = [Executor(float_model).run(feed)["y"].numpy() for feed in data]
+    outputs = [_run(engine, feed) for feed in data]
+    assert agreement(reference, outputs).cosine >= 0.9
+    simulated = _simulated(True, list(engine.report["quantization"]["float"]))
+    for feed, got in zip(data, outputs, strict=True):
+        assert relative_error(got, Executor(simulated).run(feed)["y"].numpy()) <= 1e-5
+
+
+def test_a_float_layer_in_a_target_build_breaks_the_stream_it_stands_in():
+    """conv2 kept float reads conv1's output in float: that residual stays float in the engine and in the
+    simulation the search measured (the build's final float layers), which the engine computes."""
+    engine = _target_build(("cosine", 0.9), keep_float=("conv2",))
+    section = engine.report["quantized_activations"]
+    assert "conv2" in engine.report["quantization"]["float"]
+    assert not section["quantized_residuals"]
+    assert section["float"]["conv1"].startswith("FusedConv node 'conv2' (FusedConv) reads")
+    simulated = _simulated(True, list(engine.report["quantization"]["float"]))
+    for feed in batches(2, seed=7):
+        assert relative_error(_run(engine, feed), Executor(simulated).run(feed)["y"].numpy()) <= 1e-5
+
+
+def test_with_chaining_off_the_search_does_not_round_residuals():
+    engine = _target_build(("cosine", 0.9), chain="off")
+    assert engine.report["quantization"]["target"]["residuals"] is False
+    assert "residuals" not in engine.report["quantized_activations"]
 
 
 def test_a_layerwise_comparison_reads_int8_activations_as_the_real_values_they_stand_for(engines, tmp_path):

@@ -1,5 +1,6 @@
-"""A small convolutional model whose quantized layers chain in several ways, calibrated and lowered to its
-quantized layers (without the chaining pass), for the tests of `passes.quant_chain`."""
+"""Small convolutional models whose quantized layers chain in several ways, calibrated and lowered to their
+quantized layers (without the chaining pass), for the tests of `passes.quant_chain` and of the simulation of
+its quantized residuals."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tensorforge.ir import Model
 from tensorforge.ir.clone import clone_model
 from tensorforge.ops.infer import infer_model
 from tensorforge.passes.pipeline import optimize
-from tensorforge.quant import calibrate
+from tensorforge.quant import CalibrationTable, calibrate
 from tensorforge.quant.lower import quantize_layers
 from tests.helpers import make_model, tensor_info
 
@@ -62,6 +63,44 @@ def chain_proto(seed: int = 0) -> onnx.ModelProto:
     ]
     initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
     return make_model(nodes, [tensor_info("x", list(SHAPE))], [tensor_info("y", [2, 4])], 17, initializers)
+
+
+def skip_proto(seed: int = 0, b_output: bool = False) -> onnx.ModelProto:
+    """x[2,3,8,8] → conv0 3→8 + Relu = t0 → conv1 + Relu = t1 → conv2, + t0, Relu = t2 → conv3, + t1, Relu = t3
+    → conv4 8→4 = y: skips over two convolutions (all 3×3 8→8 but conv0 and conv4).
+
+    conv2 adds t0 and reads t1, itself the residual conv3 adds: t0's stream forms only once t1's has (the
+    residual-stream pass's fixed point). t2 and t3 chain exactly, y is the graph output. With `b_output`, t2 is a
+    graph output too: conv3 then reads its own input in float, so t1 stays float, and with it t0."""
+    rng = np.random.default_rng(seed)
+    weights = {"w0": rng.normal(0, 0.4, (8, 3, 3, 3)), "w4": rng.normal(0, 0.3, (4, 8, 3, 3))}
+    for index in (1, 2, 3):
+        weights[f"w{index}"] = rng.normal(0, 0.25, (8, 8, 3, 3))
+        weights[f"b{index}"] = rng.normal(0, 0.1, 8)
+    pads = [1, 1, 1, 1]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=pads),
+        helper.make_node("Relu", ["c0"], ["t0"], name="relu0"),
+        helper.make_node("Conv", ["t0", "w1", "b1"], ["c1"], name="conv1", pads=pads),
+        helper.make_node("Relu", ["c1"], ["t1"], name="relu1"),
+        helper.make_node("Conv", ["t1", "w2", "b2"], ["c2"], name="conv2", pads=pads),
+        helper.make_node("Add", ["c2", "t0"], ["s2"], name="add2"),
+        helper.make_node("Relu", ["s2"], ["t2"], name="relu2"),
+        helper.make_node("Conv", ["t2", "w3", "b3"], ["c3"], name="conv3", pads=pads),
+        helper.make_node("Add", ["c3", "t1"], ["s3"], name="add3"),
+        helper.make_node("Relu", ["s3"], ["t3"], name="relu3"),
+        helper.make_node("Conv", ["t3", "w4"], ["y"], name="conv4", pads=pads),
+    ]
+    initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
+    outputs = [tensor_info("y", [2, 4, 8, 8])] + ([tensor_info("t2", [2, 8, 8, 8])] if b_output else [])
+    return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
+
+
+def calibrated(proto: onnx.ModelProto | None = None) -> tuple[Model, CalibrationTable]:
+    """`proto` (by default `chain_proto()`) imported and optimized as a build does, and its minmax table."""
+    model, _ = optimize(import_model(proto if proto is not None else chain_proto()))
+    infer_model(model, check=False)
+    return model, calibrate(model, batches(), "minmax")
 
 
 def batches(count: int = 3, seed: int = 1) -> list[dict[str, np.ndarray]]:

@@ -1,0 +1,235 @@
+"""The chaining rules of quantized layers: which activations they pass to each other quantized, stated once.
+
+Two users apply them: the chaining pass (`passes.quant_chain`) to a quantized graph's QuantizedConv /
+QuantizedGemm nodes, and the Q/DQ simulation (`quant.simulate`, `residuals=True`) to the float layers that the
+lowering will turn into such nodes, so that it rounds the residuals the engine will round. Each describes its
+graph through a `ChainView`: the quantized layer a node is or will be (`QuantizedLayer`, None for a float node)
+and which outputs are written quantized (a `y_scale`, or an entry of `written`, which `plan_chains` fills in
+without touching the graph).
+
+For a quantized layer P whose output Y is float, not a graph output, with readers C_i:
+- `INPUT_CHAINS` (exact): every C_i is a quantized layer of P's type reading Y as its input X, all with one
+  scale s. P then writes Q_s(Y) and the readers skip their quantize.
+- `RESIDUAL_STREAMS` (after the input chains; an approximation): at least one C_i reads Y as X, and every C_i
+  is a quantized layer of P's type reading Y as X with that one scale s, or a QuantizedConv adding Y as its
+  residual Z while it reads its own X quantized. P then writes Q_s(Y) and the adders add Q_s(Y) · s
+  (`z_scale` = s): the residual rounded onto the grid its X readers quantize it to anyway.
+When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them.
+A float layer therefore breaks a stream wherever it stands: as P (nothing is written quantized), as any reader
+(Y stays float for every reader), or as the producer of an adder's own X (the adder reads X in float).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+
+from ..ir import DType, Graph, Node, Value, qualified_op
+from .fused import DOMAIN, QUANT_TYPES
+
+QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
+X_INPUT, Z_INPUT = 0, 3  # a quantized layer's input positions: its activation, a QuantizedConv's residual
+_FLOAT_OUTPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16, DType.UNDEFINED)
+
+Readers = list[tuple[Node, int]]  # (node, input index)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedLayer:
+    """What the rules need of a quantized layer: its op ("QuantizedConv" or "QuantizedGemm"), its quantized
+    type and the scale it quantizes its input X with."""
+
+    op_type: str
+    quant: str
+    x_scale: float
+
+
+def is_quantized_layer(node: Node) -> bool:
+    return qualified_op(node) in QUANTIZED_LAYERS
+
+
+def layer_of(node: Node) -> QuantizedLayer | None:
+    """A QuantizedConv / QuantizedGemm node as the rules see it; None for any other node."""
+    if not is_quantized_layer(node):
+        return None
+    return QuantizedLayer(node.op_type, node.attributes.get("quant", "int8"), float(node.attributes["x_scale"]))
+
+
+class ChainView:
+    """A graph's quantized layers (`layer`) and the outputs written quantized: those of producers with a
+    `y_scale`, and those `written` records (producer → scale) for a plan that leaves the graph alone."""
+
+    __slots__ = ("layer", "written")
+
+    def __init__(self, layer: Callable[[Node], QuantizedLayer | None] = layer_of) -> None:
+        self.layer = layer
+        self.written: dict[Node, float] = {}
+
+    def writes_quantized(self, node: Node) -> bool:
+        return node in self.written or bool(node.attributes.get("y_scale", 0.0))
+
+    def reads_quantized(self, node: Node, quant: str) -> bool:
+        """Whether `node` reads its input X of type `quant` already quantized."""
+        x = node.inputs[X_INPUT]
+        if x is None:
+            return False
+        producer = x.producer()
+        return x.dtype == QUANT_TYPES[quant] or (producer is not None and producer in self.written)
+
+
+class ChainRule:
+    """One rule: the readers that make a producer a candidate (`serves`) and why a reader keeps the output
+    float (`reader_problem`); `problem` is the whole check, `scale` the scale a chained output is written on."""
+
+    def serves(self, readers: Readers, view: ChainView) -> bool:
+        raise NotImplementedError
+
+    def reader_problem(
+        self, reader: Node, index: int, output: Value, quant: str, view: ChainView, scales: set[float]
+    ) -> str | None:
+        """Why `reader` (reading `output` as input `index`) keeps it float; adds its input scale to `scales`."""
+        raise NotImplementedError
+
+    def candidate(self, producer: Node, view: ChainView) -> Readers | None:
+        """The readers of `producer`'s output when the rule applies to it (its output float, not yet written
+        quantized, served), else None."""
+        layer = view.layer(producer)
+        if layer is None or not producer.outputs or view.writes_quantized(producer):
+            return None
+        readers = list(producer.outputs[0].uses())
+        return readers if self.serves(readers, view) else None
+
+    def problem(
+        self, producer: Node, readers: Readers, view: ChainView, eligible: Collection[Node] | None = None
+    ) -> str | None:
+        """Why `producer`'s output (read by `readers`) stays float, or None when it may be written quantized."""
+        output = producer.outputs[0]
+        layer = view.layer(producer)
+        assert layer is not None
+        if _is_graph_output(output):
+            return f"{output.name!r} is a graph output: it stays float"
+        if output.dtype not in _FLOAT_OUTPUTS:
+            return f"{output.name!r} is {output.dtype.name}, not a float activation"
+        scales: set[float] = set()
+        for reader, index in readers:
+            problem = self.reader_problem(reader, index, output, layer.quant, view, scales)
+            if problem:
+                return problem
+        if not scales:
+            return f"no quantized layer reads {output.name!r} as its input: the residual has no scale"
+        if len(scales) > 1:
+            return f"the readers of {output.name!r} quantize it with different scales {sorted(scales)}"
+        if eligible is not None:
+            for node in [producer, *(reader for reader, _ in readers)]:
+                if node not in eligible:
+                    return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
+        return None
+
+    @staticmethod
+    def scale(readers: Readers, view: ChainView) -> float:
+        """The scale its input readers quantize the output with (the one `problem` found)."""
+        return next(view.layer(reader).x_scale for reader, index in readers if index == X_INPUT)
+
+
+class InputChains(ChainRule):
+    def serves(self, readers: Readers, view: ChainView) -> bool:
+        return any(view.layer(reader) is not None and index == X_INPUT for reader, index in readers)
+
+    def reader_problem(
+        self, reader: Node, index: int, output: Value, quant: str, view: ChainView, scales: set[float]
+    ) -> str | None:
+        layer = view.layer(reader)
+        if layer is None:
+            return f"{reader.label} ({reader.op_type}) reads {output.name!r} in float"
+        if index != X_INPUT:
+            return f"{reader.label} reads {output.name!r} as input {index} (a residual stays float)"
+        if layer.quant != quant:
+            return f"{reader.label} quantizes to {layer.quant}, this layer's type is {quant}"
+        scales.add(layer.x_scale)
+        return None
+
+
+class ResidualStreams(ChainRule):
+    def serves(self, readers: Readers, view: ChainView) -> bool:
+        return any(_adds(reader, index, view) for reader, index in readers)
+
+    def reader_problem(
+        self, reader: Node, index: int, output: Value, quant: str, view: ChainView, scales: set[float]
+    ) -> str | None:
+        layer = view.layer(reader)
+        if layer is None:
+            return f"{reader.label} ({reader.op_type}) reads {output.name!r} in float"
+        if layer.quant != quant:
+            return f"{reader.label} quantizes to {layer.quant}, this layer's is {quant}"
+        if index == X_INPUT:
+            scales.add(layer.x_scale)
+        elif not _adds(reader, index, view):
+            return f"{reader.label} reads {output.name!r} as input {index}"
+        elif not view.reads_quantized(reader, quant):
+            return f"{reader.label} adds {output.name!r} but reads its own input in float"
+        return None
+
+
+INPUT_CHAINS = InputChains()
+RESIDUAL_STREAMS = ResidualStreams()
+
+
+def _adds(reader: Node, index: int, view: ChainView) -> bool:
+    """Whether `reader` reads input `index` as a QuantizedConv's residual Z."""
+    layer = view.layer(reader)
+    return index == Z_INPUT and layer is not None and layer.op_type == "QuantizedConv"
+
+
+def _is_graph_output(value: Value) -> bool:
+    producer = value.producer()
+    return producer is not None and producer.graph is not None and value in producer.graph.outputs
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """What the chaining passes would do to a graph: the producers that write their output quantized, with the
+    scale (`inputs`: the exact input chains, `residuals`: those that are also added as residuals), and the
+    QuantizedConv (to be) that add a quantized residual, with its `z_scale`."""
+
+    inputs: dict[Node, float]
+    residuals: dict[Node, float]
+    adders: dict[Node, float]
+
+
+def plan_chains(
+    graph: Graph,
+    layer: Callable[[Node], QuantizedLayer | None],
+    *,
+    eligible: Collection[Node] | None = None,
+    residuals: bool = True,
+) -> ChainPlan:
+    """The chains `passes.quant_chain` forms in `graph` whose quantized layers (present or to come) `layer`
+    describes: the input chains, then (with `residuals`) the residual streams to their fixed point (an adder
+    may read its X from a producer chained by an earlier stream). The graph is left as it is."""
+    view = ChainView(layer)
+    inputs = _sweep(graph.nodes, INPUT_CHAINS, view, eligible)
+    streams = _sweep(graph.nodes, RESIDUAL_STREAMS, view, eligible) if residuals else {}
+    adders = {
+        reader: scale
+        for producer, scale in streams.items()
+        for reader, index in producer.outputs[0].uses()
+        if _adds(reader, index, view)
+    }
+    return ChainPlan(inputs, streams, adders)
+
+
+def _sweep(nodes: Iterable[Node], rule: ChainRule, view: ChainView, eligible) -> dict[Node, float]:
+    """The producers `rule` chains, repeated until none is added (as a `RulePass` sweeps); records them in
+    `view.written` as it goes."""
+    nodes = list(nodes)
+    chained: dict[Node, float] = {}
+    while True:
+        added = False
+        for node in nodes:
+            readers = rule.candidate(node, view)
+            if readers is None or rule.problem(node, readers, view, eligible) is not None:
+                continue
+            chained[node] = view.written[node] = rule.scale(readers, view)
+            added = True
+        if not added:
+            return chained
