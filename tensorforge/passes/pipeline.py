@@ -7,11 +7,12 @@ then attention (two MatMuls around a softmax) into one, BatchNorm is folded into
 epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
 explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
 merged once their epilogues are settled, squeeze-and-excitation blocks (pool, two 1×1 convolutions, the gating
-product) become one node for the CPU, and what is left of elementwise chains becomes FusedPointwise. A last
+product) become one node for an engine, and what is left of elementwise chains becomes FusedPointwise. A last
 dead-code sweep removes what the fusions orphaned. The manager repeats the list to a fixed point.
 
-`device` is the device type the graph is optimized for ("cpu", "cuda"): a pass that pays off on one device
-only runs for it (the squeeze-and-excitation fusion, CPU); None runs the passes every device runs.
+`device` is the device type the graph is optimized for ("cpu", "cuda"): a pass whose node pays off only through
+an engine's tactics runs only when a device is given (the squeeze-and-excitation fusion, for CPU and CUDA
+builds); None runs the passes that are about the graph alone.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from .squeeze_excite import FuseSqueezeExcite
 
 
 def default_passes(device: str | None = None) -> list[Pass]:
-    """A fresh instance of each pass of the default pipeline for `device` (a device type; None: the passes of
-    every device), in order."""
-    cpu_only = [FuseSqueezeExcite()] if device == "cpu" else []
+    """A fresh instance of each pass of the default pipeline for `device` (a device type; None: the passes that
+    do not depend on one), in order."""
+    for_engines = [FuseSqueezeExcite()] if device is not None else []
     return [
         ConstantFolding(),
         Cleanup(),
@@ -49,7 +50,7 @@ def default_passes(device: str | None = None) -> list[Pass]:
         FuseEpilogue(),
         FoldExplicitQuantization(),
         MergeParallel(),
-        *cpu_only,
+        *for_engines,
         FusePointwise(),
         DeadCodeElimination(),
     ]

@@ -1,4 +1,4 @@
-"""Squeeze-and-excitation blocks as one node (CPU builds).
+"""Squeeze-and-excitation blocks as one node (CPU and CUDA builds).
 
     Mul(X, FusedConv(FusedConv(GlobalAveragePool(X), W1, B1; pre=a1), W2, B2; pre=a2))
         =  tensorforge::SqueezeExcite(X, W1, B1, W2, B2; act1=a1, act2=a2)
@@ -11,8 +11,12 @@ activations (ReLU / SiLU, HardSigmoid / Sigmoid) into the two convolutions.
 
 Four layers become one: on the CPU each of them costs a fixed few tens of microseconds per call (oneDNN's
 descriptor set-up, the execution loop) for a few thousand multiply-adds, which made the blocks of MobileNetV3
-and EfficientNet-B0 several times slower than their arithmetic. The builder runs the rule only for the CPU:
-on CUDA the four layers have their own kernels and are replayed as one CUDA graph.
+and EfficientNet-B0 several times slower than their arithmetic. On CUDA at batch 1 the cost is launches: the
+four layers were a pool (one or two kernels), two 1×1 convolutions on a 1×1 map and a broadcast product that
+only the reference ran, four or five dependent kernels per block even replayed in one CUDA graph;
+`triton.squeeze-excite` runs the node in two, `vendor.torch-squeeze-excite` in torch calls. The builder runs the
+rule for CPU and CUDA builds (`pipeline.default_passes` given a device); the device-independent pipeline leaves
+the blocks apart.
 """
 
 from __future__ import annotations

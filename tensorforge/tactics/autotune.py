@@ -32,7 +32,16 @@ from ..ir import DType, Node, qualified_op
 from ..kernels.quantize import KINDS
 from ..ops.fused import DOMAIN, is_quantized_tensor
 from ..ops.math_flags import full_float32
-from . import cuda_family, fallback, triton_conv, triton_family, triton_gemm, triton_pointwise, vendor  # noqa: F401 - registers the tactic families
+from . import (  # noqa: F401 - registers the tactic families
+    cuda_family,
+    fallback,
+    triton_conv,
+    triton_family,
+    triton_gemm,
+    triton_pointwise,
+    triton_squeeze_excite,
+    vendor,
+)
 from .base import Tactic, tactics_for
 from .fallback import output_quantization, with_float_output
 from .timing import TimingBudget, measure

@@ -699,12 +699,14 @@ class TorchSqueezeExciteTactic(Tactic):
     """SqueezeExcite (`ops/squeeze_excite.py`) in torch: `x.mean((2, 3))`, two `F.linear` with the bias and
     the 1×1 weights viewed as [R, C] and [C, R] matrices, the activations, then `x · g` broadcast over H×W
     (in x's memory format). The reference runs each 1×1 convolution on a [N, C, 1, 1] tensor through the
-    convolution path (a batched product and a separate epilogue); this is the same arithmetic on the vector."""
+    convolution path (a batched product and a separate epilogue); this is the same arithmetic on the vector.
+    On CUDA it also runs in fp16 and bf16 (torch's mean accumulates in float32, cuBLAS products), the vendor
+    baseline of `triton.squeeze-excite`; the CPU builds only fp32."""
 
     family = "vendor"
     name = "torch-squeeze-excite"
     op_types = (f"{DOMAIN}::SqueezeExcite",)
-    precisions = ("fp32",)
+    precisions = ("fp32", "fp16", "bf16")
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes

@@ -87,10 +87,10 @@ def test_a_strided_convolution_is_not_a_product_with_the_vector():
     assert any("strided" in e.detail for e in report.events if e.rule == "squeeze-excite")
 
 
-def test_the_fusion_runs_only_for_cpu_builds():
-    assert "SqueezeExcite" not in ops(optimize(import_model(_se_model()), device="cuda")[0])
-    assert "SqueezeExcite" not in ops(optimize(import_model(_se_model()))[0])  # the device-independent pipeline
+def test_the_fusion_runs_for_cpu_and_cuda_builds():
     assert ops(optimize(import_model(_se_model()), device="cpu")[0]) == ["SqueezeExcite"]
+    assert ops(optimize(import_model(_se_model()), device="cuda")[0]) == ["SqueezeExcite"]
+    assert "SqueezeExcite" not in ops(optimize(import_model(_se_model()))[0])  # the device-independent pipeline
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -114,10 +114,11 @@ def test_torch_squeeze_excite_tactic_matches_the_reference(layout):
     assert relative_error(kernel([bigger])[0], reference([bigger])[0]) <= TOLERANCE["fp32"]
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # the graph optimized for that device type, run on the CPU
 @pytest.mark.parametrize(("name", "blocks"), [("mobilenetv3", 8), ("efficientnet_b0", 16)])
-def test_zoo_blocks_fuse_and_the_model_computes_the_same(name, blocks):
+def test_zoo_blocks_fuse_and_the_model_computes_the_same(name, blocks, device):
     proto = zoo.export(name, batch=1, size=64, dynamic_batch=False)
-    model, _ = optimize(import_model(proto), device="cpu")
+    model, _ = optimize(import_model(proto), device=device)
     assert ops(model).count("SqueezeExcite") == blocks
     assert ops(model).count("GlobalAveragePool") == 1  # the head's pool is left
     x = zoo.example_inputs(name, 1, 64, seed=3)
