@@ -12,6 +12,7 @@ from onnx import helper
 from tensorforge.frontend import import_model
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops.fused import DOMAIN
+from tensorforge.ops.math_flags import full_float32
 from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
@@ -169,16 +170,17 @@ REAL_BLOCKS = {
 @pytest.mark.parametrize("batch", [1, 64])
 @pytest.mark.parametrize("name", list(REAL_BLOCKS))
 def test_both_tactics_are_correct_candidates_on_cuda_in_fp16(batch, name):
-    """Every Triton configuration at effort 1 and the vendor tactic, in fp16 on a channels_last fp16 input (as
-    the engine's convolutions deliver it), run correctly; the table shows which is faster."""
+    """Every Triton configuration at effort 0 and the vendor tactic, in fp16 on a channels_last fp16 input (as
+    the engine's convolutions deliver it), run correctly; the table shows which is faster. (Every configuration
+    of every effort is checked against the reference in the kernel's own GPU tests.)"""
     torch.manual_seed(2)
     channels, hidden, size, act1, act2 = REAL_BLOCKS[name]
     node = _se_node(channels, hidden, size, batch, act1, act2)
     x = _input((batch, channels, size, size), "NHWC", CUDA).half()
-    choice = autotune(node, 1, [x], "cuda", effort=1, precisions=("fp32", "fp16"), exhaustive=True)
+    choice = autotune(node, 1, [x], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
     print(choice.table(f"SqueezeExcite {name} batch {batch}"))
     triton_fp16 = [c for c in choice.candidates if c.tactic == TRITON and c.config["precision"] == "fp16"]
-    assert len(triton_fp16) == len(tactic_by_key(TRITON).space(1))
+    assert len(triton_fp16) == len(tactic_by_key(TRITON).space(0))
     assert all(math.isfinite(c.median_ms) for c in triton_fp16), [c.note for c in triton_fp16]
     vendor_fp16 = [c for c in choice.candidates if c.tactic == VENDOR and c.config["precision"] == "fp16"]
     assert len(vendor_fp16) == 1 and math.isfinite(vendor_fp16[0].median_ms), vendor_fp16[0].note
@@ -194,4 +196,6 @@ def test_the_triton_kernel_writes_into_the_given_buffer_on_cuda():
     made = []
     got = kernel([x], alloc=_poisoning_alloc(CUDA, made))[0]
     assert got is made[0] and got.is_contiguous(memory_format=torch.channels_last)
-    assert relative_error(got, _reference(node, CUDA)([x.float()])[0]) <= TOLERANCE["fp16"]
+    with full_float32():  # no TF32 in the reference's convolutions
+        want = _reference(node, CUDA)([x.float()])[0]
+    assert relative_error(got, want) <= TOLERANCE["fp16"]
