@@ -16,7 +16,7 @@ from tensorforge.quant import Target, mixed_precision, quantizable_layers, simul
 from tensorforge.quant.lower import quantize_layers
 from tensorforge.quant.sensitivity import agreement
 from tests.helpers import relative_error
-from tests.quant.chain_support import batches, calibrated, chain_proto, skip_proto
+from tests.quant.chain_support import batches, calibrated, chain_proto, lowered, skip_proto
 
 QUANTS = ["int8", "fp8e4m3"]
 MODELS = {
@@ -131,6 +131,24 @@ def test_residuals_change_nothing_where_no_layer_adds_a_quantized_residual():
         plain = simulate_quantized(graph, scales, keep_float=keep, verify=False)
         assert _rounded_residuals(rounded) == []
         assert torch.equal(Executor(rounded).run(feed)["y"], Executor(plain).run(feed)["y"])
+
+
+def test_on_layers_already_quantized_the_residual_pair_has_their_scale_and_gives_the_chained_graph_exactly():
+    """A graph whose layers are QuantizedConv / QuantizedGemm already (as a model's own Q/DQ gives them): no
+    calibrated X reader makes a pair, so the residual gets its own, on the scale its X reader quantizes with.
+    That is the graph `tests/passes/test_quant_chain.py` writes by hand, and it computes the chained graph bit for
+    bit."""
+    quantized = lowered()
+    _, table = calibrated()  # no tensor of it is looked up: nothing is left to calibrate
+    simulated = simulate_quantized(quantized, table, residuals=True, verify=False)
+    chained, _ = chain_quantized(clone_model(quantized))
+    residual = _node(simulated, "conv3").inputs[3]
+    assert residual.producer().op_type == "DequantizeLinear"
+    scale = residual.producer().inputs[1].const
+    assert scale.dtype == torch.float32 and scale.item() == pytest.approx(_node(chained, "conv3").attributes["z_scale"])
+    assert [node.op_type for node in simulated.graph.nodes].count("QuantizeLinear") == 1
+    for feed in batches(3, seed=11):
+        assert torch.equal(Executor(simulated).run(feed)["y"], Executor(chained).run(feed)["y"])
 
 
 def test_unknown_float_layers_are_refused_with_residuals_too():
