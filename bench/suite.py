@@ -208,13 +208,16 @@ def run_tensorforge(case: Case, precision: str) -> Measurement:
     for layer in engine.plans[0].layers:
         key = f"{layer.tactic} {layer.config.get('precision', '')}".strip()
         tactics[key] = tactics.get(key, 0) + 1
-    return {
+    measured = {
         "ms": ms,
         "build_s": build_s,
         "error_vs_fp64": case.error(context.run(feeds)["output"]),
         "tuning": engine.report.get("tuning", {}),
         "tactics": dict(sorted(tactics.items(), key=lambda item: -item[1])),
     }
+    if context.cuda_graphs:  # an engine that cannot replay a CUDA graph runs one Python launch per layer
+        measured["cuda_graph"] = "; ".join(context.eager_shapes.values()) or "captured"
+    return measured
 
 
 def run_eager(case: Case, precision: str, *, graph: bool = False, compile_mode: str | None = None) -> Measurement:
@@ -491,6 +494,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                     summary = f"{row['ms']:.3f} ms" if row["status"] == "ok" else row["error"].splitlines()[0]
                     if row.get("tuning"):
                         summary += f", built in {row['build_s']:.1f} s {row['tuning']}, layers {row['tactics']}"
+                    if row.get("cuda_graph", "captured") != "captured":
+                        summary += f", CUDA graph {row['cuda_graph']}"
                     print(f"{name} batch {batch} {system} {precision}: {summary}", flush=True)
                     # Written after every row: a run cut short keeps what it measured.
                     path.write_text(json.dumps(merge_results(old, meta, rows), indent=2) + "\n")

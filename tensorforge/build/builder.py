@@ -318,7 +318,11 @@ class Builder:
                 cached = cache.record(key, "plan", {}, _time_schedule(schedule, feeds, self.device, budget))
             timings[name] = cached.median_ms
         best = min(timings, key=timings.get)
-        return options[best], {"chosen": best, "ms": {name: round(ms, 5) for name, ms in timings.items()}}
+        selection = {"chosen": best, "ms": {name: round(ms, 5) for name, ms in timings.items()}}
+        if self.device.type == "cuda":
+            problem = _capture_problem(Schedule(model, options[best], self.device, constants), feeds)
+            selection["cuda_graph"] = problem or "captured"
+        return options[best], selection
 
     def _observe(self, model: Model, layers: list[Layer], shapes, constants) -> _Observed:
         """Run `layers` once at `shapes` (the profile's max) and record what every value becomes."""
@@ -340,6 +344,18 @@ def _uniform(layer: Layer, precision: str, layout: str) -> Layer:
             best = min(matching, key=lambda c: c.median_ms)
             return Layer(layer.node, best.tactic, best.config, best.median_ms, layer.candidates, layer.from_cache)
     return layer
+
+
+def _capture_problem(schedule: Schedule, feeds) -> str | None:
+    """Why `schedule` cannot be captured in a CUDA graph (None when it can): then every run of the engine is
+    eager, one launch of Python per layer, which at batch 1 costs more than the kernels. The plans are
+    timed the way they will run, so this also says how the selection timed the chosen plan."""
+    schedule.execute(feeds)  # warm-up, as an execution context runs before it captures
+    try:
+        capture(functools.partial(schedule.execute, feeds))
+    except Exception as err:  # e.g. a kernel that reads a value back to the host or copies from pageable memory
+        return f"not capturable, runs eagerly: {type(err).__name__}: {str(err)[:300]}"
+    return None
 
 
 def _time_schedule(schedule: Schedule, feeds, device: torch.device, budget: TimingBudget) -> Timing:

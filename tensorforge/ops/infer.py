@@ -3,7 +3,8 @@
 An op may register its own `infer(node, *input_values, **attributes) -> [(dtype, shape), ...]`. Every other
 op is inferred by running its reference implementation on torch's `meta` device: inputs become meta tensors
 of their declared dtype and shape, except small integer constants (shape-like operands such as Reshape's
-target), which stay real so the implementation can read them. An op whose output shape depends on data it
+target) and small constants at the positions the op reads as numbers (`HOST_INPUTS`: Resize's float scales),
+which stay real so the implementation can read them. An op whose output shape depends on data it
 cannot see (NonZero, a Reshape target computed at run time) or whose input shapes are not static is left
 as ONNX shape inference annotated it at import.
 """
@@ -17,7 +18,7 @@ import torch
 from ..errors import GraphError
 from ..ir import DType, Graph, Model, Node, Shape, Value
 from . import load_all
-from .registry import REGISTRY, OpContext
+from .registry import HOST_INPUTS, REGISTRY, OpContext
 
 _SMALL_CONST = 64
 _META = torch.device("meta")
@@ -53,11 +54,12 @@ def infer_node(node: Node, opset: int) -> list[tuple[DType, Shape | None]] | Non
     if op_def.infer is not None:
         return op_def.infer(node, *node.inputs, **node.attributes)
     args = []
-    for value in node.inputs:
+    host = HOST_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+    for index, value in enumerate(node.inputs):
         if value is None:
             args.append(None)
             continue
-        arg = _meta_arg(value)
+        arg = _meta_arg(value, index in host)
         if arg is None:
             return None
         args.append(arg)
@@ -77,11 +79,11 @@ def infer_node(node: Node, opset: int) -> list[tuple[DType, Shape | None]] | Non
     return inferred
 
 
-def _meta_arg(value: Value) -> Any:
+def _meta_arg(value: Value, read_as_numbers: bool) -> Any:
     const = value.const
     if isinstance(const, torch.Tensor):
-        small_int = not const.dtype.is_floating_point and const.numel() <= _SMALL_CONST
-        return const if small_int else torch.empty(const.shape, dtype=const.dtype, device=_META)
+        small = const.numel() <= _SMALL_CONST and (read_as_numbers or not const.dtype.is_floating_point)
+        return const if small else torch.empty(const.shape, dtype=const.dtype, device=_META)
     if const is not None or not value.is_static or not value.dtype.has_torch:
         return None
     return torch.empty(value.shape, dtype=value.dtype.torch, device=_META)

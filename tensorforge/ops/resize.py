@@ -7,6 +7,7 @@ Nearest mode only gathers, so it is exact for every element type (strings includ
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -123,16 +124,16 @@ def _axis_table(
 
 
 def _resample_axis(data, axis: int, index: torch.Tensor, weight: torch.Tensor | None):
-    """Gather `index` (out, taps) along `axis` and sum the taps with `weight`."""
+    """Gather `index` (out, taps) along `axis` and sum the taps with `weight` (both on data's device, the weight
+    in its type)."""
     if isinstance(data, np.ndarray):
         return np.take(data, index[:, 0].numpy(), axis=axis)
     out, taps = index.shape
-    index = index.to(data.device)
     picked = data.index_select(axis, index.reshape(-1))
     if weight is None:
         return picked
     picked = picked.reshape(*data.shape[:axis], out, taps, *data.shape[axis + 1 :])
-    weight = weight.to(device=data.device, dtype=data.dtype).reshape(out, taps, *[1] * (data.dim() - axis - 1))
+    weight = weight.reshape(out, taps, *[1] * (data.dim() - axis - 1))
     return (picked * weight).sum(dim=axis + 1)
 
 
@@ -216,25 +217,51 @@ def _resize(
         raise ValueError("string tensors can only be resized in nearest mode")
     result = x if is_strings or sampling.mode == "nearest" else x.to(_compute_dtype(x.dtype))
     outside = None
+    device = None if is_strings else result.device
+    dtype = None if is_strings else result.dtype
     for axis, length, (out, target, scale), window in zip(axes, lengths, geometry, windows, strict=True):
         if out == length and scale == 1 and window == (0.0, 1.0):
             continue
-        coords = _source_coords(sampling, out, length, target, scale, window)
-        index, weight = _axis_table(sampling, coords, length, scale)
+        index, weight, axis_outside = _axis_plan(sampling, out, length, target, scale, window, device, dtype)
         result = _resample_axis(result, axis, index, weight)
         if crop:
             shape = [1] * rank
             shape[axis] = out
-            axis_outside = ((coords < 0) | (coords > length - 1)).reshape(shape)
+            axis_outside = axis_outside.reshape(shape)
             outside = axis_outside if outside is None else outside | axis_outside
     if is_strings:
         if outside is not None:
             result = np.where(outside.numpy(), extrapolation_value, result)
         return result
     if outside is not None:
-        fill = torch.tensor(extrapolation_value, dtype=result.dtype, device=result.device)
-        result = torch.where(outside.to(result.device), fill, result)
+        result = result.masked_fill(outside, extrapolation_value)
     return _cast_back(result, x.dtype)
+
+
+@functools.lru_cache(maxsize=512)
+def _axis_plan(
+    sampling: _Sampling,
+    out: int,
+    length: int,
+    target: float,
+    scale: float,
+    window: tuple[float, float],
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One axis's source indices and weights (`_axis_table`) and which outputs fall outside the input (for
+    tf_crop_and_resize), on `device` with the weights in `dtype` (None: on the CPU, for string tensors).
+
+    Kept per geometry and device: the tables are computed on the host, and copying them to a GPU on every
+    call would synchronize with it and forbid capturing the layer in a CUDA graph; after the first call
+    (an engine's warm-up run) a capture finds them already there. Callers must not modify them."""
+    coords = _source_coords(sampling, out, length, target, scale, window)
+    index, weight = _axis_table(sampling, coords, length, scale)
+    outside = (coords < 0) | (coords > length - 1)
+    if device is None:
+        return index, weight, outside
+    weight = weight.to(device=device, dtype=dtype) if weight is not None else None
+    return index.to(device), weight, outside.to(device)
 
 
 def _floats(value) -> list[float] | None:

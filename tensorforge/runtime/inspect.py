@@ -145,7 +145,9 @@ def plan_selection_line(report: dict[str, Any], index: int) -> str | None:
     if index >= len(selection):
         return None
     timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
-    return f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}"
+    line = f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}"
+    graph = selection[index].get("cuda_graph")
+    return f"{line}; CUDA graph: {graph}" if graph else line
 
 
 def build_time_line(report: dict[str, Any]) -> str:
