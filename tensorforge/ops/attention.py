@@ -113,11 +113,11 @@ def attention(
     present_key, present_value = k, v
     q_len, kv_len = q.shape[2], k.shape[2]
     if past_key is not None:
-        offset = torch.tensor(past_key.shape[2], device=q.device)
+        offset = torch.full((), past_key.shape[2], dtype=torch.int64, device=q.device)
     elif nonpad_kv_seqlen is not None:
         offset = nonpad_kv_seqlen.reshape(-1) - q_len
     else:
-        offset = torch.tensor(0, device=q.device)
+        offset = torch.zeros((), dtype=torch.int64, device=q.device)
     bias = _bias(q, kv_len, attn_mask, offset, nonpad_kv_seqlen, is_causal, window)
 
     if q.shape[1] != k.shape[1]:
@@ -125,8 +125,9 @@ def attention(
             raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} kv heads")
         repeats = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-    root = torch.tensor(math.sqrt(scale if scale is not None else 1 / math.sqrt(q.shape[-1])), dtype=q.dtype)
-    root = root.to(q.device)
+    root = torch.full(
+        (), math.sqrt(scale if scale is not None else 1 / math.sqrt(q.shape[-1])), dtype=q.dtype, device=q.device
+    )
     raw = (q * root) @ (k * root).transpose(-1, -2)
     capped = softcap * torch.tanh(raw / softcap) if softcap > 0 else raw
     scores = capped + bias
@@ -394,7 +395,7 @@ def flex_attention(ctx: OpContext, q, k, v, *, scale=None, score_mod=None, prob_
     else:
         compute = torch.promote_types(q.dtype, torch.float32)
     factor = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    root = torch.tensor(math.sqrt(factor), dtype=torch.float32).to(q.dtype).to(q.device)
+    root = torch.full((), math.sqrt(factor), dtype=torch.float32, device=q.device).to(q.dtype)
     scores = ((q * root) @ (k * root).transpose(-1, -2)).to(compute)
     if score_mod is not None:
         scores = _run_modifier(ctx, score_mod, scores)

@@ -317,7 +317,7 @@ def _clip(x: torch.Tensor, low, high) -> torch.Tensor:
 
 
 def _bound(value: float | None, like: torch.Tensor) -> torch.Tensor | None:
-    return None if value is None else torch.tensor(value, dtype=like.dtype, device=like.device)
+    return None if value is None else torch.full((), value, dtype=like.dtype, device=like.device)
 
 
 @register("Clip", since=1)

@@ -144,7 +144,7 @@ def quantize_activation(x: torch.Tensor, x_scale: float, quant: str) -> torch.Te
 
     if quant not in QUANT_TYPES:
         raise ValueError(f"unknown quantized type {quant!r}; known: {sorted(QUANT_TYPES)}")
-    scale = torch.tensor(x_scale, dtype=torch.float32, device=x.device)
+    scale = torch.full((), x_scale, dtype=torch.float32, device=x.device)
     if quant == "int8":
         # QuantizeLinear's int8 arithmetic (`ops.quantize.quantize`: the same float32 division, rounding half
         # to even, saturation) without its float64 detour: bit for bit its result, in a third of the time.
@@ -236,7 +236,7 @@ def quantized_gemm(
     if b_scale is None:
         raise ValueError("QuantizedGemm needs the weight scales (input 4)")
     acc = torch.matmul(quantized_input(a, x_scale, quant), b.float())
-    scales = b_scale.float().to(acc.device) * torch.tensor(x_scale, dtype=torch.float32, device=acc.device)
+    scales = b_scale.float().to(acc.device) * torch.full((), x_scale, dtype=torch.float32, device=acc.device)
     y = epilogue(acc * scales, c, z, pre, pre_params, post, post_params, lambda t: t.shape)
     return requantize(y, y_scale, quant, output_dtype(a))
 
