@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -77,3 +80,16 @@ def assert_matches_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.nd
         else:
             np.testing.assert_array_equal(actual, expected, err_msg=name)
     return ours
+
+
+def compile_for_hopper(script: str) -> list[list[str]]:
+    """Run `script` in a fresh Python without the Triton interpreter (Triton's real compiler, for sm_90: no GPU
+    needed) and return its output lines split into words; skips the test where the compiler is missing or its
+    ptxas does not work."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    if done.returncode and "ptxas" in done.stderr:
+        pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [line.split() for line in done.stdout.splitlines()]

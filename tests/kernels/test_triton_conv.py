@@ -3,10 +3,6 @@ interpreter on the CPU with tiny shapes and on the GPU with ResNet-sized ones.""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -17,7 +13,7 @@ from tensorforge.ops import load_all
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.ops.pool import window_geometry
 from tensorforge.ops.registry import REGISTRY, OpContext
-from tests.helpers import DEVICES
+from tests.helpers import DEVICES, compile_for_hopper
 
 # Normwise relative error (max|got - want| / max|want|) against the float64 reference, by how the kernel multiplies.
 TOLERANCE = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 3e-2}
@@ -315,11 +311,5 @@ print("cp.async16", len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global[^;]*0x
 def test_the_kernel_compiles_for_hopper_with_tensor_cores_and_pipelined_vector_loads():
     """Through Triton's real compiler for sm_90 (no GPU needed; the interpreter never compiles): channel counts
     that are multiples of 8 (ALIGN) give 16-byte asynchronous loads, and the products run on wgmma."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
-    if done.returncode and "ptxas" in done.stderr:
-        pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    counts = dict(line.split() for line in done.stdout.splitlines())
+    counts = dict(compile_for_hopper(_COMPILE_FOR_HOPPER))
     assert int(counts["wgmma"]) > 0 and int(counts["cp.async16"]) > 0, counts

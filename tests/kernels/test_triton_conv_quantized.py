@@ -13,10 +13,6 @@ inputs is tested on the GPU only.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -34,7 +30,7 @@ from tensorforge.ops import load_all
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.ops.pool import window_geometry
 from tensorforge.ops.registry import REGISTRY, OpContext
-from tests.helpers import DEVICES
+from tests.helpers import DEVICES, compile_for_hopper
 
 # Normwise relative error (max|got - want| / max|want|) against the float64 reference, by output type: int8
 # sums are exact and E4M3 products exact in float32, so the error is the float epilogue's and the output's
@@ -441,13 +437,7 @@ def test_the_quantized_kernel_compiles_for_hopper_with_8_bit_tensor_cores():
     products run on wgmma with 8-bit
     operands; the K-major weight loads asynchronously into shared memory, never transposed byte by byte
     (st.shared.b8)."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
-    if done.returncode and "ptxas" in done.stderr:
-        pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    counts = [line.split() for line in done.stdout.splitlines()]
+    counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
     assert len(counts) == 5, counts
     for _, _, wgmma, cp_async, byte_stores in counts:
         assert int(wgmma) > 0 and int(cp_async) > 0 and int(byte_stores) == 0, counts

@@ -3,10 +3,6 @@ interpreter on the CPU with tiny shapes and on the GPU with MobileNetV3 / Effici
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -22,7 +18,7 @@ from tensorforge.ops import load_all
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.ops.pool import window_geometry
 from tensorforge.ops.registry import REGISTRY, OpContext
-from tests.helpers import DEVICES
+from tests.helpers import DEVICES, compile_for_hopper
 
 # Normwise relative error (max|got - want| / max|want|) against float64 on the same rounded inputs: the products
 # accumulate in float32, so what is left is the output's rounding (unit roundoff 2^-11 fp16, 2^-8 bf16).
@@ -228,13 +224,7 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_channel_loads():
     """Through Triton's real compiler for sm_90 (no GPU needed; the interpreter never compiles): with channel
     counts that are multiples of 8 (ALIGN, e.g. MobileNet's 72 or 120), fp16 activations, taps, residual and
     output move in 16-byte vectors, never element by element."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
-    if done.returncode and "ptxas" in done.stderr:
-        pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    counts = {name: int(count) for name, count in (line.split() for line in done.stdout.splitlines())}
+    counts = {name: int(count) for name, count in compile_for_hopper(_COMPILE_FOR_HOPPER)}
     assert counts["load16"] > 0 and counts["store16"] > 0 and counts["load2"] == 0, counts
 
 

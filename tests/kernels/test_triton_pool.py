@@ -1,10 +1,6 @@
 """The Triton max, average and global average pools against the reference ops, on the GPU and under Triton's
 interpreter on the CPU."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -20,7 +16,7 @@ from tensorforge.kernels.triton.pool import (
 from tensorforge.ops import load_all
 from tensorforge.ops.pool import window_geometry
 from tensorforge.ops.registry import REGISTRY, OpContext
-from tests.helpers import DEVICES
+from tests.helpers import DEVICES, compile_for_hopper
 
 CASES = [
     ((2, 5, 9, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
@@ -214,14 +210,7 @@ def test_the_kernels_compile_for_hopper_with_16_byte_loads():
     """Through Triton's real compiler for sm_90 (the interpreter never compiles): on 16-aligned NHWC strides the
     window pools and the global pool load 16-byte vectors, as does the global pool along NCHW's pixels; the max
     pool compares with NaN-propagating max."""
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
-    if done.returncode and "ptxas" in done.stderr:
-        pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = (line.split() for line in done.stdout.splitlines())
-    counts = {name: (int(v4), int(nan_max)) for name, v4, nan_max in rows}
+    counts = {name: (int(v4), int(nan_max)) for name, v4, nan_max in compile_for_hopper(_COMPILE_FOR_HOPPER)}
     assert counts["pool0"][0] > 0 and counts["pool0"][1] > 0, counts
     assert counts["pool1"][0] > 0 and counts["global_nhwc"][0] > 0 and counts["global_nchw"][0] > 0, counts
     assert "finish" in counts

@@ -4,10 +4,6 @@ MobileNetV3-Large."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -22,7 +18,7 @@ from tensorforge.kernels.triton.squeeze_excite import (
 from tensorforge.ops import load_all
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.ops.registry import REGISTRY, OpContext
-from tests.helpers import DEVICES
+from tests.helpers import DEVICES, compile_for_hopper
 
 # Normwise relative error (max|got - want| / max|want|) against float64 on the same rounded inputs: everything is
 # float32 until Y is rounded once, so what is left is that rounding (unit roundoff 2^-11 fp16, 2^-8 bf16; Triton's
@@ -269,14 +265,7 @@ compile("excite_tiny", se._excite, dict(excite, HAS_B1=False, HAS_B2=False, **ti
 
 
 def _compile_for_hopper() -> dict[str, tuple[int, int]]:
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
-    if done.returncode and "ptxas" in done.stderr:
-        pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = (line.split() for line in done.stdout.splitlines())
-    return {name: (int(loads), int(stores)) for name, loads, stores in rows}
+    return {name: (int(loads), int(stores)) for name, loads, stores in compile_for_hopper(_COMPILE_FOR_HOPPER)}
 
 
 def test_the_kernels_compile_for_hopper_with_16_byte_accesses():

@@ -85,6 +85,33 @@ def _pool2d(
 
 
 @triton.jit
+def _pixel_offsets(p, W, sh, sw, FLAT: tl.constexpr):
+    """Element offsets of flattened pixels `p`: p · sw when H and W merge (FLAT), else (p // W) · sh + (p % W) · sw."""
+    if FLAT:
+        offsets = p * sw
+    else:
+        h = p // W
+        offsets = h * sh + (p - h * W) * sw
+    return offsets
+
+
+@triton.jit
+def _channel_sums(
+    x_channels, channel_ok, first, last, W, sxh, sxw,
+    FLAT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Σ over pixels [first, last) of the channels at pointers `x_channels` (one image), in float32: [BLOCK_C],
+    0 for the channels not `channel_ok`."""
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for start in range(first, last, BLOCK_P):
+        p = start + tl.arange(0, BLOCK_P)
+        offsets = _pixel_offsets(p, W, sxh, sxw, FLAT)
+        mask = (p < last)[:, None] & channel_ok[None, :]
+        acc += tl.load(x_channels[None, :] + offsets[:, None], mask=mask, other=0.0).to(tl.float32)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _global_sum(
     x, y, partial,
     HW, W, C, pixels_per_split,
@@ -101,17 +128,7 @@ def _global_sum(
     x_channels = x + image.to(tl.int64) * sxn + channels * sxc
     first = split * pixels_per_split
     last = tl.minimum(first + pixels_per_split, HW)
-    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    for start in range(first, last, BLOCK_P):
-        p = start + tl.arange(0, BLOCK_P)
-        if FLAT:
-            offsets = p * sxw
-        else:
-            h = p // W
-            offsets = h * sxh + (p - h * W) * sxw
-        mask = (p < last)[:, None] & channel_ok[None, :]
-        acc += tl.load(x_channels[None, :] + offsets[:, None], mask=mask, other=0.0).to(tl.float32)
-    total = tl.sum(acc, axis=0)
+    total = _channel_sums(x_channels, channel_ok, first, last, W, sxh, sxw, FLAT, BLOCK_P, BLOCK_C)
     if SPLIT:
         slab = (split * tl.num_programs(0) + image).to(tl.int64) * C
         tl.store(partial + slab + channels, total, mask=channel_ok)

@@ -35,8 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .depthwise import _alignment, _scaled
 from .epilogue import activate, activation_args
-from .pool import _slots, global_split_count
+from .pool import _channel_sums, _memory_format, _pixel_offsets, _slots, global_split_count
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
 NO_ACTIVATION: Activation = activation_args("")
@@ -46,17 +47,6 @@ _CONFIG_KEYS = ("block_p", "block_c", "block_r", "num_warps")
 _BLOCK_K = 16  # partials added per step by `_excite`
 _SCALE_WAVES = 4  # `_excite` programs per SM that `scale_split_count` aims for
 _MIN_SCALE_BLOCKS = 2  # pixel blocks a pixel range of `_excite` covers at least
-
-
-@triton.jit
-def _pixel_offsets(p, W, sh, sw, FLAT: tl.constexpr):
-    """Element offsets of flattened pixels `p`: p · sw when H and W merge (FLAT), else (p // W) · sh + (p % W) · sw."""
-    if FLAT:
-        offsets = p * sw
-    else:
-        h = p // W
-        offsets = h * sh + (p - h * W) * sw
-    return offsets
 
 
 @triton.jit
@@ -80,13 +70,7 @@ def _squeeze(
     x_channels = x + image.to(tl.int64) * sxn + channels * sxc
     first = split * pixels_per_split
     last = tl.minimum(first + pixels_per_split, HW)
-    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    for start in range(first, last, BLOCK_P):
-        p = start + tl.arange(0, BLOCK_P)
-        offsets = _pixel_offsets(p, W, sxh, sxw, FLAT)
-        mask = (p < last)[:, None] & channel_ok[None, :]
-        acc += tl.load(x_channels[None, :] + offsets[:, None], mask=mask, other=0.0).to(tl.float32)
-    sums = tl.sum(acc, axis=0)  # [BLOCK_C]; 0 past the last channel
+    sums = _channel_sums(x_channels, channel_ok, first, last, W, sxh, sxw, FLAT, BLOCK_P, BLOCK_C)
     slab = partial + ((split * tl.num_programs(1) + block) * tl.num_programs(0) + image).to(tl.int64) * R
     for r0 in range(0, R, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
@@ -202,25 +186,9 @@ def scale_split_count(programs: int, pixels: int, block_p: int, slots: int) -> i
 # -- host side --------------------------------------------------------------------------------------------
 
 
-def _alignment(*values: int) -> int:
-    """The largest of 16, 8, 4, 2, 1 that divides every value."""
-    return next(a for a in (16, 8, 4, 2, 1) if all(v % a == 0 for v in values))
-
-
-def _scaled(strides: tuple[int, ...], align: int) -> tuple[int, int, int, int]:
-    """(N, C, H, W) strides with the N, H and W ones divided by `align` (the kernels multiply them back)."""
-    n, c, h, w = strides
-    return n // align, c, h // align, w // align
-
-
 def _image_extent(t: torch.Tensor) -> int:
     """The largest element offset inside one image of `t` (the kernels keep those in int32)."""
     return sum((size - 1) * abs(stride) for size, stride in zip(t.shape[1:], t.stride()[1:], strict=True))
-
-
-def _memory_format(x: torch.Tensor) -> torch.memory_format:
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    return torch.channels_last if channels_last else torch.contiguous_format
 
 
 def _matrix(name: str, w: torch.Tensor, rows: int, cols: int, x: torch.Tensor) -> torch.Tensor:
