@@ -9,6 +9,8 @@
 #             when pytest-xdist is installed; TESTS="paths" to choose)
 #   parallel  bench/parallel_compile.py: candidates built by 1 worker thread against 8 (PARALLEL_S=150)
 #   sweep     bench/conv_sweep.py: every distinct conv layer, our kernels against cuDNN (SWEEP_S=300, SWEEP_ARGS)
+#   configs   bench/conv_configs.py: ResNet-50's convolutions over a wide grid of tiles and pipeline depths (CONFIGS_S=300,
+#             CONFIGS_ARGS)
 #   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256")
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
@@ -45,6 +47,12 @@ for stage in $stages; do
       timeout "${SWEEP_S:-300}" python3 bench/conv_sweep.py ${SWEEP_ARGS:---model resnet50 --batch 1 --effort 0} \
         --out "$out" > "$out/sweep.txt" 2>&1
       grep -E 'Our kernels win' "$out/sweep.txt" | tail -4
+      ;;
+    configs)
+      # shellcheck disable=SC2086 - CONFIGS_ARGS is a list of arguments
+      timeout "${CONFIGS_S:-300}" python3 bench/conv_configs.py --seconds "$(( ${CONFIGS_S:-300} - 60 ))" \
+        ${CONFIGS_ARGS:---precision int8} --out "$out" > "$out/configs.txt" 2>&1
+      cut -c1-200 "$out/configs.txt" | tail -16
       ;;
     suite)
       # shellcheck disable=SC2086 - SUITE_ARGS is a list of arguments
@@ -88,7 +96,7 @@ for stage in $stages; do
       grep -E "batch [0-9]+ " "$out/max.txt" | cut -c1-160
       ;;
     *)
-      echo "unknown stage $stage (tests, parallel, sweep, suite, int8, layers, zoo, max)" >&2
+      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max)" >&2
       ;;
   esac
   echo "== $stage: $(($(date +%s) - started)) s"
