@@ -48,17 +48,10 @@ LAYERS = [
 
 
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (64, 256), (128, 256), (256, 128))
-PERSISTENT_TILES = ((128, 64), (128, 128), (64, 128))
 
 
-def grid(persistent: bool) -> list[dict]:
-    """Tiles × K depth × warps × pipeline stages, wider than any effort level; or persistent grids of 1 or 2
-    programs per multiprocessor."""
-    if persistent:
-        return [
-            dict(block_m=bm, block_n=bn, block_k=64, num_warps=warps, num_stages=stages, split_k=1, programs_per_sm=p)
-            for (bm, bn), warps, stages, p in itertools.product(PERSISTENT_TILES, (4, 8), (2, 3, 4), (1, 2))
-        ]
+def grid() -> list[dict]:
+    """Tiles × K depth × warps × pipeline stages, wider than any effort level."""
     return [
         dict(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages)
         for (bm, bn), bk, warps, stages in itertools.product(TILES, (64, 128), (4, 8), (1, 2, 3))
@@ -68,7 +61,7 @@ def grid(persistent: bool) -> list[dict]:
 def _tiling(row: dict) -> tuple:
     """A configuration's tiling, whatever its split."""
     config = ConvConfig.of({k: v for k, v in row.items() if k in ConvConfig.__dataclass_fields__})
-    return config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages, config.programs_per_sm
+    return config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages
 
 
 def copy_gbps(nbytes: int, device: torch.device) -> float:
@@ -161,8 +154,7 @@ def sweep(case: Case, configs: list[dict], device: torch.device) -> list[dict]:
 
 
 def describe(row: dict) -> str:
-    text = "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row)
-    return text + (f" persistent {row['programs_per_sm']}/SM" if row.get("programs_per_sm") else "")
+    return "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row)
 
 
 def main() -> None:
@@ -171,7 +163,6 @@ def main() -> None:
     parser.add_argument("--precision", choices=("int8", "fp16"), default="int8")
     parser.add_argument("--layers", nargs="+", help="layer names (default: all)")
     parser.add_argument("--effort0", action="store_true", help="only the effort-0 configurations (a smoke run)")
-    parser.add_argument("--persistent", action="store_true", help="persistent grids (and the effort-0 configurations)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke run)")
     parser.add_argument("--seconds", type=float, default=300, help="stop starting new layers after this")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -182,7 +173,7 @@ def main() -> None:
     peak = copy_gbps(2 << 30 if device.type == "cuda" else 1 << 24, device)
     print(f"device copy {peak:.0f} GB/s", flush=True)
     effort0 = quantized_conv_configs(0) if args.precision == "int8" else conv_configs(0)
-    configs = effort0 if args.effort0 else grid(args.persistent) + (effort0 if args.persistent else [])
+    configs = effort0 if args.effort0 else grid()
     results = []
     for name, cin, cout, k, side, residual in LAYERS:
         if args.layers and name not in args.layers:
@@ -204,8 +195,7 @@ def main() -> None:
         print(f"{name:<14} best {best['ms']:.4f} ms ({describe(best)}, {gbps:.0f} GB/s = {gbps / peak:.0%} of copy) "
               f"effort-0 {best0['ms'] if best0 else math.nan:.4f} ms  cuDNN fp16 {peer_ms:.4f} ms  "
               f"[{len(timed)}/{len(rows)} ran]", flush=True)  # fmt: skip
-        kind = "-persistent" if args.persistent else ""
-        (args.out / f"conv-configs-{args.precision}{kind}-b{args.batch}.json").write_text(
+        (args.out / f"conv-configs-{args.precision}-b{args.batch}.json").write_text(
             json.dumps(dict(copy_gbps=peak, batch=args.batch, precision=args.precision, layers=results), indent=1)
         )
 

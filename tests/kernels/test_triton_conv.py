@@ -138,23 +138,6 @@ def test_split_k_applies_the_epilogue_once(device, geometry, splits):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("geometry", sorted(GEOMETRIES))
-def test_persistent_programs_cover_every_tile(device, geometry):
-    """A persistent grid (on the interpreter, one multiprocessor: `programs_per_sm` programs) walks every output
-    tile of every group, each over all its K tiles, and applies the epilogue once per tile."""
-    torch.manual_seed(14)
-    _check_case(device, "fp32", geometry, FULL_EPILOGUE, {**TINY, "programs_per_sm": 3})
-
-
-def test_persistent_configs_do_not_split():
-    assert ConvConfig.of({**TINY, "programs_per_sm": 2}).programs_per_sm == 2
-    with pytest.raises(ValueError, match="does not split K"):
-        ConvConfig.of({**TINY, "programs_per_sm": 2, "split_k": 2})
-    with pytest.raises(ValueError, match="programs_per_sm must be"):
-        ConvConfig.of({**TINY, "programs_per_sm": -1})
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_swizzled_tiles_cover_the_output(device):
     """Several row and column tiles in GROUP_M bands, the last of each partial."""
     torch.manual_seed(4)
@@ -305,31 +288,28 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tensorforge.kernels.triton.conv import _conv2d_igemm as fn
-for persistent in (False, True):
-    constants = dict(
-        KH=3, KW=3, DENSE_K=False, EVEN_K=False, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1,
-        SPLIT=False, DOT_PRECISION="ieee", QUANT=0, QUANTIZE_X=False, QUANT_Y=0, W_K_MAJOR=False, ALIGN=8,
-        PERSISTENT=persistent, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
-    )
-    pointers = ("x", "w", "bias", "res", "y", "partial", "w_scale")
-    floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
-    signature = {
-        n: "constexpr" if n in constants else "*fp16" if n in pointers else "fp32" if n in floats else "i32"
-        for n in fn.arg_names
-    }
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers}
-    source = ASTSource(fn, signature, constants, attrs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
-    ptx = kernel.asm["ptx"]
-    cp_async = len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global[^;]*0x10", ptx))
-    print(persistent, ptx.count("wgmma.mma_async"), cp_async)
+constants = dict(
+    KH=3, KW=3, DENSE_K=False, EVEN_K=False, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1, SPLIT=False,
+    DOT_PRECISION="ieee", QUANT=0, QUANTIZE_X=False, QUANT_Y=0, W_K_MAJOR=False, ALIGN=8, BLOCK_M=128, BLOCK_N=128,
+    BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
+)
+pointers = ("x", "w", "bias", "res", "y", "partial", "w_scale")
+floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
+signature = {
+    n: "constexpr" if n in constants else "*fp16" if n in pointers else "fp32" if n in floats else "i32"
+    for n in fn.arg_names
+}
+attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers}
+source = ASTSource(fn, signature, constants, attrs)
+kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+ptx = kernel.asm["ptx"]
+print("wgmma", ptx.count("wgmma.mma_async"))
+print("cp.async16", len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global[^;]*0x10", ptx)))
 """
 
 
 def test_the_kernel_compiles_for_hopper_with_tensor_cores_and_pipelined_vector_loads():
     """Through Triton's real compiler for sm_90 (no GPU needed; the interpreter never compiles): channel counts
-    that are multiples of 8 (ALIGN) give 16-byte asynchronous loads, and the products run on wgmma, in the
-    one-tile-per-program kernel and in the persistent one (whose flattened loop is software-pipelined too)."""
-    counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert [persistent for persistent, _, _ in counts] == ["False", "True"], counts
-    assert all(int(wgmma) > 0 and int(cp_async) > 0 for _, wgmma, cp_async in counts), counts
+    that are multiples of 8 (ALIGN) give 16-byte asynchronous loads, and the products run on wgmma."""
+    counts = dict(compile_for_hopper(_COMPILE_FOR_HOPPER))
+    assert int(counts["wgmma"]) > 0 and int(counts["cp.async16"]) > 0, counts

@@ -198,16 +198,6 @@ def test_int8_split_k_sums_int32_partials(device, geometry, splits):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("kind", "x_type"), [("int8", "int8"), ("int8", "fp16"), ("fp8e4m3", "fp8")])
-@pytest.mark.parametrize("geometry", ["1x1", "3x3", "7x7-stride2-stem", "groups4-stride2"])
-def test_persistent_programs_match_the_reference(device, kind, x_type, geometry):
-    """The persistent grid's flattened (tile, K tile) loop: int32 accumulators reset per tile, quantized on load
-    or already quantized inputs."""
-    torch.manual_seed(15)
-    _check_case(device, kind, x_type, torch.float32, geometry, FULL_EPILOGUE, config={**TINY, "programs_per_sm": 3})
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_int8_split_k_is_exact(device):
     """Sums past 2^24 (float32 would round each partial): with int32 partials every split gives the exact sum,
     rounded once to float32, bit for bit."""
@@ -360,7 +350,7 @@ def test_fp8_weight_scales():
 
 def test_configs_by_effort():
     sizes = [len(quantized_conv_configs(effort)) for effort in (0, 1, 2)]
-    assert sizes == [6, 13, 26]
+    assert sizes == [4, 11, 24]
     wide = [ConvConfig.of(c) for c in quantized_conv_configs(2)]
     assert all(c.block_k % 32 == 0 for c in wide)
     assert len({tuple(sorted(c.items())) for c in quantized_conv_configs(2)}) == len(wide), "a config is listed twice"
@@ -423,7 +413,7 @@ for quant, x_type, w_type, mma, y_type, res_type in ((1, "*fp16", "*i8", "s32.s8
     constants = dict(
         KH=3, KW=3, DENSE_K=False, EVEN_K=True, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1,
         SPLIT=False, DOT_PRECISION="ieee", QUANT=quant, QUANTIZE_X=x_type != w_type,
-        QUANT_Y=quant if y_type == w_type else 0, W_K_MAJOR=True, ALIGN=16, PERSISTENT=False,
+        QUANT_Y=quant if y_type == w_type else 0, W_K_MAJOR=True, ALIGN=16,
         BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
     )
     types = {"x": x_type, "w": w_type, "bias": "*fp32", "res": res_type, "y": y_type, "partial": "*fp16",

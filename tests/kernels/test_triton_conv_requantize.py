@@ -64,13 +64,6 @@ def test_split_k_requantizes_once_after_the_exact_sum(device):
     _check_requantized(device, "int8", "int8", "3x3", FULL_EPILOGUE, config={**TINY, "split_k": 2})
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("geometry", ["1x1", "3x3"])
-def test_persistent_programs_requantize_every_tile(device, geometry):
-    torch.manual_seed(26)
-    _check_requantized(device, "int8", "int8", geometry, FULL_EPILOGUE, config={**TINY, "programs_per_sm": 3})
-
-
 def test_a_requantized_output_is_of_the_weight_type_and_needs_a_valid_scale():
     x, x_scale, _, wq, w_scale, b, z, attrs = _layer("cpu", "int8", "int8", torch.float32, "1x1", FULL_EPILOGUE)
     with pytest.raises(ValueError, match="with y_scale the output is torch.int8"):

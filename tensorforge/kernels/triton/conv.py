@@ -111,125 +111,9 @@ def _epilogue(
 
 
 @triton.jit
-def _tile(t, m_tiles, n_tiles, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of a group's output tile `t`, swizzled: GROUP_M row tiles sweep the column tiles
-    together, so the weight columns they share stay in L2."""
-    per_group = GROUP_M * n_tiles
-    first_m = (t // per_group) * GROUP_M
-    group_rows = tl.minimum(m_tiles - first_m, GROUP_M)
-    return first_m + (t % per_group) % group_rows, (t % per_group) // group_rows
-
-
-@triton.jit
-def _a_rows(x, pid_m, g, M, OH, OW, CG, SH, SW, PH, PW, sxn, sxc, sxh, sxw, BLOCK_M: tl.constexpr):
-    """The output pixels of row tile `pid_m`, and for each the address of its window's first input pixel in
-    group g and the window's top-left corner (ih0, iw0)."""
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    safe_rows = rows % M  # rows past M repeat real pixels, so loads need no row mask (stores are masked)
-    ow = safe_rows % OW
-    pixel = safe_rows // OW
-    oh = pixel % OH
-    image = pixel // OH
-    ih0 = oh * SH - PH
-    iw0 = ow * SW - PW
-    x_rows = x + (image.to(tl.int64) * sxn + ih0 * sxh + iw0 * sxw + (g * CG).to(tl.int64) * sxc)
-    return rows, x_rows, ih0, iw0
-
-
-@triton.jit
-def _w_cols(w, pid_n, g, CG, KG, KH: tl.constexpr, KW: tl.constexpr, W_K_MAJOR: tl.constexpr,
-            BLOCK_N: tl.constexpr):  # fmt: skip
-    """The output channels of column tile `pid_n` and the address of their weight column in group g."""
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_total = KH * KW * CG
-    if W_K_MAJOR:  # stored as (G, Cout/G, KH, KW, Cin/G)
-        w_cols = w + g.to(tl.int64) * k_total * KG + (cols * k_total)[None, :]
-    else:
-        w_cols = w + g.to(tl.int64) * k_total * KG + cols[None, :]
-    return cols, w_cols
-
-
-@triton.jit
-def _k_tile(
-    kt, x_rows, ih0, iw0, w_cols, cols, H, W, CG, KG, DH, DW, sxc, sxh, sxw, x_inv_scale,
-    KH: tl.constexpr, KW: tl.constexpr, DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
-    QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, W_K_MAJOR: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """The A and B operands of K tile `kt`: A gathered from X (zeros outside it, quantized on load with
-    QUANTIZE_X), B from the packed weight."""
-    rk = tl.arange(0, BLOCK_K)
-    col_ok = cols < KG
-    k_total = KH * KW * CG
-    if DENSE_K:
-        k = kt * BLOCK_K + rk
-        tap = k // CG
-        c = k - tap * CG
-        kh = tap // KW
-        kw = tap - kh * KW
-        a_ptrs = x_rows[:, None] + (kh * DH * sxh + kw * DW * sxw + c * sxc)[None, :]
-        if PADDED:
-            ih = ih0[:, None] + (kh * DH)[None, :]
-            iw = iw0[:, None] + (kw * DW)[None, :]
-            a_mask = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            if not EVEN_K:
-                a_mask = a_mask & (k < k_total)[None, :]
-        elif not EVEN_K:
-            a_mask = (k < k_total)[None, :]
-        w_rows = k
-        w_mask = (k < k_total)[:, None] & col_ok[None, :]
-    else:
-        if KH * KW == 1:
-            c = kt * BLOCK_K + rk
-            tap_offset = 0
-            w_rows = c
-            ih = ih0
-            iw = iw0
-        else:
-            c_tiles = tl.cdiv(CG, BLOCK_K)
-            tap = kt // c_tiles
-            c = (kt - tap * c_tiles) * BLOCK_K + rk
-            kh = tap // KW
-            kw = tap - kh * KW
-            tap_offset = kh * DH * sxh + kw * DW * sxw
-            w_rows = tap * CG + c
-            ih = ih0 + kh * DH
-            iw = iw0 + kw * DW
-        a_ptrs = x_rows[:, None] + tap_offset + (c * sxc)[None, :]
-        if PADDED:
-            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a_mask = inside[:, None] if EVEN_K else inside[:, None] & (c < CG)[None, :]
-        elif not EVEN_K:
-            a_mask = (c < CG)[None, :]
-        w_mask = col_ok[None, :] if EVEN_K else (c < CG)[:, None] & col_ok[None, :]
-    if PADDED or not EVEN_K:
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-    else:
-        a = tl.load(a_ptrs)  # an unpadded window over whole blocks of channels: every element is inside
-    if QUANTIZE_X:
-        a = _quantize(a, x_inv_scale, QUANT)  # after the masked load: padding quantizes to 0
-    if W_K_MAJOR:
-        b = tl.load(w_cols + w_rows[:, None], mask=w_mask, other=0.0)
-    else:
-        b = tl.load(w_cols + (w_rows * KG)[:, None], mask=w_mask, other=0.0)
-    return a, b
-
-
-@triton.jit
-def _mma(acc, a, b, QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
-    if QUANT == 1:
-        return tl.dot(a, b, acc, out_dtype=tl.int32)
-    elif QUANT == 2:
-        # Hopper's float8 MMA adds in reduced precision; promoting each K tile's sum into the float32
-        # accumulator keeps the error that of a BLOCK_K-long sum.
-        return tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
-    else:
-        return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
 def _conv2d_igemm(
     x, w, bias, res, y, partial, w_scale,
-    M, H, W, OH, OW, CG, KG, GROUPS,
+    M, H, W, OH, OW, CG, KG,
     SH, SW, PH, PW, DH, DW,
     sxn, sxc, sxh, sxw,
     srn, src, srh, srw,
@@ -241,16 +125,14 @@ def _conv2d_igemm(
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr,
     QUANT_Y: tl.constexpr,
-    W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr, PERSISTENT: tl.constexpr,
+    W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """[BLOCK_M, BLOCK_N] output tiles: one per program, of group `program_id(2)` over the K tiles of split
-    `program_id(1)`; or, with PERSISTENT, every `num_programs(0)`-th tile of all groups' tiles, from
-    `program_id(0)` on, in one loop over (tile, K tile) pairs, so that the pipelined loads of the next tile's
-    operands are in flight while a tile's epilogue runs (the time of layers with few K tiles: 1×1
-    convolutions over 64-256 channels, whose epilogue moves as many bytes as the product reads).
+    """One [BLOCK_M, BLOCK_N] tile of group `program_id(2)` over the K tiles of split `program_id(1)`.
 
     CG, KG: input and output channels per group; they and the N, H, W strides are passed divided by ALIGN.
+    Programs along axis 0 are swizzled: GROUP_M row tiles sweep the column tiles together, so the weight columns
+    they share stay in L2.
     QUANT: 0 float, 1 int8, 2 float8 E4M3 (w is then quantized, w_scale its per-channel scales, x_scale the
     input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale; QUANT_Y: y is
     of the quantized type and the result is quantized as it is stored, multiplied by y_inv_scale.
@@ -262,74 +144,116 @@ def _conv2d_igemm(
     sxn, sxh, sxw = sxn * ALIGN, sxh * ALIGN, sxw * ALIGN
     srn, srh, srw = srn * ALIGN, srh * ALIGN, srw * ALIGN
     syn, syh, syw = syn * ALIGN, syh * ALIGN, syw * ALIGN
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    g = tl.program_id(2)
     m_tiles = tl.cdiv(M, BLOCK_M)
     n_tiles = tl.cdiv(KG, BLOCK_N)
+    per_group = GROUP_M * n_tiles
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(m_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    safe_rows = rows % M  # rows past M repeat real pixels, so loads need no row mask (stores are masked)
+    ow = safe_rows % OW
+    pixel = safe_rows // OW
+    oh = pixel % OH
+    image = pixel // OH
+    ih0 = oh * SH - PH
+    iw0 = ow * SW - PW
+    x_rows = x + (image.to(tl.int64) * sxn + ih0 * sxh + iw0 * sxw + (g * CG).to(tl.int64) * sxc)
+    col_ok = cols < KG
+    k_total = KH * KW * CG
+    if W_K_MAJOR:  # stored as (G, Cout/G, KH, KW, Cin/G)
+        w_group = w + g.to(tl.int64) * k_total * KG + (cols * k_total)[None, :]
+    else:
+        w_group = w + g.to(tl.int64) * k_total * KG + cols[None, :]
+
     if DENSE_K:
-        k_tiles = tl.cdiv(KH * KW * CG, BLOCK_K)
+        k_tiles = tl.cdiv(k_total, BLOCK_K)
     else:
         k_tiles = KH * KW * tl.cdiv(CG, BLOCK_K)
+    c_tiles = tl.cdiv(CG, BLOCK_K)
+    first = split * K_TILES_PER_SPLIT
+    last = tl.minimum(first + K_TILES_PER_SPLIT, k_tiles)
     if QUANT == 1:
-        zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     else:
-        zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc = zero
-
-    if PERSISTENT:
-        pid = tl.program_id(0)
-        programs = tl.num_programs(0)
-        group_tiles = m_tiles * n_tiles
-        mine = tl.cdiv(group_tiles * GROUPS - pid, programs)
-        tile = pid - programs
-        kt = k_tiles - 1
-        g = pid // group_tiles  # the first tile's coordinates (recomputed at the loop's first step)
-        pid_m, pid_n = _tile(pid % group_tiles, m_tiles, n_tiles, GROUP_M)
-        rows, x_rows, ih0, iw0 = _a_rows(x, pid_m, g, M, OH, OW, CG, SH, SW, PH, PW, sxn, sxc, sxh, sxw, BLOCK_M)
-        cols, w_cols = _w_cols(w, pid_n, g, CG, KG, KH, KW, W_K_MAJOR, BLOCK_N)
-        for _ in range(mine * k_tiles):
-            kt = tl.where(kt == k_tiles - 1, 0, kt + 1)
-            if kt == 0:
-                tile += programs
-                g = tile // group_tiles
-                pid_m, pid_n = _tile(tile % group_tiles, m_tiles, n_tiles, GROUP_M)
-                rows, x_rows, ih0, iw0 = _a_rows(
-                    x, pid_m, g, M, OH, OW, CG, SH, SW, PH, PW, sxn, sxc, sxh, sxw, BLOCK_M
-                )
-                cols, w_cols = _w_cols(w, pid_n, g, CG, KG, KH, KW, W_K_MAJOR, BLOCK_N)
-            a, b = _k_tile(
-                kt, x_rows, ih0, iw0, w_cols, cols, H, W, CG, KG, DH, DW, sxc, sxh, sxw, x_inv_scale,
-                KH, KW, DENSE_K, EVEN_K, PADDED, QUANT, QUANTIZE_X, W_K_MAJOR, BLOCK_K,
-            )  # fmt: skip
-            acc = _mma(acc, a, b, QUANT, DOT_PRECISION, BLOCK_K)
-            if kt == k_tiles - 1:
-                _epilogue(
-                    acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-                    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE,
-                    POST, QUANT, QUANT_Y,
-                )  # fmt: skip
-                acc = zero
-    else:
-        split = tl.program_id(1)
-        g = tl.program_id(2)
-        pid_m, pid_n = _tile(tl.program_id(0), m_tiles, n_tiles, GROUP_M)
-        rows, x_rows, ih0, iw0 = _a_rows(x, pid_m, g, M, OH, OW, CG, SH, SW, PH, PW, sxn, sxc, sxh, sxw, BLOCK_M)
-        cols, w_cols = _w_cols(w, pid_n, g, CG, KG, KH, KW, W_K_MAJOR, BLOCK_N)
-        first = split * K_TILES_PER_SPLIT
-        for kt in range(first, tl.minimum(first + K_TILES_PER_SPLIT, k_tiles)):
-            a, b = _k_tile(
-                kt, x_rows, ih0, iw0, w_cols, cols, H, W, CG, KG, DH, DW, sxc, sxh, sxw, x_inv_scale,
-                KH, KW, DENSE_K, EVEN_K, PADDED, QUANT, QUANTIZE_X, W_K_MAJOR, BLOCK_K,
-            )  # fmt: skip
-            acc = _mma(acc, a, b, QUANT, DOT_PRECISION, BLOCK_K)
-        if SPLIT:
-            slab = (split * tl.num_programs(2) + g).to(tl.int64) * M
-            offsets = (slab + rows)[:, None] * KG + cols[None, :]
-            tl.store(partial + offsets, acc, mask=(rows < M)[:, None] & (cols < KG)[None, :])
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kt in range(first, last):
+        if DENSE_K:
+            k = kt * BLOCK_K + rk
+            tap = k // CG
+            c = k - tap * CG
+            kh = tap // KW
+            kw = tap - kh * KW
+            a_ptrs = x_rows[:, None] + (kh * DH * sxh + kw * DW * sxw + c * sxc)[None, :]
+            if PADDED:
+                ih = ih0[:, None] + (kh * DH)[None, :]
+                iw = iw0[:, None] + (kw * DW)[None, :]
+                a_mask = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                if not EVEN_K:
+                    a_mask = a_mask & (k < k_total)[None, :]
+            elif not EVEN_K:
+                a_mask = (k < k_total)[None, :]
+            w_rows = k
+            w_mask = (k < k_total)[:, None] & col_ok[None, :]
         else:
-            _epilogue(
-                acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-                pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST,
-                QUANT, QUANT_Y,
-            )  # fmt: skip
+            if KH * KW == 1:
+                c = kt * BLOCK_K + rk
+                tap_offset = 0
+                w_rows = c
+                ih = ih0
+                iw = iw0
+            else:
+                tap = kt // c_tiles
+                c = (kt - tap * c_tiles) * BLOCK_K + rk
+                kh = tap // KW
+                kw = tap - kh * KW
+                tap_offset = kh * DH * sxh + kw * DW * sxw
+                w_rows = tap * CG + c
+                ih = ih0 + kh * DH
+                iw = iw0 + kw * DW
+            a_ptrs = x_rows[:, None] + tap_offset + (c * sxc)[None, :]
+            if PADDED:
+                inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                a_mask = inside[:, None] if EVEN_K else inside[:, None] & (c < CG)[None, :]
+            elif not EVEN_K:
+                a_mask = (c < CG)[None, :]
+            w_mask = col_ok[None, :] if EVEN_K else (c < CG)[:, None] & col_ok[None, :]
+        if PADDED or not EVEN_K:
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        else:
+            a = tl.load(a_ptrs)  # an unpadded window over whole blocks of channels: every element is inside
+        if QUANTIZE_X:
+            a = _quantize(a, x_inv_scale, QUANT)  # after the masked load: padding quantizes to 0
+        if W_K_MAJOR:
+            b = tl.load(w_group + w_rows[:, None], mask=w_mask, other=0.0)
+        else:
+            b = tl.load(w_group + (w_rows * KG)[:, None], mask=w_mask, other=0.0)
+        if QUANT == 1:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        elif QUANT == 2:
+            # Hopper's float8 MMA adds in reduced precision; promoting each K tile's sum into the float32
+            # accumulator keeps the error that of a BLOCK_K-long sum.
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    if SPLIT:
+        slab = (split * tl.num_programs(2) + g).to(tl.int64) * M
+        offsets = (slab + rows)[:, None] * KG + cols[None, :]
+        tl.store(partial + offsets, acc, mask=(rows < M)[:, None] & col_ok[None, :])
+    else:
+        _epilogue(
+            acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
+            pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
+            QUANT_Y,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -368,8 +292,7 @@ def _split_k_epilogue(
 @dataclass(frozen=True)
 class ConvConfig:
     """One tuning point of the kernel. `split_k`: how many K ranges (1: none), or "auto" to split only when
-    the output tiles would fill less than one wave of the device (see `split_k_for`). `programs_per_sm` > 0:
-    a persistent grid of that many programs per multiprocessor walks all output tiles (never split)."""
+    the output tiles would fill less than one wave of the device (see `split_k_for`)."""
 
     block_m: int = 64
     block_n: int = 64
@@ -378,7 +301,6 @@ class ConvConfig:
     num_warps: int = 4
     num_stages: int = 4
     split_k: int | str = "auto"
-    programs_per_sm: int = 0
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> ConvConfig:
@@ -394,17 +316,11 @@ class ConvConfig:
             raise ValueError(f"block sizes must be powers of two of at least 16 (tl.dot), got {blocks}")
         if made.split_k != "auto" and not (isinstance(made.split_k, int) and made.split_k >= 1):
             raise ValueError(f"split_k must be a positive integer or 'auto', got {made.split_k!r}")
-        if not (isinstance(made.programs_per_sm, int) and made.programs_per_sm >= 0):
-            raise ValueError(f"programs_per_sm must be an integer >= 0, got {made.programs_per_sm!r}")
-        if made.programs_per_sm and made.split_k not in ("auto", 1):
-            raise ValueError(
-                f"a persistent config (programs_per_sm > 0) does not split K, got split_k {made.split_k!r}"
-            )
         return made
 
 
-def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8, programs_per_sm=0) -> dict[str, Any]:
-    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, programs_per_sm))
+def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8) -> dict[str, Any]:
+    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k))
 
 
 # Effort 0: the shapes of ResNet / MobileNet layers on Hopper: wide tiles for the large layers, 64-wide ones
@@ -454,10 +370,6 @@ _QUANTIZED_EFFORT_0 = [
     _config(128, 64, 64, 4, 4),
     _config(64, 128, 64, 4, 4),
     _config(64, 64, 128, 4, 3),
-    # Persistent: for the memory-bound layers with few K tiles (1×1 over 64-512 channels, int8 residual streams),
-    # where a program's epilogue would otherwise wait for nothing else to load.
-    _config(128, 64, 64, 4, 3, programs_per_sm=2),
-    _config(128, 128, 64, 8, 3, programs_per_sm=1),
 ]
 _QUANTIZED_EFFORT_1 = [
     _config(128, 256, 64, 8, 3),
@@ -487,7 +399,7 @@ _QUANTIZED_MIN_BLOCK_K = 32
 
 
 def quantized_conv_configs(effort: int) -> list[dict[str, Any]]:
-    """The configurations of `conv2d_nhwc_quantized` worth timing at `effort`: 6 at 0, 13 at 1, 26 at 2 (each
+    """The configurations of `conv2d_nhwc_quantized` worth timing at `effort`: 4 at 0, 11 at 1, 24 at 2 (each
     level adds to the last; K tiles of at least 32)."""
     levels = [_QUANTIZED_EFFORT_0, _QUANTIZED_EFFORT_1, _QUANTIZED_EFFORT_2]
     return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 2)) + 1])]
@@ -565,7 +477,7 @@ def _k_major(name: str, weight: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class _Plan:
-    """How one call runs: K order, masks, split, and the persistent grid's program count (0: one per tile)."""
+    """How one call runs: K order, masks, split."""
 
     dense_k: bool
     even_k: bool
@@ -573,7 +485,6 @@ class _Plan:
     k_tiles: int
     k_tiles_per_split: int
     splits: int
-    persistent_programs: int
 
 
 def _plan(
@@ -594,16 +505,9 @@ def _plan(
         padded = padded or pad > 0 or last >= size
     k_tiles = triton.cdiv(kh * kw * cg, bk) if dense else kh * kw * triton.cdiv(cg, bk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n) * groups
-    slots = _slots(device)
-    if cfg.programs_per_sm:
-        wanted = 1
-    elif cfg.split_k == "auto":
-        wanted = split_k_for(tiles, k_tiles, slots)
-    else:
-        wanted = cfg.split_k
+    wanted = split_k_for(tiles, k_tiles, _slots(device)) if cfg.split_k == "auto" else cfg.split_k
     per_split = triton.cdiv(k_tiles, max(1, min(wanted, k_tiles)))
-    programs = min(tiles, slots * cfg.programs_per_sm) if cfg.programs_per_sm else 0
-    return _Plan(dense, even_k, padded, k_tiles, per_split, triton.cdiv(k_tiles, per_split), programs)
+    return _Plan(dense, even_k, padded, k_tiles, per_split, triton.cdiv(k_tiles, per_split))
 
 
 def _check_geometry(name: str, x, weight, bias, residual, out_hw) -> tuple[int, int, int, int]:
@@ -759,12 +663,11 @@ def _launch(
     z_factor = z_scale if z_scale else 1.0  # a float residual adds as it is
     epilogue_args = (*pre[1:], *post[1:], scales, x_scale, y_inv_scale, z_factor)  # the split-K epilogue's
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n)
-    grid = (plan.persistent_programs, 1, 1) if plan.persistent_programs else (tiles, plan.splits, groups)
     pixel_strides = [t[i] for t in (x.stride(), res_strides, y.stride()) for i in (0, 2, 3)]
     align = _alignment(cg, kg, *pixel_strides)
-    _conv2d_igemm[grid](
+    _conv2d_igemm[(tiles, plan.splits, groups)](
         x, weight, bias if bias is not None else y, res, y, partial, scales,
-        m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align, groups,
+        m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align,
         strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
         *_scaled(x.stride(), align), *_scaled(res_strides, align), *_scaled(y.stride(), align),
         *pre[1:], *post[1:], x_scale, 1.0 / x_scale, y_inv_scale, z_factor,
@@ -773,7 +676,7 @@ def _launch(
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
         SPLIT=plan.splits > 1, DOT_PRECISION=dot_precision,
         QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, QUANT_Y=quant_y,
-        W_K_MAJOR=_k_major(name, weight), ALIGN=align, PERSISTENT=plan.persistent_programs > 0,
+        W_K_MAJOR=_k_major(name, weight), ALIGN=align,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
