@@ -24,6 +24,7 @@ shift
 stages=${*:-tests parallel sweep}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the bench scripts import tensorforge from this tree
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader > "$out/device.txt"
 
 for stage in $stages; do
