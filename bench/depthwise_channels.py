@@ -29,8 +29,6 @@ from bench.int8_accuracy import METHODS, label, page_sources, rotated
 from tensorforge import Executor, load_onnx
 from tensorforge import realdata as rd
 from tensorforge.ir import Model
-from tensorforge.ir.clone import clone_model
-from tensorforge.passes.base import PassContext
 from tensorforge.passes.pipeline import optimize
 from tensorforge.quant import simulate
 from tensorforge.quant.calibration import _observing, collect_histograms, table_from_histograms
@@ -108,10 +106,7 @@ def main() -> None:
             "depthwise inputs per channel": PerChannelInputs(table, amax),
         }
         for scheme, insert in schemes.items():
-            copy = clone_model(model)
-            insert.run(PassContext(copy))
-            copy.graph.sort()
-            found = predictions(copy)
+            found = predictions(simulate.simulate_with(model, insert))
             row = {
                 "precision": f"int8 {label(method, params)}, {scheme}",
                 "top1": float((found == labels).mean()),

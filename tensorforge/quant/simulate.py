@@ -142,8 +142,13 @@ def simulate_quantized(
                 f"the calibration table was computed for another model (fingerprint {table.fingerprint}, this "
                 f"model has {fingerprint}): calibrate this model"
             )
+    return simulate_with(model, InsertQDQ(table, keep_float, quant, residuals))
+
+
+def simulate_with(model: Model, insert: InsertQDQ) -> Model:
+    """A copy of `model` with the Q/DQ pairs `insert` places (a configured `InsertQDQ`, or a variant of it)."""
     copy = clone_model(model)
-    InsertQDQ(table, keep_float, quant, residuals).run(PassContext(copy))
+    insert.run(PassContext(copy))
     copy.graph.sort()
     validate(copy.graph)
     return copy

@@ -6,8 +6,6 @@ import torch
 
 from bench import depthwise_channels as dc
 from tensorforge import Executor, from_torch
-from tensorforge.ir.clone import clone_model
-from tensorforge.passes.base import PassContext
 from tensorforge.passes.pipeline import optimize
 from tensorforge.quant import simulate
 from tensorforge.quant.calibration import _observing, calibrate
@@ -34,13 +32,6 @@ def _run(model, feeds, name):
     return np.concatenate([executor.run(feed)[name].numpy() for feed in feeds])
 
 
-def _simulated(model, insert):
-    copy = clone_model(model)
-    insert.run(PassContext(copy))
-    copy.graph.sort()
-    return copy
-
-
 def test_depthwise_inputs_get_per_channel_scales_and_a_smaller_error():
     torch.manual_seed(0)
     module = Separable().eval()
@@ -52,7 +43,7 @@ def test_depthwise_inputs_get_per_channel_scales_and_a_smaller_error():
     assert amax[name].shape == (8,) and amax[name].max() > 20 * amax[name].min()
 
     table = calibrate(model, feeds, "minmax")
-    per_channel = _simulated(model, dc.PerChannelInputs(table, amax))
+    per_channel = simulate.simulate_with(model, dc.PerChannelInputs(table, amax))
     quantizers = [n for n in per_channel.graph.nodes if n.op_type == "QuantizeLinear" and n.inputs[0].name == name]
     (quantizer,) = quantizers
     assert quantizer.attributes["axis"] == 1
@@ -62,7 +53,7 @@ def test_depthwise_inputs_get_per_channel_scales_and_a_smaller_error():
     (depthwise,) = [n for n in model.graph.nodes if n.inputs and n.inputs[0].name == name]
     out = depthwise.outputs[0].name
     want = _run(model, feeds, out)
-    per_tensor_error = np.abs(_run(_simulated(model, simulate.InsertQDQ(table)), feeds, out) - want)
+    per_tensor_error = np.abs(_run(simulate.simulate_with(model, simulate.InsertQDQ(table)), feeds, out) - want)
     per_channel_error = np.abs(_run(per_channel, feeds, out) - want)
     small = (amax[name] < amax[name].max() / 10).numpy()  # the channels one per-tensor scale crushes
     assert per_channel_error[:, small].max() < 0.25 * per_tensor_error[:, small].max()
