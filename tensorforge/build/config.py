@@ -88,6 +88,8 @@ class QuantizationConfig:
     (`passes.quant_chain`): "auto" tunes the chained graph too and keeps it when its plan times faster (chained
     wherever the graph allows, else only between the layers the unchained plan runs quantized); "always"
     chains wherever the graph allows, before tuning; "off": every quantized layer reads and writes float.
+    `depthwise_channels`: a depthwise convolution's input quantizes with one scale per channel (its channels'
+    calibrated maxima; free for the kernels, see `quant.calibration`); False: per tensor, as other activations.
     """
 
     data: str | None = None
@@ -97,6 +99,7 @@ class QuantizationConfig:
     target: tuple[str, float] | None = None
     keep_float: tuple[str, ...] = ()
     chain: str = "auto"
+    depthwise_channels: bool = True
 
     def __post_init__(self) -> None:
         if self.chain not in CHAIN_MODES:
@@ -126,6 +129,7 @@ class QuantizationConfig:
             "target": None if self.target is None else list(self.target),
             "keep_float": list(self.keep_float),
             "chain": self.chain,
+            "depthwise_channels": self.depthwise_channels,
         }
 
     @classmethod
@@ -139,6 +143,7 @@ class QuantizationConfig:
             target=None if target is None else (str(target[0]), float(target[1])),
             keep_float=tuple(data.get("keep_float", ())),
             chain=str(data.get("chain", "auto")),
+            depthwise_channels=bool(data.get("depthwise_channels", True)),
         )
 
 

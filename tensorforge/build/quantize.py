@@ -2,7 +2,8 @@
 
 1. Scales: from the calibration cache when it exists (it must belong to this optimized model), else by
    calibrating the optimized float model on the calibration data (the reference executor on the build's
-   device), then written to the cache when one is named.
+   device), then written to the cache when one is named. Depthwise convolutions' inputs quantize per channel
+   unless the config says otherwise (`depthwise_channels`).
 2. Layers: with an accuracy target, the mixed-precision search returns the most sensitive layers to float
    until the simulated int8 model meets it on the calibration data; layers the user names stay float too.
    Unless chaining is off, the simulation also rounds the residuals the chained engine will add from their
@@ -76,10 +77,14 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
         source = f"{table.batches} calibration batches, {settings.method}"
         if cache is not None:
             write_cache(table, cache)
+    if not settings.depthwise_channels:
+        table = table.per_tensor()
     fixed = lowerable(quantizable_layers(model))
     keep = list(settings.keep_float)
     reasons = {name: "kept in float by the build config" for name in keep}
     section: dict[str, Any] = {"type": quant, "scales": source, "method": table.method}
+    if table.channels:
+        section["per_channel_inputs"] = sorted(table.channels)
     if settings.target is not None:
         if feeds is None:
             raise InputError("an accuracy target needs calibration data to measure it on: give --calib")

@@ -68,6 +68,14 @@ def build(
             "faster), always or off",
         ),
     ] = "auto",
+    depthwise_channels: Annotated[
+        bool,
+        typer.Option(
+            "--depthwise-channels/--depthwise-per-tensor",
+            help="quantize a depthwise convolution's input with one scale per channel (free for the kernels), or "
+            "per tensor as other activations",
+        ),
+    ] = True,
     profiles: Annotated[
         list[str] | None,
         typer.Option(
@@ -109,6 +117,7 @@ def build(
                 target=parse_target(accuracy_target) if accuracy_target else None,
                 keep_float=tuple(keep_float or ()),
                 chain=chain,
+                depthwise_channels=depthwise_channels,
             )
         elif calib or calib_cache or accuracy_target or keep_float:
             raise InputError("--calib, --calib-cache, --accuracy-target and --keep-float go with --int8 or --fp8")

@@ -7,7 +7,8 @@ graph through a `ChainView`: the quantized layer a node is or will be (`Quantize
 and which outputs are written quantized (a `y_scale`, or an entry of `written`, which `plan_chains` fills in
 without touching the graph).
 
-For a quantized layer P whose output Y is float, not a graph output, with readers C_i:
+For a quantized layer P whose output Y is float, not a graph output, with readers C_i (a reader that quantizes Y
+per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it reads Y in float):
 - `INPUT_CHAINS` (exact): every C_i is a quantized layer of P's type reading Y as its input X, all with one
   scale s. P then writes Q_s(Y) and the readers skip their quantize.
 - `RESIDUAL_STREAMS` (after the input chains; an approximation): at least one C_i reads Y as X, and every C_i
@@ -29,6 +30,7 @@ from .fused import DOMAIN, QUANT_TYPES
 
 QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
 X_INPUT, Z_INPUT = 0, 3  # a quantized layer's input positions: its activation, a QuantizedConv's residual
+XS_INPUT = 5  # a QuantizedConv's per-channel input scales
 _FLOAT_OUTPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16, DType.UNDEFINED)
 
 Readers = list[tuple[Node, int]]  # (node, input index)
@@ -42,6 +44,7 @@ class QuantizedLayer:
     op_type: str
     quant: str
     x_scale: float
+    per_channel: bool = False  # X quantized per channel (a QuantizedConv's Xs): no producer writes that grid
 
 
 def is_quantized_layer(node: Node) -> bool:
@@ -52,7 +55,10 @@ def layer_of(node: Node) -> QuantizedLayer | None:
     """A QuantizedConv / QuantizedGemm node as the rules see it; None for any other node."""
     if not is_quantized_layer(node):
         return None
-    return QuantizedLayer(node.op_type, node.attributes.get("quant", "int8"), float(node.attributes["x_scale"]))
+    per_channel = node.op_type == "QuantizedConv" and len(node.inputs) > XS_INPUT and node.inputs[XS_INPUT] is not None
+    return QuantizedLayer(
+        node.op_type, node.attributes.get("quant", "int8"), float(node.attributes["x_scale"]), per_channel
+    )
 
 
 class ChainView:
@@ -145,6 +151,8 @@ class InputChains(ChainRule):
             return f"{reader.label} reads {output.name!r} as input {index} (a residual stays float)"
         if layer.quant != quant:
             return f"{reader.label} quantizes to {layer.quant}, this layer's type is {quant}"
+        if layer.per_channel:
+            return f"{reader.label} quantizes {output.name!r} per channel"
         scales.add(layer.x_scale)
         return None
 
@@ -161,6 +169,8 @@ class ResidualStreams(ChainRule):
             return f"{reader.label} ({reader.op_type}) reads {output.name!r} in float"
         if layer.quant != quant:
             return f"{reader.label} quantizes to {layer.quant}, this layer's is {quant}"
+        if index == X_INPUT and layer.per_channel:
+            return f"{reader.label} quantizes {output.name!r} per channel"
         if index == X_INPUT:
             scales.add(layer.x_scale)
         elif not _adds(reader, index, view):

@@ -18,6 +18,10 @@ at least float32 and rounded once to the output type).
   output is then X's float type, float32 for a quantized X). A positive `z_scale` marks a quantized residual:
   Z is of `quant`'s type and adds `Z · z_scale` (the residual stream of a ResNet kept in int8). `passes/quant_chain.py`
   sets them up.
+  `QuantizedConv(X, Wq, B?, Z?, Ws, Xs)`: X quantized per channel: `Q(X)[:, c]` divides by `x_scale · Xs[c]`
+  (float32 [C]), and output channel o is dequantized by `x_scale · Xs[o // (Cout / C)] · Ws[o]`. Made for a
+  depthwise convolution (group = C, each output channel reads one input channel), where it is exact; its X is
+  float (a chained producer writes one scale).
 - `QuantizedGemm(A, Bq, C?, Z?, Bs)`: FusedGemm on quantized operands, `Y = post(pre(acc · x_scale · Bs[n] + C)
   + Z)` with `acc = Q(A) @ Bq`: A quantized per tensor as in QuantizedConv, Bq the constant [K, N] weight in
   that type with per-output-column float32 scales Bs (alpha 1, beta 1, A not transposed); A already quantized
@@ -138,18 +142,26 @@ def attention(ctx: OpContext, q, kt, v, bias=None, *, scale=1.0):
 QUANT_TYPES = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}
 
 
-def quantize_activation(x: torch.Tensor, x_scale: float, quant: str) -> torch.Tensor:
-    """`Q(X)` of QuantizedConv: X on the grid of `quant` (as that type), dividing in float32."""
+Scale = float | torch.Tensor  # per tensor, or per channel (a float32 tensor of X's channels, axis 1)
+
+
+def quantize_activation(x: torch.Tensor, x_scale: Scale, quant: str) -> torch.Tensor:
+    """`Q(X)` of QuantizedConv: X on the grid of `quant` (as that type), dividing in float32 by the scale (one, or
+    one per channel along axis 1)."""
     from .quantize import quantize
 
     if quant not in QUANT_TYPES:
         raise ValueError(f"unknown quantized type {quant!r}; known: {sorted(QUANT_TYPES)}")
-    scale = torch.full((), x_scale, dtype=torch.float32, device=x.device)
+    if isinstance(x_scale, torch.Tensor):
+        scale = x_scale.to(device=x.device, dtype=torch.float32).reshape(-1)
+        divisor = scale.reshape(1, -1, *[1] * (x.dim() - 2))
+    else:
+        scale = divisor = torch.full((), x_scale, dtype=torch.float32, device=x.device)
     if quant == "int8":
         # QuantizeLinear's int8 arithmetic (`ops.quantize.quantize`: the same float32 division, rounding half
         # to even, saturation) without its float64 detour: bit for bit its result, in a third of the time.
-        return (x.to(torch.float32) / scale).round_().clamp_(-128, 127).to(torch.int8)
-    return quantize(x, scale, None, QUANT_TYPES[quant])
+        return (x.to(torch.float32) / divisor).round_().clamp_(-128, 127).to(torch.int8)
+    return quantize(x, scale, None, QUANT_TYPES[quant], axis=1)
 
 
 def is_quantized_tensor(x: torch.Tensor) -> bool:
@@ -157,7 +169,7 @@ def is_quantized_tensor(x: torch.Tensor) -> bool:
     return not x.is_floating_point() or x.element_size() == 1
 
 
-def quantized_input(x: torch.Tensor, x_scale: float, quant: str) -> torch.Tensor:
+def quantized_input(x: torch.Tensor, x_scale: Scale, quant: str) -> torch.Tensor:
     """`Q(X)` as float32 values (exact: integers and E4M3 values are float32 numbers): X quantized, or X itself
     when it already is of `quant`'s type (a quantized activation from the layer before)."""
     if quant not in QUANT_TYPES:
@@ -167,6 +179,23 @@ def quantized_input(x: torch.Tensor, x_scale: float, quant: str) -> torch.Tensor
             raise ValueError(f"a {quant} layer reads a quantized input of its own type, not {x.dtype}")
         return x.float()
     return quantize_activation(x, x_scale, quant).float()
+
+
+def input_scale(x_scale: float, x_channel_scale: torch.Tensor | None) -> Scale:
+    """The scale QuantizedConv quantizes X with: `x_scale`, or `x_scale · Xs` per channel."""
+    if x_channel_scale is None:
+        return float(x_scale)
+    return x_channel_scale.float() * torch.tensor(x_scale, dtype=torch.float32, device=x_channel_scale.device)
+
+
+def dequantize_scales(w_scale: torch.Tensor, x_scale: float, x_channel_scale: torch.Tensor | None) -> torch.Tensor:
+    """float32 [Cout] factors of a QuantizedConv's accumulator: `x_scale · Ws[o]`, times `Xs[o // (Cout / C)]` with
+    per-channel input scales (module docstring)."""
+    scales = w_scale.float() * torch.tensor(x_scale, dtype=torch.float32, device=w_scale.device)
+    if x_channel_scale is None:
+        return scales
+    per_input = scales.numel() // x_channel_scale.numel()
+    return scales * x_channel_scale.float().to(w_scale.device).repeat_interleave(per_input)
 
 
 def residual_values(z: torch.Tensor | None, z_scale: float) -> torch.Tensor | None:
@@ -200,6 +229,7 @@ def quantized_conv(
     b=None,
     z=None,
     w_scale=None,
+    x_channel_scale=None,
     *,
     x_scale,
     quant="int8",
@@ -219,10 +249,11 @@ def quantized_conv(
 ):
     if w_scale is None:
         raise ValueError("QuantizedConv needs the weight scales (input 4)")
+    scale = input_scale(x_scale, x_channel_scale)
     # Integer values (and fp8 values) are exact in float32; the sum of their products is float32's.
-    acc = convolution(quantized_input(x, x_scale, quant), w.float(), None, auto_pad, dilations, group, pads, strides)
+    acc = convolution(quantized_input(x, scale, quant), w.float(), None, auto_pad, dilations, group, pads, strides)
     spatial = acc.dim() - 2
-    scales = (w_scale.float() * torch.tensor(x_scale, dtype=torch.float32)).reshape(-1, *[1] * spatial)
+    scales = dequantize_scales(w_scale, x_scale, x_channel_scale).reshape(-1, *[1] * spatial)
     z = residual_values(z, z_scale)
     y = epilogue(acc * scales.to(acc.device), b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
     return requantize(y, y_scale, quant, output_dtype(x))

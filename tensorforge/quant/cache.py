@@ -3,8 +3,12 @@
 ```
 {"format": "tensorforge-calibration", "version": 1, "method": "entropy", "params": {},
  "fingerprint": "sha256:…", "batches": 16,
- "tensors": {"x": {"amax": 2.64, "scale": 0.0208}, …}}
+ "tensors": {"x": {"amax": 2.64, "scale": 0.0208}, …},
+ "channels": {"x": [0.33, 13.1, …], …}}
 ```
+
+`channels` holds the per-channel maxima of depthwise convolutions' inputs (version 2; a version 1 cache, without
+them, still reads: its depthwise inputs quantize per tensor).
 
 `fingerprint` identifies the model (see `fingerprint.py`); reading a cache against another model fails.
 Writing goes to the path the caller names and nowhere else (through a fresh temporary file beside it,
@@ -25,7 +29,8 @@ from .calibration import CalibrationTable, TensorRange
 from .fingerprint import model_fingerprint
 
 FORMAT = "tensorforge-calibration"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 
 
 def table_to_dict(table: CalibrationTable) -> dict[str, Any]:
@@ -37,18 +42,22 @@ def table_to_dict(table: CalibrationTable) -> dict[str, Any]:
         "fingerprint": table.fingerprint,
         "batches": table.batches,
         "tensors": {name: {"amax": r.amax, "scale": r.scale} for name, r in table.ranges.items()},
+        "channels": {name: list(amax) for name, amax in table.channels.items()},
     }
 
 
 def table_from_dict(data: dict[str, Any], source: str = "calibration cache") -> CalibrationTable:
     if data.get("format") != FORMAT:
         raise InputError(f"{source} is not a tensorforge calibration cache (format {data.get('format')!r})")
-    if data.get("version") != VERSION:
+    if data.get("version") not in READABLE:
         version = data.get("version")
-        raise InputError(f"{source} has cache version {version!r}; this tensorforge reads {VERSION}: recalibrate")
+        raise InputError(f"{source} has cache version {version!r}; this tensorforge reads {READABLE}: recalibrate")
     try:
         ranges = {name: TensorRange(float(r["amax"]), float(r["scale"])) for name, r in data["tensors"].items()}
-        return CalibrationTable(data["method"], dict(data["params"]), data["fingerprint"], ranges, data["batches"])
+        channels = {name: tuple(float(a) for a in amax) for name, amax in data.get("channels", {}).items()}
+        return CalibrationTable(
+            data["method"], dict(data["params"]), data["fingerprint"], ranges, data["batches"], channels
+        )
     except (KeyError, TypeError, ValueError) as err:
         raise InputError(f"{source} is malformed ({type(err).__name__}: {err}): recalibrate") from None
 

@@ -1,6 +1,12 @@
 """Post-training calibration: run the float model over calibration batches, observe every tensor a quantized
 layer reads (and each layer's output), and turn the observed ranges into per-tensor int8 scales.
 
+The input of a depthwise convolution is also observed per channel (its channels' maxima over the data, the
+minmax rule): BatchNorm-folded depthwise networks feed them channels whose ranges differ a hundredfold, which
+one per-tensor scale crushes into a few levels, while a per-channel input scale folds into the per-channel
+dequantization at no cost to a kernel (`quant.layers.is_depthwise`). The table keeps both; `per_tensor()`
+drops the channel ranges.
+
 `collect_histograms` runs the model once over the data; `table_from_histograms` applies a calibrator, so
 several methods can be compared on one pass; `calibrate` does both. Calibration data is a sequence of feeds
 (input name → array), checked against the model's inputs batch by batch; `load_calibration_data` reads them
@@ -11,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +31,8 @@ from ..ops.executor import Executor, bind_feeds
 from .calibrators import check_method, compute_amax
 from .fingerprint import model_fingerprint
 from .histogram import DEFAULT_BINS, Histogram
-from .layers import quantizable_layers
-from .scale import MIN_SCALE, QMAX, symmetric_scale
+from .layers import is_depthwise, quantizable_layers
+from .scale import MIN_SCALE, QMAX, symmetric_scale, symmetric_scales
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,7 @@ class CalibrationTable:
     fingerprint: str
     ranges: dict[str, TensorRange]
     batches: int = 0
+    channels: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per-channel amax of depthwise inputs
 
     def scale(self, name: str, qmax: float = QMAX) -> float:
         """The symmetric scale of tensor `name` for a type whose largest value is `qmax` (int8's 127 by
@@ -58,6 +65,17 @@ class CalibrationTable:
             )
         return entry.scale if qmax == QMAX else max(entry.amax / qmax, MIN_SCALE)
 
+    def channel_scales(self, name: str, qmax: float = QMAX) -> torch.Tensor | None:
+        """float32 per-channel scales `amax[c] / qmax` of tensor `name`, or None when it has no channel ranges."""
+        amax = self.channels.get(name)
+        if amax is None:
+            return None
+        return symmetric_scales(torch.tensor(amax, dtype=torch.float64), qmax)
+
+    def per_tensor(self) -> CalibrationTable:
+        """This table without channel ranges: every activation quantized per tensor."""
+        return replace(self, channels={})
+
 
 @dataclass
 class CalibrationStatistics:
@@ -67,6 +85,7 @@ class CalibrationStatistics:
     histograms: dict[str, Histogram]
     batches: int = 0
     samples: int = 0
+    channel_amax: dict[str, torch.Tensor] = field(default_factory=dict)  # depthwise inputs: max |x| per channel
 
 
 def observed_tensors(model: Model) -> list[Value]:
@@ -81,6 +100,15 @@ def observed_tensors(model: Model) -> list[Value]:
     return list(seen.values())
 
 
+def depthwise_inputs(model: Model) -> list[Value]:
+    """The activations depthwise convolutions read (observed per channel too), without repeats."""
+    seen: dict[str, Value] = {}
+    for layer in quantizable_layers(model):
+        if is_depthwise(layer.node) and not layer.operands[0].is_weight:
+            seen.setdefault(layer.node.inputs[0].name, layer.node.inputs[0])
+    return list(seen.values())
+
+
 def collect_histograms(
     model: Model,
     feeds: Iterable[Mapping[str, Any]],
@@ -92,6 +120,7 @@ def collect_histograms(
     observed = [v.name for v in observed_tensors(model)]
     if not observed:
         raise InputError("the model has no quantizable layer (Conv, ConvTranspose, Gemm, MatMul): nothing to calibrate")
+    per_channel = [v.name for v in depthwise_inputs(model)]
     executor = Executor(_observing(model, observed), device)
     stats = CalibrationStatistics(model_fingerprint(model), {name: Histogram(bins) for name in observed})
     for index, feed in enumerate(feeds):
@@ -103,6 +132,8 @@ def collect_histograms(
                 stats.histograms[name].add(results[name])
             except ValueError as err:
                 raise InputError(f"{source}: tensor {name!r}: {err}; the float model overflows on this batch") from None
+        for name in per_channel:
+            _add_channel_amax(stats.channel_amax, name, results[name])
         stats.batches += 1
         stats.samples += _batch_size(feed)
     if stats.batches == 0:
@@ -119,7 +150,8 @@ def table_from_histograms(
     for name, hist in stats.histograms.items():
         amax = compute_amax(hist, method, params)
         ranges[name] = TensorRange(amax, symmetric_scale(amax))
-    return CalibrationTable(method, dict(params or {}), stats.fingerprint, ranges, stats.batches)
+    channels = {name: tuple(amax.tolist()) for name, amax in stats.channel_amax.items()}
+    return CalibrationTable(method, dict(params or {}), stats.fingerprint, ranges, stats.batches, channels)
 
 
 def calibrate(
@@ -138,6 +170,13 @@ def calibrate(
     """
     check_method(method, params)
     return table_from_histograms(collect_histograms(model, feeds, device=device, bins=bins), method, params)
+
+
+def _add_channel_amax(amax: dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
+    """Fold the channel maxima of `tensor` (N, C, ...) into `amax[name]` (float64, on the CPU)."""
+    dims = [d for d in range(tensor.dim()) if d != 1]
+    observed = tensor.detach().abs().amax(dim=dims).double().cpu()
+    amax[name] = torch.maximum(amax[name], observed) if name in amax else observed
 
 
 def check_batch(model: Model, feed: Mapping[str, Any], source: str) -> None:

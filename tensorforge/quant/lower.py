@@ -1,13 +1,13 @@
 """Quantized engine layers: each calibrated FusedConv becomes a `tensorforge::QuantizedConv`, each FusedGemm
 with a constant matrix weight a `tensorforge::QuantizedGemm`.
 
-The activation scale comes from the calibration table (per tensor, int8: `amax / 127`; fp8 E4M3:
-`amax / 448`), the weight is quantized once per output channel (`weights.py`'s scales, the same ones the Q/DQ
-simulation uses), so an engine of quantized layers computes what `simulate_quantized` computes; with
-`residuals=True` the simulation also rounds the quantized residual streams that `passes.quant_chain` forms
-afterwards, knowing the lowered layers from `engine_layers`.
-Other quantizable layers (ConvTranspose, a FusedGemm with a computed or batched weight, transA, alpha or beta)
-stay float.
+The activation scale comes from the calibration table (per tensor, int8: `amax / 127`; fp8 E4M3: `amax / 448`; per
+channel for a depthwise convolution's input when the table has its channel ranges: then `x_scale` is 1 and the
+layer's `Xs` input holds the channels' scales), the weight is quantized once per output channel (`weights.py`'s
+scales, the same ones the Q/DQ simulation uses), so an engine of quantized layers computes what
+`simulate_quantized` computes; with `residuals=True` the simulation also rounds the quantized residual streams that
+`passes.quant_chain` forms afterwards, knowing the lowered layers from `engine_layers`. Other quantizable layers
+(ConvTranspose, a FusedGemm with a computed or batched weight, transA, alpha or beta) stay float.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..ops.fused import DOMAIN
 from ..passes.base import PassContext
 from ..passes.utils import add_initializer, remove_unused_initializers, replace_with_fused
 from .calibration import CalibrationTable
-from .layers import QuantLayer, quantizable_layers
+from .layers import QuantLayer, is_depthwise, quantizable_layers
 
 FUSED_CONV = f"{DOMAIN}::FusedConv"
 FUSED_GEMM = f"{DOMAIN}::FusedGemm"
@@ -70,10 +70,10 @@ def quantize_layers(
     name into a QuantizedConv of type `quant` ("int8" or "fp8e4m3"), with the scales of `table`."""
     chosen, left = _selection(model, keep_float, quant)
     # Scales by the original value names, before rewriting renames any output.
-    scales = {layer.name: activation_scale(table, layer.node.inputs[0], quant) for layer in chosen}
+    scales = {layer.name: layer_input_scale(table, layer, quant) for layer in chosen}
     ctx = PassContext(model)
     for layer in chosen:
-        _rewrite(ctx, layer, scales[layer.name], quant)
+        _rewrite(ctx, layer, *scales[layer.name], quant)
     remove_unused_initializers(model.graph)
     model.graph.sort()
     validate(model.graph)
@@ -89,8 +89,9 @@ def engine_layers(
     chosen, _ = _selection(model, keep_float, quant)
     layers = {node: layer for node in model.graph.nodes if (layer := layer_of(node)) is not None}
     for layer in chosen:
-        x_scale = activation_scale(table, layer.node.inputs[0], quant)
-        layers[layer.node] = QuantizedLayer(LOWERED_OPS[qualified_op(layer.node)], quant, x_scale)
+        x_scale, channels = layer_input_scale(table, layer, quant)
+        op = LOWERED_OPS[qualified_op(layer.node)]
+        layers[layer.node] = QuantizedLayer(op, quant, x_scale, channels is not None)
     return layers
 
 
@@ -116,13 +117,30 @@ def activation_scale(table: CalibrationTable, value: Value, quant: str) -> float
     return scale if quant == "int8" else max(table.ranges[value.name].amax / KINDS[quant][1], MIN_SCALE)
 
 
+def channel_scales(table: CalibrationTable, layer: QuantLayer, quant: str) -> torch.Tensor | None:
+    """The per-channel scales `layer` quantizes its input with: a depthwise FusedConv whose input has channel
+    ranges in `table`; else None (per tensor)."""
+    if qualified_op(layer.node) != FUSED_CONV or not is_depthwise(layer.node):
+        return None
+    return table.channel_scales(layer.node.inputs[0].name, KINDS[quant][1])
+
+
+def layer_input_scale(table: CalibrationTable, layer: QuantLayer, quant: str) -> tuple[float, torch.Tensor | None]:
+    """(x_scale, Xs) of the QuantizedConv / QuantizedGemm `layer` becomes: per tensor (Xs None), or 1 and the
+    per-channel scales."""
+    channels = channel_scales(table, layer, quant)
+    if channels is not None:
+        return 1.0, channels
+    return activation_scale(table, layer.node.inputs[0], quant), None
+
+
 def quantize_weight(weight: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A weight `[Cout, ...]` quantized per output channel: the weight in `quant`'s type and float32 scales
     (`kernels.quantize`, the numbers the quantized kernels are tested with)."""
     return kernels_quantize_weight(weight, quant)
 
 
-def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) -> Node:
+def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, channels: torch.Tensor | None, quant: str) -> Node:
     if qualified_op(layer.node) == FUSED_GEMM:
         return _rewrite_gemm(ctx, layer, x_scale, quant)
     node = layer.node
@@ -133,6 +151,8 @@ def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, quant: str) ->
     ws = add_initializer(graph, ctx.new_value(f"{layer.name}.weight_scale"), scales)
     inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
     inputs = [inputs[0], wq, inputs[2], inputs[3], ws]
+    if channels is not None:
+        inputs.append(add_initializer(graph, ctx.new_value(f"{layer.name}.input_scale"), channels))
     attributes = {**node.attributes, "x_scale": float(x_scale), "quant": quant}
     return replace_with_fused(ctx, node, LOWERED_OPS[FUSED_CONV], inputs, attributes)
 

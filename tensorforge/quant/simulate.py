@@ -1,15 +1,16 @@
 """Simulated INT8 and FP8: QuantizeLinear → DequantizeLinear pairs in front of every quantizable layer.
 
-For an operand `x` of a quantized layer, the layer reads `DQ(Q(x)) = clip(round(x / s), −128, 127) · s`
-(int8, zero point 0, ONNX's saturation: with `s = amax / 127` only values below `−127.5 s` reach −128)
-instead of `x`: activations with their calibrated per-tensor scale, weights with per-output-channel scales
-(`weights.py`). For float8 E4M3 (`quant="fp8e4m3"`) the pair rounds `x / s` to the nearest E4M3 value,
-saturated to ±448, with `s = amax / 448`, as the FP8 kernels do. Run by the reference executor this gives,
-on any device, the numerics of a quantized engine that accumulates `Σ q_x · q_w` exactly and rescales by
-`s_x · s_w[c]` before the float bias and epilogue: the CPU path of a quantized engine and what the GPU
-kernels must match. An activation read by several quantized layers gets one shared pair; layers named in
-`keep_float` read float. Scales have the operand's float type. Models older than opset 13 (whose Q/DQ lack
-`axis`), or 19 for float8, get the tensorforge-domain Q/DQ, which follow opset 21.
+For an operand `x` of a quantized layer, the layer reads `DQ(Q(x)) = clip(round(x / s), −128, 127) · s` (int8, zero
+point 0, ONNX's saturation: with `s = amax / 127` only values below `−127.5 s` reach −128) instead of `x`:
+activations with their calibrated per-tensor scale, weights with per-output-channel scales (`weights.py`); a
+depthwise convolution's input per channel (axis 1) when the table has its channel ranges, as the lowering quantizes
+it (`lower.channel_scales`). For float8 E4M3 (`quant="fp8e4m3"`) the pair rounds `x / s` to the nearest E4M3 value,
+saturated to ±448, with `s = amax / 448`, as the FP8 kernels do. Run by the reference executor this gives, on any
+device, the numerics of a quantized engine that accumulates `Σ q_x · q_w` exactly and rescales by `s_x · s_w[c]`
+before the float bias and epilogue: the CPU path of a quantized engine and what the GPU kernels must match. An
+activation read by several quantized layers gets one shared pair; layers named in `keep_float` read float. Scales
+have the operand's float type. Models older than opset 13 (whose Q/DQ lack `axis`), or 19 for float8, get the
+tensorforge-domain Q/DQ, which follow opset 21.
 
 With `residuals=True` the simulation also rounds the residuals a chained engine adds from their quantized value
 (`passes.quant_chain`'s residual streams): where the chaining rules (`ops.chain_rules`, applied to the layers
@@ -39,7 +40,7 @@ from ..passes.utils import add_initializer
 from .calibration import CalibrationTable
 from .fingerprint import model_fingerprint
 from .layers import Operand, QuantLayer, quantizable_layers
-from .lower import engine_layers
+from .lower import channel_scales, engine_layers
 from .weights import weight_scales
 
 QDQ_OPSET = {"int8": 13, "fp8e4m3": 19}  # the first ONNX opset whose QuantizeLinear takes `axis` / float8
@@ -72,14 +73,20 @@ class InsertQDQ(Pass):
         # The chains, planned on the graph before any pair is inserted (the rules read the layers' readers).
         adders = self._quantized_residuals(ctx) if self.residuals else {}
         domain = "" if ctx.opset() >= QDQ_OPSET[self.quant] else DOMAIN
-        shared: dict[Value, Value] = {}
+        shared: dict[Value, Value] = {}  # an activation's per-tensor pair
+        per_channel: dict[Value, Value] = {}  # a depthwise input's per-channel pair
         changed = False
         for layer in layers:
             if layer.name in self.keep_float:
                 continue
+            channels = channel_scales(self.table, layer, self.quant)
             for operand in layer.operands:
                 if operand.is_weight:
                     fake = self._fake_weight(ctx, layer, operand, domain)
+                elif channels is not None:
+                    fake = per_channel.get(operand.value)
+                    if fake is None:
+                        fake = per_channel[operand.value] = self._fake_channels(ctx, operand.value, channels, domain)
                 else:
                     fake = shared.get(operand.value)
                     if fake is None:
@@ -113,6 +120,9 @@ class InsertQDQ(Pass):
         tensor = torch.tensor(self._activation_scale(value) if scale is None else scale, dtype=value.dtype.torch)
         return _qdq(ctx, value, tensor, None, domain, value.name, _STORAGE[quant or self.quant])
 
+    def _fake_channels(self, ctx: PassContext, value: Value, scales: torch.Tensor, domain: str) -> Value:
+        return _qdq(ctx, value, scales.to(value.dtype.torch), 1, domain, value.name, _STORAGE[self.quant])
+
     def _fake_weight(self, ctx: PassContext, layer: QuantLayer, operand: Operand, domain: str) -> Value:
         weight = operand.value
         scales = weight_scales(weight.const, operand.axis, self.qmax).to(weight.dtype.torch)
@@ -142,13 +152,8 @@ def simulate_quantized(
                 f"the calibration table was computed for another model (fingerprint {table.fingerprint}, this "
                 f"model has {fingerprint}): calibrate this model"
             )
-    return simulate_with(model, InsertQDQ(table, keep_float, quant, residuals))
-
-
-def simulate_with(model: Model, insert: InsertQDQ) -> Model:
-    """A copy of `model` with the Q/DQ pairs `insert` places (a configured `InsertQDQ`, or a variant of it)."""
     copy = clone_model(model)
-    insert.run(PassContext(copy))
+    InsertQDQ(table, keep_float, quant, residuals).run(PassContext(copy))
     copy.graph.sort()
     validate(copy.graph)
     return copy

@@ -112,7 +112,9 @@ def _math(node, layer: Layer) -> str:
     writes = f"{quant} (y_scale {y_scale:.4g})" if y_scale else layer.precision
     if layer.tactic.startswith("fallback."):
         return f"{layer.precision} (float fallback of {quant}{reads})" + (f" -> {writes}" if y_scale else "")
-    return f"{quant} (x_scale {node.attributes['x_scale']:.4g}){reads} -> {writes}"
+    per_channel = len(node.inputs) > 5 and node.inputs[5] is not None
+    scale = "x_scale per channel" if per_channel else f"x_scale {node.attributes['x_scale']:.4g}"
+    return f"{quant} ({scale}){reads} -> {writes}"
 
 
 def _runner_up(layer: Layer) -> Candidate | None:

@@ -17,7 +17,7 @@ from ..kernels.triton.conv import (
     quantized_conv_configs,
 )
 from ..kernels.triton.epilogue import activation_args
-from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
+from ..ops.fused import DOMAIN, QUANT_TYPES, dequantize_scales, input_scale, is_quantized_tensor
 from ..ops.pool import window_geometry
 from .base import Kernel, Tactic, allocate, register_tactic
 
@@ -105,7 +105,8 @@ class TritonQuantizedConvTactic(Tactic):
     (or float8 E4M3 ones in float32, compute capability 8.9+), dequantized by x_scale × the per-channel weight
     scales, then the FusedConv epilogue. The quantized weight is packed K-major once. A float input is quantized
     as it is loaded, an input of the layer's quantized type read as it is; with `y_scale` the output is
-    requantized as it is stored, and a quantized residual (`z_scale`) dequantized as it is added. A float output
+    requantized as it is stored, and a quantized residual (`z_scale`) dequantized as it is added. Per-channel input
+    scales (`Xs`, depthwise layers) quantize on load by channel and fold into the weight scales. A float output
     of a quantized input takes the bias's (or a float residual's) float type, the variant's, else float32."""
 
     family = "triton"
@@ -135,17 +136,32 @@ class TritonQuantizedConvTactic(Tactic):
         pre, post = _activations(node)
         packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
 
+        channel_scales: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # id(Xs) -> (Xs, inv, Ws)
+
+        def per_channel(w_scale, x_channels):
+            """(1/(x_scale·Xs), x_scale·Xs[o // m]·Ws[o]): quantize-on-load and dequantization, once per Xs."""
+            entry = channel_scales.get(id(x_channels))
+            if entry is None:
+                inverse = (1.0 / input_scale(x_scale, x_channels).float()).contiguous()
+                folded = dequantize_scales(w_scale, x_scale, x_channels).contiguous()
+                entry = channel_scales[id(x_channels)] = (x_channels, inverse, folded)
+            return entry[1], entry[2]
+
         def kernel(inputs, alloc=None):
-            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
             entry = packed.get(id(w))
             if entry is None:
                 entry = packed[id(w)] = (w, pack_weight(w, groups, k_major=True))
+            scale, w_scale, inverse = x_scale, w_scale.float(), None
+            if x_channels is not None:
+                scale, (inverse, w_scale) = 1.0, per_channel(w_scale, x_channels)
             begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
             out_dtype = w.dtype if y_scale else _float_output(x, b, z)
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             y = conv2d_nhwc_quantized(
-                x, entry[1], w_scale.float(), x_scale, b, z, out_hw=out_hw, strides=strides, pads_begin=begin,
+                x, entry[1], w_scale, scale, b, z, out_hw=out_hw, strides=strides, pads_begin=begin,
                 dilations=dilations, pre=pre, post=post, out=out, config=config, y_scale=y_scale, z_scale=z_scale,
+                x_inv_channels=inverse,
             )  # fmt: skip
             return (y,)
 

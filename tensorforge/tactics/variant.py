@@ -33,7 +33,7 @@ TF32_OPS = frozenset(
 )
 
 # Float32 operands a variant leaves in float32 (quantization scales), by op and input index.
-FLOAT32_OPERANDS = {f"{DOMAIN}::QuantizedConv": frozenset({4}), f"{DOMAIN}::QuantizedGemm": frozenset({4})}
+FLOAT32_OPERANDS = {f"{DOMAIN}::QuantizedConv": frozenset({4, 5}), f"{DOMAIN}::QuantizedGemm": frozenset({4})}
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,9 @@ from ..ops.conv import convolution
 from ..ops.fused import (
     DOMAIN,
     apply_activation,
+    dequantize_scales,
     epilogue,
+    input_scale,
     output_dtype,
     quantize_activation,
     quantized_input,
@@ -144,15 +146,15 @@ class TorchQuantizedConvTactic(Tactic):
             return weights[key][1]
 
         def kernel(inputs):
-            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
             channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             acc = convolution(
-                quantized_input(x, x_scale, quant), float_weight(w, channels_last), None,
+                quantized_input(x, input_scale(x_scale, x_channels), quant), float_weight(w, channels_last), None,
                 conv.get("auto_pad", "NOTSET"), conv.get("dilations"), conv.get("group", 1), conv.get("pads"),
                 conv.get("strides"), algorithm="direct",
             )  # fmt: skip
             spatial = acc.dim() - 2
-            scales = (w_scale.float() * x_scale).reshape(-1, *[1] * spatial)
+            scales = dequantize_scales(w_scale, x_scale, x_channels).reshape(-1, *[1] * spatial)
             z = residual_values(z, z_scale)
             y = epilogue(acc * scales, b, z, pre, pre_params, post, post_params, lambda t: (-1, *[1] * spatial))
             return (requantize(y, y_scale, quant, output_dtype(x)),)
@@ -450,6 +452,10 @@ class OneDnnQuantizedConvTactic(Tactic):
         conv = _conv_attributes(node)
         pre, pre_params, post, post_params = _epilogue_attributes(node)
         x_scale = float(node.attributes["x_scale"])
+        # Per-channel input scales (Xs): the input is quantized here, and oneDNN sees scale 1 with Xs folded into
+        # the weight scales (exact for the depthwise layers that have them).
+        per_channel = len(node.inputs) > 5 and node.inputs[5] is not None
+        onednn_scale = 1.0 if per_channel else x_scale
         padding = list(conv.get("pads") or [0, 0, 0, 0])[:2]
         strides = list(conv.get("strides") or [1, 1])
         dilations = list(conv.get("dilations") or [1, 1])
@@ -470,7 +476,9 @@ class OneDnnQuantizedConvTactic(Tactic):
             key = tuple(x.shape)
             entry = packed.get(key)
             if entry is None:
-                weight = onednn.qconv_prepack(w, w_scale, x_scale, 128, strides, padding, dilations, group, list(key))
+                weight = onednn.qconv_prepack(
+                    w, w_scale, onednn_scale, 128, strides, padding, dilations, group, list(key)
+                )
                 _, _, out_hw = window_geometry(
                     key[2:], weight_shape[2:], strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
                 )
@@ -490,21 +498,24 @@ class OneDnnQuantizedConvTactic(Tactic):
                 accum = accum.clone() if accum.data_ptr() == z.data_ptr() else accum
                 accum_scale, dtype, scale = 1.0, torch.float32, 1.0
             y = onednn.qconv2d_pointwise.binary(
-                q, x_scale, 128, weight, w_scale, zero, accum, b, strides, padding, dilations, group, scale, 0,
+                q, onednn_scale, 128, weight, w_scale, zero, accum, b, strides, padding, dilations, group, scale, 0,
                 dtype, accum_scale, 0, "sum", 1.0, "relu" if post else "none", [], "",
             )  # fmt: skip
             return y if in_int8 else requantize(y, y_scale, "int8", torch.float32)
 
         def kernel(inputs):
-            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
+            if per_channel:
+                x = quantize_activation(x, input_scale(x_scale, x_channels), "int8")
+                w_scale = dequantize_scales(w_scale, x_scale, x_channels)
             weight, out_shape = weight_for(x, w, w_scale)
-            q = _uint8_activation(x, x_scale).contiguous(memory_format=torch.channels_last)
+            q = _uint8_activation(x, onednn_scale).contiguous(memory_format=torch.channels_last)
             if summed:
                 y = sum_post_op(q, weight, out_shape, w_scale, b, z)
                 if y is not None:
                     return (y,)
             y = onednn.qconv2d_pointwise(
-                q, x_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, out_scale, 0,
+                q, onednn_scale, 128, weight, w_scale, zero, b, strides, padding, dilations, group, out_scale, 0,
                 out_dtype, unary, scalars, "",
             )  # fmt: skip
             z = residual_values(z, z_scale)

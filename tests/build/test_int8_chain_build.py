@@ -23,12 +23,13 @@ from tests.quant.chain_support import SHAPE, batches, calibrated, chain_model, c
 
 PROFILE = Profile().add("x", SHAPE, SHAPE, SHAPE)
 INT8_FAMILIES = ("reference", "vendor")  # no float fallback: every quantized layer runs in int8
+# Depthwise inputs per tensor, as chain_support calibrates them: the chains these tests name need it.
 
 
 def _build(chain: str, families=INT8_FAMILIES) -> Engine:
     config = BuildConfig(
         precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, tactic_families=families,
-        quantization=QuantizationConfig(method="minmax", chain=chain),
+        quantization=QuantizationConfig(method="minmax", chain=chain, depthwise_channels=False),
     )  # fmt: skip
     return Builder(config, calibration_data=batches()).build(chain_model())
 
@@ -122,7 +123,9 @@ def test_the_chained_engine_computes_the_simulation_with_quantized_residuals(eng
 def _target_build(target, chain="always", keep_float=()) -> Engine:
     config = BuildConfig(
         precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, tactic_families=INT8_FAMILIES,
-        quantization=QuantizationConfig(method="minmax", chain=chain, target=target, keep_float=keep_float),
+        quantization=QuantizationConfig(
+            method="minmax", chain=chain, target=target, keep_float=keep_float, depthwise_channels=False
+        ),
     )  # fmt: skip
     return Builder(config, calibration_data=batches()).build(chain_model())
 
@@ -223,7 +226,7 @@ def test_a_chained_quantized_engine_on_cuda_matches_its_graph_on_the_reference_e
     mantissa then moves by a whole step (6 to 12 %) for the next layer: bfloat16's bound, not fp16's."""
     config = BuildConfig(
         device="cuda", precisions=("fp32", quant), profiles=(PROFILE,), effort=0,
-        quantization=QuantizationConfig(method="minmax", chain="always"),
+        quantization=QuantizationConfig(method="minmax", chain="always", depthwise_channels=False),
         tactic_families=("reference", "vendor", "triton"),
     )  # fmt: skip
     engine = Builder(config, calibration_data=batches()).build(chain_model())

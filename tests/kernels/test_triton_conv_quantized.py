@@ -302,6 +302,78 @@ def test_fp8_split_k(device):
     _check_case(device, "fp8e4m3", "fp32", torch.float32, "3x3", FULL_EPILOGUE, config=config, exact=True)
 
 
+# -- per-channel input scales (depthwise layers) ---------------------------------------------------------------
+
+DEPTHWISE = {
+    "3x3": ((2, 32, 6, 6), 32, 3, {"pads": [1, 1, 1, 1], "group": 32}),
+    "3x3-stride2-multiplier2": ((1, 16, 9, 9), 32, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 16}),
+    "5x5": ((1, 24, 7, 7), 24, 5, {"pads": [2, 2, 2, 2], "group": 24}),
+}
+
+
+def _check_channels_case(device, kind, x_type, geometry, *, config=TINY):
+    """x whose channels span 100x in range, quantized on load with one scale per channel (`x_inv_channels`),
+    the channels' scales folded into the weight scales, against the float64 reference of the same integers."""
+    shape, cout, kernel_size, attributes = DEPTHWISE[geometry]
+    channels = shape[1]
+    exact = kind != "int8" and device == "cpu"  # the interpreter's E4M3 cast: exact values, power-of-two scales
+    scales = torch.logspace(-2, 0, channels, dtype=torch.float64, device=device)
+    if exact:
+        scales = 2.0 ** torch.round(torch.log2(scales))
+    values = _values(shape, kind, exact, device, x_type)
+    x = (values * scales.reshape(1, -1, 1, 1)).to(FLOATS[x_type])
+    inverse = (1.0 / scales).float()
+    xq = _quantize_reference(x / scales.reshape(1, -1, 1, 1), 1.0, kind)
+    # The kernel multiplies by the float32 inverse: the inputs must not sit where that rounds otherwise.
+    assert torch.equal(quantize_activation(x.float() * inverse.reshape(1, -1, 1, 1), 1.0, kind).double(), xq)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(cout, 1, kernel_size, kernel_size, device=device)
+    wq, w_scale = quantize_weight(w, kind)
+    folded = (w_scale.double() * scales.repeat_interleave(cout // channels)).float()
+    b = torch.randn(cout, device=device)
+    attrs = {**attributes, "pre": "HardSwish", "pre_params": [], "post": "", "post_params": []}
+    want = _reference(xq, 1.0, wq, folded, b, None, attrs)
+    out = _poisoned(want, torch.float32)
+    begin, _, out_hw = _geometry(x.shape, wq.shape, attrs)
+    got = conv2d_nhwc_quantized(
+        x, pack_weight(wq, attrs["group"], k_major=True), folded, 1.0, b, out_hw=out_hw,
+        strides=attrs.get("strides", [1, 1]), pads_begin=begin, pre=activation_args("HardSwish"), out=out,
+        config=config, x_inv_channels=inverse,
+    )  # fmt: skip
+    assert got is out
+    error = _error(got, want)
+    assert error <= TOLERANCE[torch.float32], error
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_type", ["fp32", "fp16"])
+@pytest.mark.parametrize("geometry", sorted(DEPTHWISE))
+def test_int8_per_channel_input_scales(device, x_type, geometry):
+    torch.manual_seed(9)
+    _check_channels_case(device, "int8", x_type, geometry)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("geometry", sorted(DEPTHWISE))
+def test_fp8_per_channel_input_scales(device, geometry):
+    torch.manual_seed(10)
+    _check_channels_case(device, "fp8e4m3", "fp32", geometry)
+
+
+def test_bad_per_channel_scales_are_named():
+    x = torch.randn(1, 8, 5, 5)
+    wq = pack_weight(torch.ones(8, 1, 3, 3, dtype=torch.int8), 8)
+    scale = torch.ones(8)
+    common = {"out_hw": (3, 3), "config": TINY}
+    for bad in (torch.ones(4), torch.ones(8, dtype=torch.float16), torch.ones(16)[::2]):
+        with pytest.raises(ValueError, match=r"x_inv_channels must be a contiguous float32 \[8\]"):
+            conv2d_nhwc_quantized(x, wq, scale, 1.0, x_inv_channels=bad, **common)
+    with pytest.raises(ValueError, match="x_inv_channels quantizes a float x"):
+        conv2d_nhwc_quantized(
+            x.to(torch.int8), wq, scale, 1.0, out_dtype=torch.float32, x_inv_channels=torch.ones(8), **common
+        )
+
+
 # -- weights, configurations, checks ------------------------------------------------------------------------
 
 

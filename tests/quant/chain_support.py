@@ -1,6 +1,7 @@
 """Small convolutional models whose quantized layers chain in several ways, calibrated and lowered to their
 quantized layers (without the chaining pass), for the tests of `passes.quant_chain` and of the simulation of
-its quantized residuals."""
+its quantized residuals. Every activation is calibrated per tensor, the depthwise layers' inputs too (a reader
+quantizing per channel breaks a chain: tests/quant/test_depthwise_channels.py)."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def calibrated(proto: onnx.ModelProto | None = None) -> tuple[Model, Calibration
     """`proto` (by default `chain_proto()`) imported and optimized as a build does, and its minmax table."""
     model, _ = optimize(import_model(proto if proto is not None else chain_proto()))
     infer_model(model, check=False)
-    return model, calibrate(model, batches(), "minmax")
+    return model, calibrate(model, batches(), "minmax").per_tensor()
 
 
 def batches(count: int = 3, seed: int = 1) -> list[dict[str, np.ndarray]]:
@@ -112,7 +113,7 @@ def lowered(quant: str = "int8", seed: int = 0) -> Model:
     """`chain_model` optimized, calibrated (minmax) and lowered to quantized layers of type `quant`."""
     model, _ = optimize(chain_model(seed))
     infer_model(model, check=False)
-    quantize_layers(model, calibrate(model, batches(), "minmax"), quant=quant)
+    quantize_layers(model, calibrate(model, batches(), "minmax").per_tensor(), quant=quant)
     infer_model(model, check=False)
     return model
 

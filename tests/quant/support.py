@@ -1,12 +1,14 @@
-"""A small float model with every kind of quantizable layer, and random calibration batches for it."""
+"""Small float models (every kind of quantizable layer; a separable block) and random calibration batches."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from onnx import helper, numpy_helper
 
-from tensorforge.frontend import import_model
+from tensorforge.frontend import from_torch, import_model
 from tensorforge.ir import Model
+from tensorforge.passes.pipeline import optimize
 from tests.helpers import make_model, tensor_info
 
 
@@ -38,3 +40,26 @@ def small_conv_model(opset: int = 17, seed: int = 0) -> Model:
 def random_batches(count: int, batch: int = 2, seed: int = 1) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{"x": rng.normal(0, 1, (batch, 3, 8, 8)).astype(np.float32)} for _ in range(count)]
+
+
+class Separable(torch.nn.Module):
+    """A 1×1 convolution whose output channels differ in range by 100×, ReLU, a depthwise 3×3 and a 1×1 one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = torch.nn.Conv2d(3, 8, 1)
+        self.depthwise = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.project = torch.nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.expand.weight.mul_(torch.logspace(-1, 1, 8).reshape(8, 1, 1, 1))
+
+    def forward(self, x):
+        return self.project(self.depthwise(torch.relu(self.expand(x))))
+
+
+def separable_model(batches: int = 4) -> tuple[Model, list[dict[str, np.ndarray]]]:
+    """`Separable` exported and optimized as a build does (input "input" [2, 3, 8, 8]), with random batches."""
+    torch.manual_seed(0)
+    model, _ = optimize(from_torch(Separable().eval(), torch.randn(2, 3, 8, 8)))
+    rng = np.random.default_rng(0)
+    return model, [{"input": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)} for _ in range(batches)]

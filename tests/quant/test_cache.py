@@ -9,7 +9,7 @@ from tensorforge.quant.cache import read_cache, write_cache
 from tensorforge.quant.calibration import calibrate
 from tensorforge.quant.fingerprint import file_fingerprint, model_fingerprint
 from tests.helpers import make_model
-from tests.quant.support import random_batches, small_conv_model
+from tests.quant.support import random_batches, separable_model, small_conv_model
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +20,25 @@ def table():
 def test_round_trip_is_exact_and_readable(table, tmp_path):
     path = write_cache(table, tmp_path / "model.calib.json")
     data = json.loads(path.read_text())
-    assert data["format"] == "tensorforge-calibration" and data["version"] == 1
+    assert data["format"] == "tensorforge-calibration" and data["version"] == 2
     assert data["method"] == "percentile" and data["params"] == {"percentile": 99.9}
     assert set(data["tensors"]) == set(table.ranges) and set(data["tensors"]["x"]) == {"amax", "scale"}
     loaded = read_cache(path, small_conv_model())
     assert loaded == table
     assert [p.name for p in tmp_path.iterdir()] == ["model.calib.json"]  # no temporary file left behind
+
+
+def test_channel_ranges_round_trip_and_version_1_caches_still_read(tmp_path):
+    model, feeds = separable_model()
+    table = calibrate(model, feeds, "minmax")
+    assert len(table.channels) == 1
+    path = write_cache(table, tmp_path / "separable.json")
+    assert read_cache(path, model) == table
+    data = json.loads(path.read_text())
+    del data["channels"]
+    data["version"] = 1
+    path.write_text(json.dumps(data))
+    assert read_cache(path, model) == table.per_tensor()
 
 
 def test_a_cache_from_another_model_is_refused(table, tmp_path):
@@ -74,7 +87,7 @@ def test_malformed_caches_are_named(table, tmp_path):
         read_cache(path)
     good = json.loads(write_cache(table, tmp_path / "good.json").read_text())
     path.write_text(json.dumps({**good, "version": 99}))
-    with pytest.raises(InputError, match="cache version 99; this tensorforge reads 1: recalibrate"):
+    with pytest.raises(InputError, match=r"cache version 99; this tensorforge reads \(1, 2\): recalibrate"):
         read_cache(path)
     del good["tensors"]
     path.write_text(json.dumps(good))

@@ -112,7 +112,7 @@ def _epilogue(
 
 @triton.jit
 def _conv2d_igemm(
-    x, w, bias, res, y, partial, w_scale,
+    x, w, bias, res, y, partial, w_scale, x_inv,
     M, H, W, OH, OW, CG, KG,
     SH, SW, PH, PW, DH, DW,
     sxn, sxc, sxh, sxw,
@@ -124,7 +124,7 @@ def _conv2d_igemm(
     DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr,
-    QUANT_Y: tl.constexpr,
+    X_CHANNELS: tl.constexpr, QUANT_Y: tl.constexpr,
     W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -134,7 +134,8 @@ def _conv2d_igemm(
     Programs along axis 0 are swizzled: GROUP_M row tiles sweep the column tiles together, so the weight columns
     they share stay in L2.
     QUANT: 0 float, 1 int8, 2 float8 E4M3 (w is then quantized, w_scale its per-channel scales, x_scale the
-    input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale; QUANT_Y: y is
+    input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale, or with
+    X_CHANNELS by x_inv[channel] (float32, one per input channel); QUANT_Y: y is
     of the quantized type and the result is quantized as it is stored, multiplied by y_inv_scale.
     """
     # The channel counts and pixel strides arrive divided by ALIGN: multiplied back here, their divisibility is
@@ -229,7 +230,10 @@ def _conv2d_igemm(
             a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         else:
             a = tl.load(a_ptrs)  # an unpadded window over whole blocks of channels: every element is inside
-        if QUANTIZE_X:
+        if QUANTIZE_X and X_CHANNELS:
+            inv = tl.load(x_inv + g * CG + c, mask=c < CG, other=0.0)
+            a = _quantize(a, inv[None, :], QUANT)
+        elif QUANTIZE_X:
             a = _quantize(a, x_inv_scale, QUANT)  # after the masked load: padding quantizes to 0
         if W_K_MAJOR:
             b = tl.load(w_group + w_rows[:, None], mask=w_mask, other=0.0)
@@ -634,7 +638,7 @@ def _scaled(strides: Sequence[int], align: int) -> tuple[int, ...]:
 def _launch(
     name: str, x, weight, bias, residual, y, out_shape, strides, pads_begin, dilations, pre, post, cfg, *,
     dot_precision: str = "ieee", quant: int = 0, weight_scale: torch.Tensor | None = None, x_scale: float = 1.0,
-    y_scale: float = 0.0, z_scale: float = 0.0,
+    x_inv_channels: torch.Tensor | None = None, y_scale: float = 0.0, z_scale: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel (and with split-K the epilogue kernel) into `y`; operands checked by the caller."""
     n, _, oh, ow = out_shape
@@ -667,6 +671,7 @@ def _launch(
     align = _alignment(cg, kg, *pixel_strides)
     _conv2d_igemm[(tiles, plan.splits, groups)](
         x, weight, bias if bias is not None else y, res, y, partial, scales,
+        x_inv_channels if x_inv_channels is not None else scales,
         m, x.shape[2], x.shape[3], oh, ow, cg // align, kg // align,
         strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1],
         *_scaled(x.stride(), align), *_scaled(res_strides, align), *_scaled(y.stride(), align),
@@ -675,7 +680,8 @@ def _launch(
         KH=kh, KW=kw, DENSE_K=plan.dense_k, EVEN_K=plan.even_k, PADDED=plan.padded,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
         SPLIT=plan.splits > 1, DOT_PRECISION=dot_precision,
-        QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, QUANT_Y=quant_y,
+        QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, X_CHANNELS=x_inv_channels is not None,
+        QUANT_Y=quant_y,
         W_K_MAJOR=_k_major(name, weight), ALIGN=align,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -745,6 +751,7 @@ def conv2d_nhwc_quantized(
     config: Mapping[str, Any] | None = None,
     y_scale: float = 0.0,
     z_scale: float = 0.0,
+    x_inv_channels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The int8 or float8 E4M3 convolution `post(pre(Σ q_x·q_w · (x_scale · weight_scale[c]) + bias) + residual)`
     into (N, Cout, *out_hw) of `out_dtype`, channels_last, or into `out`.
@@ -769,6 +776,10 @@ def conv2d_nhwc_quantized(
     `y_scale` > 0: the output is requantized as it is stored, `clip(round(y · (1/y_scale)))` in weight_q's type
     (as x is quantized on load), so the next quantized layer can read it as its already quantized x.
     `z_scale` > 0: the residual is quantized (of weight_q's type) and adds `residual · z_scale`.
+    `x_inv_channels`: a float x quantized per channel, `q_x = clip(round(x · x_inv_channels[c]))` (float32 [Cin],
+    contiguous, on x's device) instead of `x · (1/x_scale)`; the dequantization stays `x_scale · weight_scale[o]`,
+    so the channels' scales belong in weight_scale: exact for a depthwise convolution, whose output channel o
+    reads input channel o // (Cout / Cin) alone (`ops.fused.dequantize_scales`).
 
     How to call it, for a Conv with weight `w` (Cout, Cin/G, KH, KW), input scale `s_x` and NHWC `x`::
 
@@ -800,5 +811,24 @@ def conv2d_nhwc_quantized(
     return _launch(
         "conv2d_nhwc_quantized", x, weight_q, bias, residual, y, out_shape, strides, pads_begin, dilations,
         pre, post, cfg, quant=quant, weight_scale=weight_scale, x_scale=float(x_scale), y_scale=float(y_scale),
-        z_scale=float(z_scale),
+        z_scale=float(z_scale), x_inv_channels=_check_channels(x, weight_q, x_inv_channels),
     )  # fmt: skip
+
+
+def _check_channels(
+    x: torch.Tensor, weight_q: torch.Tensor, x_inv_channels: torch.Tensor | None
+) -> torch.Tensor | None:
+    """`x_inv_channels` after checking it (ValueError naming it): per-channel quantization of a float x."""
+    if x_inv_channels is None:
+        return None
+    name = "conv2d_nhwc_quantized"
+    if x.dtype == weight_q.dtype:
+        raise ValueError(f"{name}: x is already {x.dtype}; x_inv_channels quantizes a float x, give one or the other")
+    channels = x.shape[1]
+    ok = x_inv_channels.dtype == torch.float32 and tuple(x_inv_channels.shape) == (channels,)
+    if not ok or not x_inv_channels.is_contiguous() or x_inv_channels.device != x.device:
+        raise ValueError(
+            f"{name}: x_inv_channels must be a contiguous float32 [{channels}] on {x.device} (one per input "
+            f"channel), got {x_inv_channels.dtype} {list(x_inv_channels.shape)} on {x_inv_channels.device}"
+        )
+    return x_inv_channels
