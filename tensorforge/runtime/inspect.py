@@ -176,6 +176,9 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
         f"{section['type']}: {len(section['quantized'])} layers quantized, {len(section['float'])} float "
         f"(scales from {section['scales']})"
     ]
+    channels = section.get("per_channel_inputs")
+    if channels:
+        lines.append(f"depthwise convolution inputs quantized per channel: {len(channels)}")
     target = section.get("target")
     if target:
         verdict = "met" if target["met"] else "NOT met"

@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tensorforge import zoo
@@ -83,3 +84,19 @@ def test_an_int8_build_calibrates_on_a_directory_and_reports_its_layers(inceptio
     assert cache.exists() and '"percentile"' in cache.read_text()
     inspected = runner.invoke(app, ["inspect", str(engine)])
     assert inspected.exit_code == 0 and "layers quantized" in inspected.output, inspected.output
+
+
+def test_depthwise_inputs_quantize_per_channel_unless_told_otherwise(tmp_path):
+    from tensorforge.frontend.torch_import import export_onnx
+    from tests.quant.support import Separable
+
+    torch.manual_seed(0)
+    model = tmp_path / "separable.onnx"
+    onnx.save(export_onnx(Separable(), torch.randn(2, 3, 8, 8)), model)
+    data = tmp_path / "calib.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32))
+    args = ["build", str(model), "--effort", "0", "--int8", "--calib", str(data), "--calib-method", "minmax"]
+    result = runner.invoke(app, [*args, "-o", str(tmp_path / "a.engine")])
+    assert result.exit_code == 0 and "depthwise convolution inputs quantized per channel: 1" in result.output
+    result = runner.invoke(app, [*args, "-o", str(tmp_path / "b.engine"), "--depthwise-per-tensor"])
+    assert result.exit_code == 0 and "per channel" not in result.output, result.output

@@ -19,7 +19,7 @@ from tensorforge.quant import calibrate, simulate_quantized
 from tensorforge.quant.calibration import _observing
 from tensorforge.quant.lower import quantize_layers
 from tensorforge.runtime.engine import Engine
-from tensorforge.runtime.inspect import describe_engine
+from tensorforge.runtime.inspect import describe_engine, quantization_lines
 from tensorforge.tactics.autotune import TOLERANCE, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.fallback import float_twin
@@ -145,6 +145,7 @@ def test_an_engine_quantizes_depthwise_inputs_per_channel_and_says_so(separable,
     engine = _build(feeds)
     section = engine.report["quantization"]
     assert section["per_channel_inputs"] == sorted(table.channels)
+    assert "depthwise convolution inputs quantized per channel: 1" in quantization_lines(engine.report)
     path = tmp_path / "separable.engine"
     engine.save(path)
     loaded = Engine.load(path)
