@@ -1,18 +1,21 @@
 """The Triton convolution tactics: `kernels.triton.conv`'s implicit GEMM with the whole epilogue inside, on NHWC:
 `triton.conv-igemm` for FusedConv, `triton.conv-igemm-quantized` for QuantizedConv (int8 / fp8 tensor cores,
-the activation quantized as it is loaded)."""
+the activation quantized as it is loaded); and `triton.cudnn-epilogue`, cuDNN's convolution followed by the
+whole epilogue in one Triton pass."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ..ir import DType, Node
 from ..kernels.triton.conv import (
     conv2d_nhwc,
     conv2d_nhwc_quantized,
     conv_configs,
+    conv_epilogue_nhwc,
     pack_weight,
     quantized_conv_configs,
 )
@@ -164,6 +167,64 @@ class TritonQuantizedConvTactic(Tactic):
                 x_inv_channels=inverse,
             )  # fmt: skip
             return (y,)
+
+        return kernel
+
+
+@register_tactic
+class CudnnConvTritonEpilogueTactic(Tactic):
+    """2-D FusedConv as cuDNN's convolution (torch's, channels_last, without the bias) and then the whole epilogue
+    (bias, any activation, residual) in one Triton pass over its output: for the epilogues cuDNN's fused call
+    lacks (SiLU, HardSwish, GELU, ...), one read and write of the output where torch's ops make several. The
+    convolution's output is rounded to the layer's type before the epilogue (as torch's own path rounds it)."""
+
+    family = "triton"
+    name = "cudnn-epilogue"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp16", "bf16")  # fp32 would be TF32 or not by cuDNN's global flag, not by the variant
+    layouts = ("NHWC",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA (cuDNN)"
+        if node.inputs[1].rank != 4:
+            return f"2-D convolutions only; the weight has rank {node.inputs[1].rank}"
+        a = node.attributes
+        residual = len(node.inputs) > 3 and node.inputs[3] is not None
+        pre, post = a.get("pre", ""), a.get("post", "")
+        if (residual and pre == "" and post == "Relu") or (not residual and post == "" and pre in ("", "Relu")):
+            return "cuDNN's fused call runs this epilogue inside the convolution (vendor.cudnn-fused)"
+        try:
+            _activations(node)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
+        pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
+        pre, post = _activations(node)
+        weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, NHWC)
+
+        def nhwc_weight(w: torch.Tensor) -> torch.Tensor:
+            entry = weights.get(id(w))
+            if entry is None:
+                entry = weights[id(w)] = (w, w.contiguous(memory_format=torch.channels_last))
+            return entry[1]
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            begin, end, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            if begin != end:
+                x = F.pad(x, [p for i in (1, 0) for p in (begin[i], end[i])])
+                begin = [0, 0]
+            acc = F.conv2d(x.contiguous(memory_format=torch.channels_last), nhwc_weight(w), None, strides, begin,
+                           dilations, groups)  # fmt: skip
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
+            return (conv_epilogue_nhwc(acc.contiguous(memory_format=torch.channels_last), b, z, pre=pre, post=post,
+                                       out=out),)  # fmt: skip
 
         return kernel
 

@@ -832,3 +832,50 @@ def _check_channels(
             f"channel), got {x_inv_channels.dtype} {list(x_inv_channels.shape)} on {x_inv_channels.device}"
         )
     return x_inv_channels
+
+
+def conv_epilogue_nhwc(
+    acc: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    *,
+    pre: Activation = NO_ACTIVATION,
+    post: Activation = NO_ACTIVATION,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FusedConv's epilogue `post(pre(acc + bias) + residual)` in one pass over a convolution's result `acc`
+    (N, C, H, W, channels_last and contiguous: another library's convolution without its bias), in float32,
+    rounded once into `out` (any strides, acc's shape; `acc` itself works) or a new channels_last tensor of
+    acc's type. `residual` broadcasts to acc's shape and is read through its own strides."""
+    name = "conv_epilogue_nhwc"
+    if acc.dim() != 4 or acc.dtype not in _FLOAT_TYPES or not acc.is_contiguous(memory_format=torch.channels_last):
+        raise ValueError(
+            f"{name}: acc must be a 4-D float16/bfloat16/float32 channels_last tensor, got {acc.dtype} "
+            f"{list(acc.shape)} with strides {list(acc.stride())}"
+        )
+    n, channels, oh, ow = acc.shape
+    if bias is not None and (tuple(bias.shape) != (channels,) or bias.device != acc.device):
+        raise ValueError(f"{name}: bias must be [{channels}] on {acc.device}, got {list(bias.shape)} on {bias.device}")
+    if out is None:
+        out = torch.empty_like(acc, memory_format=torch.channels_last)
+    _check_out(name, out, tuple(acc.shape), out.dtype, acc.device)
+    if residual is not None:
+        try:
+            residual = residual.expand(acc.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"{name}: the residual {list(residual.shape)} does not broadcast to the output {list(acc.shape)}"
+            ) from None
+    m = n * oh * ow
+    if m == 0 or channels == 0:
+        return out
+    res = residual if residual is not None else out
+    grid = (triton.cdiv(m, _REDUCE_BLOCK_M), triton.cdiv(channels, _REDUCE_BLOCK_N), 1)
+    _split_k_epilogue[grid](
+        acc, 1, m, oh, ow, channels,
+        bias if bias is not None else out, res, *(residual.stride() if residual is not None else (0, 0, 0, 0)),
+        out, *out.stride(), *pre[1:], *post[1:], out, 1.0, 1.0, 1.0,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0], QUANT=0, QUANT_Y=0,
+        BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
+    )  # fmt: skip
+    return out
