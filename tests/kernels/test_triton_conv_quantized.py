@@ -477,19 +477,21 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tensorforge.kernels.triton.conv import _conv2d_igemm as fn
-for quant, x_type, w_type, mma, y_type, res_type in ((1, "*fp16", "*i8", "s32.s8.s8", "*fp16", "*fp16"),
-                                                     (1, "*i8", "*i8", "s32.s8.s8", "*fp16", "*fp16"),
-                                                     (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*fp16"),
-                                                     (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*i8"),
-                                                     (2, "*fp32", "*fp8e4nv", "f32.e4m3.e4m3", "*fp16", "*fp16")):
+for quant, x_type, w_type, mma, y_type, res_type, channels in (
+        (1, "*fp16", "*i8", "s32.s8.s8", "*fp16", "*fp16", False),
+        (1, "*fp16", "*i8", "s32.s8.s8", "*fp16", "*fp16", True),
+        (1, "*i8", "*i8", "s32.s8.s8", "*fp16", "*fp16", False),
+        (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*fp16", False),
+        (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*i8", False),
+        (2, "*fp32", "*fp8e4nv", "f32.e4m3.e4m3", "*fp16", "*fp16", False)):
     constants = dict(
         KH=3, KW=3, DENSE_K=False, EVEN_K=True, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1,
-        SPLIT=False, DOT_PRECISION="ieee", QUANT=quant, QUANTIZE_X=x_type != w_type,
+        SPLIT=False, DOT_PRECISION="ieee", QUANT=quant, QUANTIZE_X=x_type != w_type, X_CHANNELS=channels,
         QUANT_Y=quant if y_type == w_type else 0, W_K_MAJOR=True, ALIGN=16,
         BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
     )
     types = {"x": x_type, "w": w_type, "bias": "*fp32", "res": res_type, "y": y_type, "partial": "*fp16",
-             "w_scale": "*fp32"}
+             "w_scale": "*fp32", "x_inv": "*fp32"}
     floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
     signature = {
         n: "constexpr" if n in constants else types.get(n) or ("fp32" if n in floats else "i32") for n in fn.arg_names
@@ -504,13 +506,12 @@ for quant, x_type, w_type, mma, y_type, res_type in ((1, "*fp16", "*i8", "s32.s8
 
 
 def test_the_quantized_kernel_compiles_for_hopper_with_8_bit_tensor_cores():
-    """Through Triton's real compiler for sm_90 (no GPU needed): int8 (from float16 on load, from int8, from
-    int8 to a requantized int8 output, with an fp16 or an int8 residual) and E4M3 (from float32 on load)
-    products run on wgmma with 8-bit
-    operands; the K-major weight loads asynchronously into shared memory, never transposed byte by byte
-    (st.shared.b8)."""
+    """Through Triton's real compiler for sm_90 (no GPU needed): int8 (from float16 on load, per tensor or per
+    channel, from int8, from int8 to a requantized int8 output, with an fp16 or an int8 residual) and E4M3 (from
+    float32 on load) products run on wgmma with 8-bit operands; the K-major weight loads asynchronously into
+    shared memory, never transposed byte by byte (st.shared.b8)."""
     counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert len(counts) == 5, counts
+    assert len(counts) == 6, counts
     for _, _, wgmma, cp_async, byte_stores in counts:
         assert int(wgmma) > 0 and int(cp_async) > 0 and int(byte_stores) == 0, counts
 
