@@ -36,7 +36,6 @@ from ..ir import Node
 from ..ops import load_all
 from ..ops.conv import convolution
 from ..ops.fused import (
-    ACTIVATIONS,
     DOMAIN,
     apply_activation,
     dequantize_scales,
@@ -50,7 +49,7 @@ from ..ops.fused import (
 )
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
-from .base import Kernel, Tactic, allocate, register_tactic
+from .base import Kernel, Tactic, register_tactic
 
 _FUSED_CONV = f"{DOMAIN}::FusedConv"
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -312,84 +311,6 @@ class OneDnnFusedConvTactic(Tactic):
                     x, z, weight, b, padding, strides, dilations, group, "add", 1.0, after, scalars, None
                 )
             return (y,)
-
-        return kernel
-
-
-# FusedConv activations torch applies in place: (x, params) -> x.
-_IN_PLACE = {
-    "": lambda x, p: x,
-    "Relu": lambda x, p: x.relu_(),
-    "Clip": lambda x, p: x.clamp_(p[0], p[1]),
-    "LeakyRelu": lambda x, p: F.leaky_relu_(x, p[0] if p else 0.01),
-    "Sigmoid": lambda x, p: x.sigmoid_(),
-    "HardSwish": lambda x, p: F.hardswish(x, inplace=True),
-    "SiLU": lambda x, p: F.silu(x, inplace=True),
-    "Tanh": lambda x, p: x.tanh_(),
-    "Elu": lambda x, p: F.elu_(x, p[0] if p else 1.0),
-}
-
-
-def _activate_in_place(x: torch.Tensor, name: str, params: list[float]) -> torch.Tensor:
-    """`x` with activation `name` applied, in place (through a temporary for those torch has no in-place form of)."""
-    fn = _IN_PLACE.get(name)
-    return fn(x, params) if fn is not None else x.copy_(apply_activation(x, name, params))
-
-
-@register_tactic
-class CpuPointwiseConvTactic(Tactic):
-    """A 1×1, stride-1, unpadded, ungrouped FusedConv on the CPU as one matrix product over the channels-last
-    input, `[N·H·W, C] @ Wᵀ + b` (torch.addmm: MKL's GEMM, written straight into the channels-last output),
-    then the activations and residual in place. It skips oneDNN's 30-45 µs of set-up per call, which dominates
-    the small 1×1 layers of depthwise networks at batch 1 (docs/design.md, "The CPU at batch 1")."""
-
-    family = "vendor"
-    name = "cpu-matmul-1x1"
-    op_types = (_FUSED_CONV,)
-    precisions = ("fp32",)
-    layouts = ("NHWC",)
-    writes_into = True
-
-    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if device.type != "cpu":
-            return "a CPU tactic"
-        weight = node.inputs[1]
-        if weight.shape is None or len(weight.shape) != 4 or tuple(weight.shape[2:]) != (1, 1):
-            return "1x1 2-D convolutions only"
-        a = node.attributes
-        if a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides") or [1, 1]):
-            return "ungrouped, stride 1 only (a strided input is no matrix)"
-        if any(a.get("pads") or [0]) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-            return "unpadded only"
-        pre, _, post, _ = _epilogue_attributes(node)
-        unknown = [name for name in (pre, post) if name not in ACTIVATIONS]
-        return f"unknown activation {unknown[0]!r}" if unknown else None
-
-    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        pre, pre_params, post, post_params = _epilogue_attributes(node)
-        matrices: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, Wᵀ)
-
-        def transposed(w: torch.Tensor) -> torch.Tensor:
-            entry = matrices.get(id(w))
-            if entry is None:
-                entry = matrices[id(w)] = (w, w.reshape(w.shape[0], -1).t().contiguous())
-            return entry[1]
-
-        def kernel(inputs, alloc=None):
-            x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            n, c, h, width = x.shape
-            k = w.shape[0]
-            rows = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(-1, c)
-            y = allocate(alloc, 0, (n, k, h, width), x.dtype, x.device, torch.channels_last)
-            matrix = y.permute(0, 2, 3, 1).view(-1, k)
-            if b is None:
-                torch.mm(rows, transposed(w), out=matrix)
-            else:
-                torch.addmm(b, rows, transposed(w), out=matrix)
-            y = _activate_in_place(y, pre, pre_params)
-            if z is not None:
-                y = y.add_(z)
-            return (_activate_in_place(y, post, post_params),)
 
         return kernel
 
