@@ -3,10 +3,12 @@ into the convolution that reads them.
 
     FusedConv(DQ(Q(X, s, 0), s, 0), DQ(Wq, Ws, 0), B, Z)  =  QuantizedConv(X, Wq, B, Z, Ws; x_scale = s)
 
-for int8 (or float8e4m3fn) Q/DQ with zero points 0, a per-tensor activation scale and per-output-channel
-(axis 0) or per-tensor weight scales: the fake-quantized convolution computed on its quantized values, which
-is what QuantizedConv means (`ops/fused.py`). A bias behind its own DequantizeLinear (an int32 bias) folds to a
-float constant. The model's other Q/DQ pairs (on outputs, around adds) stay and run as the model says.
+for int8 (or float8e4m3fn) Q/DQ with zero points 0, a per-tensor activation scale and per-output-channel (axis 0) or
+per-tensor weight scales: the fake-quantized convolution computed on its quantized values, which is what
+QuantizedConv means (`ops/fused.py`). A depthwise convolution's input may be quantized per channel (axis 1, as
+`quant.simulate` does it): it becomes the QuantizedConv's `Xs`, with x_scale 1. A bias behind its own
+DequantizeLinear (an int32 bias) folds to a float constant. The model's other Q/DQ pairs (on outputs, around adds)
+stay and run as the model says.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..ir import DType, Node, Value
 from ..ops.fused import DOMAIN
 from ..ops.quantize import dequantize
 from .base import PassContext, Rule, RulePass
-from .utils import add_initializer, constant, replace_with_fused
+from .utils import add_initializer, constant, is_depthwise, replace_with_fused
 
 _TYPES = {DType.INT8: "int8", DType.FLOAT8E4M3FN: "fp8e4m3"}
 
@@ -28,7 +30,7 @@ _TYPES = {DType.INT8: "int8", DType.FLOAT8E4M3FN: "fp8e4m3"}
 class _QuantizedConv:
     node: Node
     source: Value  # X, the float tensor the activation Q reads
-    x_scale: torch.Tensor
+    x_scale: torch.Tensor  # one scale, or one per input channel
     weight: torch.Tensor  # Wq
     weight_scale: torch.Tensor
     quant: str
@@ -46,6 +48,14 @@ def _zero(node: Node) -> bool:
         return True
     zero = constant(node.inputs[2])
     return zero is not None and not bool(zero.ne(0).any())
+
+
+def _per_input_channel(node: Node, q: Node, dq: Node, scale: torch.Tensor) -> bool:
+    """Whether `scale` quantizes the input of depthwise `node` per channel: one scale per channel, axis 1 on
+    both the Q and the DQ."""
+    rank = node.inputs[0].rank
+    axes = {n.attributes.get("axis", 1) % rank for n in (q, dq)} if rank else set()
+    return is_depthwise(node) and axes == {1} and scale.numel() == node.inputs[0].shape[1]
 
 
 class FoldQDQIntoConv(Rule):
@@ -71,8 +81,10 @@ class FoldQDQIntoConv(Rule):
             return f"activation {x_dq.inputs[0].dtype} and weight {w_dq.inputs[0].dtype}: int8 or fp8e4m3 both"
         if not (_zero(x_q) and _zero(x_dq) and _zero(w_dq)):
             return "a zero point is not 0 (asymmetric quantization)"
-        if x_scale.numel() != 1 or not torch.equal(x_scale.reshape(()), q_scale.reshape(())):
-            return "the activation scale is not one per tensor, or Q and DQ scales differ"
+        if not torch.equal(x_scale.reshape(-1), q_scale.reshape(-1)):
+            return "the activation's Q and DQ scales differ"
+        if x_scale.numel() != 1 and not _per_input_channel(node, x_q, x_dq, x_scale):
+            return "the activation scale is neither per tensor nor per channel of a depthwise convolution's input"
         if x_q.attributes.get("saturate", 1) != 1 or x_q.attributes.get("block_size", 0):
             return "the activation quantization is blocked or does not saturate"
         channels = weight.shape[0]
@@ -99,9 +111,15 @@ class FoldQDQIntoConv(Rule):
         if isinstance(bias, torch.Tensor):
             bias = add_initializer(graph, ctx.new_value(f"{hint}.bias"), bias)
         inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
-        x_scale = float(match.x_scale.reshape(()).item())
+        inputs = [match.source, weight, bias, inputs[3], scale]
+        if match.x_scale.numel() == 1:
+            x_scale = float(match.x_scale.reshape(()).item())
+        else:
+            x_scale = 1.0
+            channels = match.x_scale.float().reshape(-1).contiguous()
+            inputs.append(add_initializer(graph, ctx.new_value(f"{hint}.input_scale"), channels))
         attributes = {**node.attributes, "x_scale": x_scale, "quant": match.quant, "explicit": 1}
-        replace_with_fused(ctx, node, "QuantizedConv", [match.source, weight, bias, inputs[3], scale], attributes)
+        replace_with_fused(ctx, node, "QuantizedConv", inputs, attributes)
         return f"{match.quant} Q/DQ folded into the convolution"
 
 

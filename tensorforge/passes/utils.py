@@ -6,10 +6,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Value, qualified_op
 
 if TYPE_CHECKING:
     from .base import PassContext
+
+
+_CONVOLUTIONS = ("Conv", "tensorforge::FusedConv", "tensorforge::QuantizedConv")
+
+
+def is_depthwise(node: Node) -> bool:
+    """Whether `node` is a convolution with one group per input channel (more than one): each output channel
+    reads one input channel, so a per-channel scale of that input folds into the output channel's."""
+    if qualified_op(node) not in _CONVOLUTIONS:
+        return False
+    x = node.inputs[0]
+    channels = x.shape[1] if x is not None and x.shape is not None and len(x.shape) > 2 else None
+    return isinstance(channels, int) and channels > 1 and node.attributes.get("group", 1) == channels
 
 
 def is_graph_output(value: Value) -> bool:

@@ -4,7 +4,7 @@ layer reads (and each layer's output), and turn the observed ranges into per-ten
 The input of a depthwise convolution is also observed per channel (its channels' maxima over the data, the
 minmax rule): BatchNorm-folded depthwise networks feed them channels whose ranges differ a hundredfold, which
 one per-tensor scale crushes into a few levels, while a per-channel input scale folds into the per-channel
-dequantization at no cost to a kernel (`quant.layers.is_depthwise`). The table keeps both; `per_tensor()`
+dequantization at no cost to a kernel (`passes.utils.is_depthwise`). The table keeps both; `per_tensor()`
 drops the channel ranges.
 
 `collect_histograms` runs the model once over the data; `table_from_histograms` applies a calibrator, so
@@ -28,10 +28,11 @@ from ..errors import InputError
 from ..ir import Model, Value
 from ..ir.clone import clone_model
 from ..ops.executor import Executor, bind_feeds
+from ..passes.utils import is_depthwise
 from .calibrators import check_method, compute_amax
 from .fingerprint import model_fingerprint
 from .histogram import DEFAULT_BINS, Histogram
-from .layers import is_depthwise, quantizable_layers
+from .layers import quantizable_layers
 from .scale import MIN_SCALE, QMAX, symmetric_scale, symmetric_scales
 
 

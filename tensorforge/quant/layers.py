@@ -3,7 +3,7 @@
 A quantizable layer is a Conv, ConvTranspose, Gemm or MatMul (or the fused FusedConv / FusedGemm) of the
 top-level graph whose two multiplied operands are floats. A constant operand is a weight (quantized per
 output channel); any other operand is an activation (quantized per tensor, with a calibrated scale; the input of
-a depthwise convolution may be quantized per channel, `is_depthwise`). Bias
+a depthwise convolution may be quantized per channel, `passes.utils.is_depthwise`). Bias
 and residual inputs stay float: an INT8 kernel adds them after the int32 accumulation. A layer already fed by
 DequantizeLinear (a model with Q/DQ of its own) is left alone.
 """
@@ -17,7 +17,6 @@ from ..ir import DType, Model, Node, Value, qualified_op
 from .weights import output_channel_axis
 
 QUANTIZABLE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "tensorforge::FusedConv", "tensorforge::FusedGemm")
-_CONVOLUTIONS = ("Conv", "tensorforge::FusedConv", "tensorforge::QuantizedConv")
 FLOAT_TYPES = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
 
@@ -49,16 +48,6 @@ class QuantLayer:
 def layer_name(node: Node) -> str:
     """How quantization names a layer: the node's name, or its first output's."""
     return node.name or next((v.name for v in node.outputs if v.name), node.op_type)
-
-
-def is_depthwise(node: Node) -> bool:
-    """Whether `node` is a convolution with one group per input channel (more than one): each output channel
-    reads one input channel, so a per-channel scale of that input folds into the output channel's."""
-    if qualified_op(node) not in _CONVOLUTIONS:
-        return False
-    x = node.inputs[0]
-    channels = x.shape[1] if x is not None and x.shape is not None and len(x.shape) > 2 else None
-    return isinstance(channels, int) and channels > 1 and node.attributes.get("group", 1) == channels
 
 
 def quantizable_layers(model: Model) -> list[QuantLayer]:

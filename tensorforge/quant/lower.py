@@ -24,9 +24,9 @@ from ..kernels.quantize import quantize_weight as kernels_quantize_weight
 from ..ops.chain_rules import QuantizedLayer, layer_of
 from ..ops.fused import DOMAIN
 from ..passes.base import PassContext
-from ..passes.utils import add_initializer, remove_unused_initializers, replace_with_fused
+from ..passes.utils import add_initializer, is_depthwise, remove_unused_initializers, replace_with_fused
 from .calibration import CalibrationTable
-from .layers import QuantLayer, is_depthwise, quantizable_layers
+from .layers import QuantLayer, quantizable_layers
 
 FUSED_CONV = f"{DOMAIN}::FusedConv"
 FUSED_GEMM = f"{DOMAIN}::FusedGemm"

@@ -99,3 +99,47 @@ def test_asymmetric_activations_are_declined_with_the_reason_and_still_run(tmp_p
     assert any("int8 or fp8e4m3 both" in r or "zero point is not 0" in r for r in reasons), reasons
     x = _x()
     np.testing.assert_allclose(Executor(model).run({"x": x})["y"].numpy(), _ort(path, x), rtol=0, atol=1e-5)
+
+
+def _depthwise_qdq_model(group: int = 8):
+    """x[2,8,6,6] → Q/DQ per channel (axis 1, scales 100× apart) → Conv 3×3 with `group` groups on an int8 weight
+    behind its DequantizeLinear (per output channel) → y."""
+    rng = np.random.default_rng(3)
+    x_scale = np.logspace(-3, -1, 8).astype(np.float32)
+    w = rng.integers(-127, 128, (8, 8 // group, 3, 3)).astype(np.int8)
+    initializers = [
+        numpy_helper.from_array(x_scale, "xs"),
+        numpy_helper.from_array(np.zeros(8, np.int8), "xz"),
+        numpy_helper.from_array(w, "wq"),
+        numpy_helper.from_array(rng.uniform(1e-3, 1e-2, 8).astype(np.float32), "ws"),
+        numpy_helper.from_array(np.zeros(8, np.int8), "wz"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], axis=1),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xf"], axis=1),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+        helper.make_node("Conv", ["xf", "w", "b"], ["y"], name="dw", pads=[1, 1, 1, 1], group=group),
+    ]
+    return make_model(nodes, [tensor_info("x", [2, 8, 6, 6])], [tensor_info("y", [2, 8, 6, 6])], 17, initializers)
+
+
+def test_per_channel_qdq_on_a_depthwise_input_folds_into_its_channel_scales(tmp_path):
+    path = tmp_path / "depthwise.onnx"
+    onnx.save(_depthwise_qdq_model(), path)
+    model, _ = optimize(import_model(onnx.load(path)))
+    (node,) = model.graph.nodes
+    assert node.op_type == "QuantizedConv" and node.attributes["x_scale"] == 1.0 and len(node.inputs) == 6
+    x = np.random.default_rng(4).normal(0, 0.05, (2, 8, 6, 6)).astype(np.float32) * np.logspace(-1, 1, 8).reshape(
+        1, 8, 1, 1
+    ).astype(np.float32)
+    got = Executor(model).run({"x": x})["y"].numpy()
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_per_channel_activation_scales_of_a_dense_convolution_are_declined():
+    model, report = optimize(import_model(_depthwise_qdq_model(group=1)))
+    assert "QuantizedConv" not in [node.op_type for node in model.graph.nodes]
+    reasons = {e.detail for e in report.declined("fold-qdq-into-conv")}
+    assert any("neither per tensor nor per channel of a depthwise" in r for r in reasons), reasons
