@@ -44,7 +44,7 @@ from . import (  # noqa: F401 - registers the tactic families
 )
 from .base import Tactic, tactics_for
 from .fallback import output_quantization, with_float_output
-from .timing import TimingBudget, measure
+from .timing import TimingBudget, measure, measure_interleaved
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
 from .variant import (
     PRECISION_DTYPE,
@@ -66,6 +66,9 @@ _QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
 # Below effort 2, a (tactic, precision, layout) whose first configuration runs slower than this many times the
 # best first configuration is not tuned further: it is a slow kernel family or precision for the layer.
 CONTENDER_RATIO = 2.0
+# On the CPU the fastest few candidates timed by a search are timed again against one another in interleaved
+# rounds (`_Search.confirm`).
+CONFIRM_TOP, CONFIRM_ROUNDS = 3, 3
 _REFERENCE_LOCK = threading.Lock()
 
 
@@ -155,7 +158,8 @@ def autotune(
     tuning space, then the rest of the space of those whose first time is within `CONTENDER_RATIO` of the
     best or failed (all of them at effort 2 or when `exhaustive`). In each round the candidates are built, compiled
     and checked by `workers` threads at once (compiling is most of a GPU build; default `compile_workers`),
-    then timed one after another.
+    then timed one after another. On the CPU the fastest few are then timed again against one another
+    (`_Search.confirm`).
     """
     device = torch.device(device)
     constants = {} if constants is None else constants
@@ -191,6 +195,8 @@ def autotune(
         else:
             skipped += len(configs) - 1
     search.score(rest)
+    if device.type == "cpu":
+        search.confirm()
     candidates = search.candidates
     best = min(candidates, key=lambda c: c.median_ms)
     if not math.isfinite(best.median_ms):
@@ -224,6 +230,10 @@ def build_layer_kernel(
     kernel = tactic.build(node, opset, device, space_config)
     constants = prepare_constants(node, variant, device, constants)
     return LayerKernel(node, kernel, variant, constants, writes_into=tactic.writes_into)
+
+
+def _call_key(tactic: str, config: dict[str, Any]) -> tuple[str, str]:
+    return tactic, repr(sorted(config.items()))
 
 
 def _short(config: dict[str, Any]) -> str:
@@ -288,6 +298,7 @@ class _Search:
         self.workers = workers
         self.quantized: dict[int, tuple[float, str]] = {}  # outputs written quantized: (scale, type)
         self.candidates: list[Candidate] = []
+        self.calls: dict[tuple[str, str], Any] = {}  # the timed call of each candidate timed by this search
         self.trials = 0
         self.prepare_s = 0.0
         self.timing_s = 0.0
@@ -313,6 +324,31 @@ class _Search:
         self.trials += len(pending)
         self.candidates.extend(results)
         return results
+
+    def confirm(self) -> None:
+        """Time the fastest few candidates this search timed (up to `CONFIRM_TOP`, within `CONTENDER_RATIO` of
+        the best) again, against one another in `CONFIRM_ROUNDS` interleaved rounds, and keep those times (the
+        pooled samples, which the timing cache prefers to the first ones). Timed one after another, candidates
+        of a layer on a shared CPU see its load change between them; a pick made on such noise has cost a layer
+        four times its time."""
+        timed = [
+            (index, c)
+            for index, c in enumerate(self.candidates)
+            if math.isfinite(c.median_ms) and _call_key(c.tactic, c.config) in self.calls
+        ]
+        timed.sort(key=lambda item: item[1].median_ms)
+        top = [item for item in timed[:CONFIRM_TOP] if item[1].median_ms <= CONTENDER_RATIO * timed[0][1].median_ms]
+        if len(top) < 2:
+            return
+        started = time.perf_counter()
+        calls = [self.calls[_call_key(c.tactic, c.config)] for _, c in top]
+        timings = measure_interleaved(calls, device=self.device, rounds=CONFIRM_ROUNDS, **self.budget.as_kwargs())
+        self.timing_s += time.perf_counter() - started
+        for (index, candidate), timing in zip(top, timings, strict=True):
+            if self.cache is not None:
+                self.cache.record(self.key, candidate.tactic, candidate.config, timing, description=self.description)
+            note = f"confirmed in {CONFIRM_ROUNDS} interleaved rounds" if timing.ok else f"failed: {timing.error}"
+            self.candidates[index] = Candidate(candidate.tactic, candidate.config, timing.median, note)
 
     def _prepare(self, items) -> list[tuple[LayerKernel | None, str]]:
         """Each item built and checked, in parallel where it can be. TF32 candidates go one by one afterwards:
@@ -386,6 +422,7 @@ class _Search:
                 kernel(args)
 
         timing = measure(call, device=self.device, **self.budget.as_kwargs())
+        self.calls[_call_key(tactic.key, config)] = call
         if self.cache is not None:
             self.cache.record(self.key, tactic.key, config, timing, description=self.description)
         note = "" if timing.ok else f"failed while timed: {timing.error}"

@@ -137,6 +137,40 @@ def measure(
     return Timing.from_samples(samples)
 
 
+def measure_interleaved(
+    fns: Sequence[Callable[[], object]],
+    *,
+    device: torch.device | str,
+    rounds: int = 3,
+    warmup: int = 2,
+    repeats: int = 10,
+    min_time_s: float = 0.0,
+) -> list[Timing]:
+    """Time several functions against one another: `rounds` rounds, each timing every function in turn with
+    `measure` (the later rounds warm up once), so that a change of the machine's load while they are timed
+    (another process on a shared CPU) reaches them alike. Each result pools the samples of its rounds; a
+    function that fails in any round fails."""
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"measure_interleaved needs rounds >= 1, not {rounds!r}")
+    pooled: list[list[float]] = [[] for _ in fns]
+    errors: list[str | None] = [None] * len(fns)
+    for index in range(rounds):
+        for position, fn in enumerate(fns):
+            if errors[position] is not None:
+                continue
+            timing = measure(
+                fn, device=device, warmup=warmup if index == 0 else 1, repeats=repeats, min_time_s=min_time_s
+            )
+            if timing.ok:
+                pooled[position].extend(timing.samples)
+            else:
+                errors[position] = timing.error
+    return [
+        Timing.failed(error) if error is not None else Timing.from_samples(samples)
+        for samples, error in zip(pooled, errors, strict=True)
+    ]
+
+
 def _time_cpu(
     fn: Callable[[], object], device: torch.device, warmup: int, repeats: int, flush_l2: bool, min_time_s: float
 ) -> list[float]:

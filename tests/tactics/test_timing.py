@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from tensorforge.tactics.timing import Timing, TimingBudget, measure
+from tensorforge.tactics.timing import Timing, TimingBudget, measure, measure_interleaved
 
 
 def counting(fail_on: int | None = None, sleep_s: float = 0.0):
@@ -207,3 +207,27 @@ def test_a_call_that_cannot_be_captured_is_timed_eagerly():
 
     timing = measure(synchronizing, device="cuda", warmup=1, repeats=5, min_time_s=0.0)
     assert timing.ok and timing.median > 0.0
+
+
+def test_interleaved_timing_alternates_the_functions_and_pools_their_rounds():
+    calls = []
+    fns = [lambda name=name: calls.append(name) for name in "abc"]
+    timings = measure_interleaved(fns, device="cpu", rounds=3, warmup=2, repeats=4)
+    assert [len(t.samples) for t in timings] == [12, 12, 12]
+    # Round one warms each up twice, the later rounds once; within a round each function is timed in turn.
+    runs = [len(list(group)) for _, group in itertools.groupby(calls)]
+    assert [name for name, _ in itertools.groupby(calls)] == list("abc") * 3
+    assert runs == [6, 6, 6, 5, 5, 5, 5, 5, 5]
+
+
+def test_interleaved_timing_keeps_a_failure_and_checks_its_rounds():
+    def flaky(state={"calls": 0}):  # noqa: B006 - the counter lives across calls on purpose
+        state["calls"] += 1
+        if state["calls"] > 8:
+            raise RuntimeError("broke in round two")
+
+    good, bad = measure_interleaved([lambda: None, flaky], device="cpu", rounds=3, warmup=1, repeats=5)
+    assert good.ok and len(good.samples) == 15
+    assert not bad.ok and "broke in round two" in bad.error and math.isinf(bad.median)
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        measure_interleaved([lambda: None], device="cpu", rounds=0)
