@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.int8_accuracy import METHODS, label, page_sources, rotated
+from bench.int8_accuracy import page_sources, rotated
 from tensorforge import Executor, load_onnx
 from tensorforge import realdata as rd
 from tensorforge.ir import Model
 from tensorforge.passes.pipeline import optimize
 from tensorforge.quant.calibration import collect_histograms, table_from_histograms
+from tensorforge.quant.sensitivity import COMPARED_CALIBRATORS, calibrator_label
 from tensorforge.quant.simulate import simulate_quantized
 
 OUTPUT = "fetch_name_0"
@@ -61,13 +62,13 @@ def main() -> None:
     stats = collect_histograms(model, calibration)
     fp32 = predictions(model)
     rows = [{"precision": "fp32", "top1": float((fp32 == labels).mean()), "agreement": 1.0}]
-    for method, params in METHODS:
+    for method, params in COMPARED_CALIBRATORS:
         table = table_from_histograms(stats, method, params)
         schemes = {"per tensor": table.per_tensor(), "depthwise inputs per channel": table}
         for scheme, scales in schemes.items():
             found = predictions(simulate_quantized(model, scales))
             row = {
-                "precision": f"int8 {label(method, params)}, {scheme}",
+                "precision": f"int8 {calibrator_label(method, params)}, {scheme}",
                 "top1": float((found == labels).mean()),
                 "agreement": float((found == fp32).mean()),
             }

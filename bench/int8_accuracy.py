@@ -15,8 +15,8 @@ and mse (E4M3's scale is the same threshold over 448 instead of 127); depthwise 
 channel, as engines do by default. The mixed precision search starts from the entropy table and returns layers
 to float until top-1 agreement with fp32 on the calibration data reaches `--target`. With `--engines`, INT8
 engines built by the builder (its own calibration on the calibration data) are evaluated the same way: entropy
-with the accuracy-target search, and every layer int8 with each calibrator (orientation) or entropy
-(recognition). Writes JSON and a markdown table.
+and auto (the calibrator that agrees best) with the accuracy-target search, and every layer int8 with each
+calibrator and auto (orientation) or entropy and auto (recognition). Writes JSON and a markdown table.
 
     python bench/int8_accuracy.py --out bench/results/int8-accuracy
 """
@@ -41,26 +41,21 @@ from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.passes.pipeline import optimize
 from tensorforge.quant.calibration import collect_histograms, table_from_histograms
 from tensorforge.quant.layers import quantizable_layers
-from tensorforge.quant.sensitivity import Target, layer_sensitivity, mixed_precision
+from tensorforge.quant.sensitivity import (
+    COMPARED_CALIBRATORS,
+    Target,
+    calibrator_label,
+    layer_sensitivity,
+    mixed_precision,
+)
 from tensorforge.quant.simulate import simulate_quantized
 
-METHODS = (
-    ("minmax", {}),
-    ("entropy", {}),
-    ("percentile", {"percentile": 99.99}),
-    ("percentile", {"percentile": 99.9}),
-    ("mse", {}),
-)
 QUANTS = (("int8", "int8"), ("fp8", "fp8e4m3"))  # (row label, quantized type)
 WORDS = (
     "engine layer tensor kernel graph batch float quantize scale model input output fused convolution "
     "matrix vector memory stream latency throughput accuracy calibration histogram threshold channel "
     "weight bias the of and to in with from runs fast slow small large first last page text line read"
 ).split()
-
-
-def label(method: str, params: dict[str, Any]) -> str:
-    return method + "".join(f" {v}" for v in params.values())
 
 
 # -- data ---------------------------------------------------------------------------------------------
@@ -148,14 +143,14 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     fp32 = predictions(model)
     rows = [{"precision": "fp32", "top1": float((fp32 == labels).mean()), "agreement": 1.0}]
     tables = {}
-    for (name, quant), (method, params) in itertools.product(QUANTS, METHODS):
-        if label(method, params) not in tables:
-            tables[label(method, params)] = table_from_histograms(stats, method, params)
-        table = tables[label(method, params)]
+    for (name, quant), (method, params) in itertools.product(QUANTS, COMPARED_CALIBRATORS):
+        if calibrator_label(method, params) not in tables:
+            tables[calibrator_label(method, params)] = table_from_histograms(stats, method, params)
+        table = tables[calibrator_label(method, params)]
         quantized = predictions(simulate_quantized(model, table, quant=quant))
         rows.append(
             {
-                "precision": f"{name} {label(method, params)}",
+                "precision": f"{name} {calibrator_label(method, params)}",
                 "top1": float((quantized == labels).mean()),
                 "agreement": float((quantized == fp32).mean()),
             }
@@ -172,7 +167,12 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     if args.engines:
         shape = calibration[0]["x"].shape
         profile = Profile().add("x", (1, *shape[1:]), shape, shape)
-        builds = [("entropy", {}, args.target), *((method, params, None) for method, params in METHODS)]
+        builds = [
+            ("entropy", {}, args.target),
+            ("auto", {}, args.target),
+            *((method, params, None) for method, params in COMPARED_CALIBRATORS),
+            ("auto", {}, None),
+        ]
         for method, params, target in builds:
             engine, section = int8_engine(rd.orientation_model(), calibration, profile, device, method, params, target)
             context = engine.create_context()
@@ -180,7 +180,7 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             searched = ", accuracy target" if target is not None else ""
             rows.append(
                 {
-                    "precision": f"int8 engine ({label(method, params)}{searched}, "
+                    "precision": f"int8 engine ({_method(section, params)}{searched}, "
                     f"{len(section['float'])} float layers)",
                     "top1": float((int8 == labels).mean()),
                     "agreement": float((int8 == fp32).mean()),
@@ -219,14 +219,14 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
     cer = character_error_rate(fp32, evaluation_lines)
     rows = [{"precision": "fp32", "cer": cer, "lines_exact": exact(fp32, evaluation_lines)}]
     tables = {}
-    for (name, quant), (method, params) in itertools.product(QUANTS, METHODS):
-        if label(method, params) not in tables:
-            tables[label(method, params)] = table_from_histograms(stats, method, params)
-        table = tables[label(method, params)]
+    for (name, quant), (method, params) in itertools.product(QUANTS, COMPARED_CALIBRATORS):
+        if calibrator_label(method, params) not in tables:
+            tables[calibrator_label(method, params)] = table_from_histograms(stats, method, params)
+        table = tables[calibrator_label(method, params)]
         text = read(simulate_quantized(model, table, quant=quant))
         rows.append(
             {
-                "precision": f"{name} {label(method, params)}",
+                "precision": f"{name} {calibrator_label(method, params)}",
                 "cer": character_error_rate(text, evaluation_lines),
                 "lines_exact": exact(text, evaluation_lines),
             }
@@ -245,14 +245,14 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
         widths = [feed["x"].shape[3] for feed in calibration + evaluation]
         low, high = (*calibration[0]["x"].shape[:3], min(widths)), (*calibration[0]["x"].shape[:3], max(widths))
         profile = Profile().add("x", low, (*low[:3], int(np.median(widths))), high)
-        for target in (args.target, None):
-            engine, section = int8_engine(rd.ocr_model("rec"), calibration, profile, device, target=target)
+        for method, target in (("entropy", args.target), ("entropy", None), ("auto", None)):
+            engine, section = int8_engine(rd.ocr_model("rec"), calibration, profile, device, method, target=target)
             context = engine.create_context()
             text = [rd.ctc_decode(context.run(f)["fetch_name_0"].cpu().numpy()[0], characters) for f in evaluation]
             searched = ", accuracy target" if target is not None else ""
             rows.append(
                 {
-                    "precision": f"int8 engine (entropy{searched}, {len(section['float'])} float layers)",
+                    "precision": f"int8 engine ({_method(section)}{searched}, {len(section['float'])} float layers)",
                     "cer": character_error_rate(text, evaluation_lines),
                     "lines_exact": exact(text, evaluation_lines),
                 }
@@ -280,6 +280,13 @@ def int8_engine(path, calibration, profile: Profile, device: str, method="entrop
     )
     engine = Builder(config, calibration_data=calibration).build(path)
     return engine, engine.report["quantization"]
+
+
+def _method(section: dict[str, Any], params: dict[str, Any] | None = None) -> str:
+    """The calibrator an engine's report names: "auto: minmax" when the build chose it."""
+    if "calibrators" in section:
+        return f"auto: {section['scales'].split(', ', 1)[1].removesuffix(' (auto)')}"
+    return calibrator_label(section["method"], params or {})
 
 
 def exact(predicted: list[str], truth: list[str]) -> float:

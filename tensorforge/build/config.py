@@ -17,7 +17,7 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
 # The quantized precisions: their layers read scales from calibration (`QuantizationConfig`).
 QUANTIZED_PRECISIONS = {"int8": "int8", "fp8": "fp8e4m3"}
 EFFORT_LEVELS = (0, 1, 2)
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "mse")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "mse", "auto")
 TARGET_METRICS = ("cosine", "top1")
 CHAIN_MODES = ("auto", "always", "off")  # QuantizationConfig.chain
 
@@ -79,15 +79,17 @@ class Profile:
 class QuantizationConfig:
     """How an int8 / fp8 build gets its scales and which layers stay float.
 
-    `data`: calibration batches (a .npy / .npz file or a directory of them); `method` and `percentile` choose the
-    calibrator; `cache`: a calibration cache file, read when it exists (it must belong to this model), else
-    written; `target`: an accuracy the engine must keep against float on the calibration data, as
-    (metric, value) with metric "cosine" (mean output cosine) or "top1" (argmax agreement): the most sensitive
-    layers return to float until it is met; `keep_float`: layers (node names) the user keeps float; `chain`:
-    whether quantized layers pass quantized activations to the quantized layers that read them
-    (`passes.quant_chain`): "auto" tunes the chained graph too and keeps it when its plan times faster (chained
-    wherever the graph allows, else only between the layers the unchained plan runs quantized); "always"
-    chains wherever the graph allows, before tuning; "off": every quantized layer reads and writes float.
+    `data`: calibration batches (a .npy / .npz file or a directory of them); `method` and `percentile` choose
+    the calibrator ("auto": each of `quant.COMPARED_CALIBRATORS`, keeping the one whose all-quantized model
+    agrees best with float on the calibration data, by the target's metric or else cosine); `cache`: a
+    calibration cache file, read when it exists (it must belong to this model), else written; `target`: an
+    accuracy the engine must keep against float on the calibration data, as (metric, value) with metric "cosine"
+    (mean output cosine) or "top1" (argmax agreement): the most sensitive layers return to float until it is
+    met; `keep_float`: layers (node names) the user keeps float; `chain`: whether quantized layers pass
+    quantized activations to the quantized layers that read them (`passes.quant_chain`): "auto" tunes the
+    chained graph too and keeps it when its plan times faster (chained wherever the graph allows, else only
+    between the layers the unchained plan runs quantized); "always" chains wherever the graph allows, before
+    tuning; "off": every quantized layer reads and writes float.
     `depthwise_channels`: a depthwise convolution's input quantizes with one scale per channel (its channels'
     calibrated maxima; free for the kernels, see `quant.calibration`); False: per tensor, as other activations.
     """

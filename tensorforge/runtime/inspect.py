@@ -176,6 +176,11 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
         f"{section['type']}: {len(section['quantized'])} layers quantized, {len(section['float'])} float "
         f"(scales from {section['scales']})"
     ]
+    tried = dict(section.get("calibrators") or {})
+    if tried:
+        metric = tried.pop("metric")
+        scores = ", ".join(f"{label} {value:.5f}" for label, value in tried.items())
+        lines.append(f"calibrators compared by {metric} with float, every layer quantized: {scores}")
     channels = section.get("per_channel_inputs")
     if channels:
         lines.append(f"depthwise convolution inputs quantized per channel: {len(channels)}")

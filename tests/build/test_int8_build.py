@@ -12,8 +12,9 @@ from tensorforge.errors import InputError
 from tensorforge.ir.clone import clone_model
 from tensorforge.ops.infer import infer_model
 from tensorforge.passes.pipeline import optimize
-from tensorforge.quant import calibrate, simulate_quantized
+from tensorforge.quant import calibrate, read_cache, simulate_quantized
 from tensorforge.runtime.engine import Engine
+from tensorforge.runtime.inspect import quantization_lines
 from tests.helpers import relative_error
 from tests.quant.support import random_batches, small_conv_model
 
@@ -180,3 +181,25 @@ def test_a_quantized_engine_on_cuda_matches_its_graph_on_the_reference_executor(
     got = engine.create_context().run(feed)["y"].cpu()
     want = Executor(engine.model).run(feed)["y"]
     assert relative_error(got.numpy(), want.numpy()) <= (1e-4 if quant == "int8" else 5e-3)
+
+
+def test_auto_calibration_keeps_the_calibrator_that_agrees_best(tmp_path):
+    model, batches = small_conv_model(), random_batches(3)
+    cache = tmp_path / "calib.json"
+    engine = _build(model, batches, method="auto", cache=str(cache))
+    section = engine.report["quantization"]
+    tried = dict(section["calibrators"])
+    assert tried.pop("metric") == "cosine"
+    assert sorted(tried) == ["entropy", "minmax", "mse", "percentile 99.9", "percentile 99.99"]
+    chosen = max(tried, key=tried.get)  # ties go to the earlier calibrator, as dicts keep order
+    assert section["scales"].endswith(f"{chosen} (auto)")
+    assert section["method"] == chosen.split()[0]
+    assert read_cache(cache).method == section["method"]
+    ranked = sorted(tried.values())
+    assert ranked[0] < ranked[-1]  # the calibrators really differ on this model
+    assert any(line.startswith("calibrators compared by cosine") for line in quantization_lines(engine.report))
+
+
+def test_auto_calibration_measures_by_the_targets_metric():
+    engine = _build(small_conv_model(), random_batches(3), method="auto", target=("top1", 0.5))
+    assert engine.report["quantization"]["calibrators"]["metric"] == "top1"
