@@ -18,6 +18,8 @@
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500
 #             shared by the models; ZOO_MODELS, ZOO_BATCHES to choose: a depthwise net's build takes about 130 s)
 #   max       ResNet-50 fp16 batch 256 beside torch.compile max-autotune (MAX_S=550)
+#   profile   a zoo model's fp16 engine built and profiled layer by layer, with `inspect` (PROFILE_MODEL=yolo,
+#             PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_S=400)
 set -uo pipefail
 out=${1:?output directory}
 shift
@@ -96,8 +98,21 @@ for stage in $stages; do
         --precision fp16 --effort 0 --runs 30 --merge --out "$out/suite" > "$out/max.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/max.txt" | cut -c1-160
       ;;
+    profile)
+      model=${PROFILE_MODEL:-yolo}
+      engine="$out/$model.engine"
+      timeout "${PROFILE_S:-400}" bash -c "
+        python3 -c \"from tensorforge import zoo; import onnx; onnx.save(zoo.export('$model', batch=${PROFILE_BATCH:-64},
+          size=${PROFILE_SIZE:-640}, dynamic_batch=False), '$out/$model.onnx')\" &&
+        python3 -m tensorforge build '$out/$model.onnx' -o '$engine' --fp16 --effort 0 --device cuda > '$out/build.txt' 2>&1 &&
+        python3 -m tensorforge profile '$engine' --runs 20 --top 40 > '$out/profile.txt' 2>&1 &&
+        python3 -m tensorforge profile '$engine' --runs 20 --json > '$out/profile.json' 2>/dev/null &&
+        python3 -m tensorforge inspect '$engine' > '$out/inspect.txt' 2>&1"
+      rm -f "$engine" "$out/$model.onnx"  # large; the text files say what they held
+      head -45 "$out/profile.txt"
+      ;;
     *)
-      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max)" >&2
+      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile)" >&2
       ;;
   esac
   echo "== $stage: $(($(date +%s) - started)) s"
