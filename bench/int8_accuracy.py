@@ -180,8 +180,7 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             searched = ", accuracy target" if target is not None else ""
             rows.append(
                 {
-                    "precision": f"int8 engine ({_method(section, params)}{searched}, "
-                    f"{len(section['float'])} float layers)",
+                    "precision": f"int8 engine ({_method(section, params)}{searched}, {_float_layers(section)})",
                     "top1": float((int8 == labels).mean()),
                     "agreement": float((int8 == fp32).mean()),
                 }
@@ -252,7 +251,7 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             searched = ", accuracy target" if target is not None else ""
             rows.append(
                 {
-                    "precision": f"int8 engine ({_method(section)}{searched}, {len(section['float'])} float layers)",
+                    "precision": f"int8 engine ({_method(section)}{searched}, {_float_layers(section)})",
                     "cer": character_error_rate(text, evaluation_lines),
                     "lines_exact": exact(text, evaluation_lines),
                 }
@@ -280,6 +279,12 @@ def int8_engine(path, calibration, profile: Profile, device: str, method="entrop
     )
     engine = Builder(config, calibration_data=calibration).build(path)
     return engine, engine.report["quantization"]
+
+
+def _float_layers(section: dict[str, Any]) -> str:
+    """How many layers an engine runs in float: returned by the accuracy search, and timed faster as float."""
+    timed = len((section.get("timed_to_float") or [[]])[0])
+    return f"{len(section['float'])} float layers, {timed} more timed faster as float"
 
 
 def _method(section: dict[str, Any], params: dict[str, Any] | None = None) -> str:
