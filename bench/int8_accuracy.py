@@ -268,21 +268,26 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
 
 def int8_engine(path, calibration, profile: Profile, device: str, method="entropy", params=None, target=None):
-    """An INT8 engine of the model at `path` built with the calibration batches and calibrator `method`; with a
-    top-1 agreement `target`, the builder's own search returns layers to float until it holds. Returns the engine
-    and its report's quantization section."""
+    """An INT8 engine of the model at `path` built with the calibration batches and calibrator `method`. With a
+    top-1 agreement `target`, the builder's own search returns layers to float until it holds, and each layer may
+    still run as its float original where that times faster (the default); without one, every layer runs int8
+    (no float-fallback tactics): the engine the all-int8 simulation describes. Returns the engine and its
+    report's quantization section."""
     quantization = QuantizationConfig(
         method=method, percentile=(params or {}).get("percentile"), target=None if target is None else ("top1", target)
     )
+    families = None if target is not None else ("reference", "vendor", "triton", "cuda")  # all but "fallback"
     config = BuildConfig(
-        device=device, precisions=("fp32", "int8"), profiles=(profile,), effort=0, quantization=quantization
-    )
+        device=device, precisions=("fp32", "int8"), profiles=(profile,), effort=0, quantization=quantization,
+        tactic_families=families,
+    )  # fmt: skip
     engine = Builder(config, calibration_data=calibration).build(path)
     return engine, engine.report["quantization"]
 
 
 def _float_layers(section: dict[str, Any]) -> str:
-    """How many layers an engine runs in float: returned by the accuracy search, and timed faster as float."""
+    """How many layers an engine runs in float: returned by the accuracy search, and timed faster as float (none
+    without the float-fallback tactics)."""
     timed = len((section.get("timed_to_float") or [[]])[0])
     return f"{len(section['float'])} float layers, {timed} more timed faster as float"
 
