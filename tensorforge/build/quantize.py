@@ -67,6 +67,8 @@ def _inputs(model: Model) -> list:
 
 def _quantize(model, config, quant, settings, device, calibration_data) -> dict[str, Any]:
     feeds = _feeds(model, settings, calibration_data)
+    fixed = lowerable(quantizable_layers(model))
+    metric = settings.target[0] if settings.target else "cosine"  # how calibrators are compared ("auto")
     tried = {}
     cache = Path(settings.cache) if settings.cache else None
     if cache is not None and cache.exists():
@@ -78,7 +80,7 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
             "calibration cache made for this model (--calib-cache)"
         )
     elif settings.method == "auto":
-        table, tried = _best_calibrator(model, feeds, settings, quant, device)
+        table, tried = _best_calibrator(model, feeds, settings, quant, device, [*fixed, *settings.keep_float], metric)
         source = f"{table.batches} calibration batches, {calibrator_label(table.method, table.params)} (auto)"
         if cache is not None:
             write_cache(table, cache)
@@ -89,12 +91,10 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
             write_cache(table, cache)
     if not settings.depthwise_channels:
         table = table.per_tensor()
-    fixed = lowerable(quantizable_layers(model))
     keep = list(settings.keep_float)
     reasons = {name: "kept in float by the build config" for name in keep}
     section: dict[str, Any] = {"type": quant, "scales": source, "method": table.method}
     if tried:
-        metric = settings.target[0] if settings.target else "cosine"
         section["calibrators"] = {"metric": metric, **{label: a.metric(metric) for label, a in tried.items()}}
     if table.channels:
         section["per_channel_inputs"] = sorted(table.channels)
@@ -122,14 +122,12 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
     return section
 
 
-def _best_calibrator(model, feeds, settings, quant, device):
-    """The table of the calibrator whose all-quantized model agrees best with float on `feeds` (the layers
-    without a quantized kernel and those the user keeps float stay float), and every calibrator's agreement."""
+def _best_calibrator(model, feeds, settings, quant, device, fixed, metric):
+    """The table of the calibrator whose all-quantized model agrees best by `metric` with float on `feeds` (the
+    `fixed` layers stay float), and every calibrator's agreement."""
     stats = collect_histograms(model, feeds, device=device)
     if not settings.depthwise_channels:
         stats.channel_amax.clear()
-    fixed = [*lowerable(quantizable_layers(model)), *settings.keep_float]
-    metric = settings.target[0] if settings.target else "cosine"
     return best_calibrator(
         model, stats, feeds, metric, device=device, fixed_float=fixed, quant=quant, residuals=settings.chain != "off"
     )

@@ -20,9 +20,10 @@ from ..kernels.triton.conv import (
     quantized_conv_configs,
 )
 from ..kernels.triton.epilogue import activation_args
-from ..ops.fused import DOMAIN, QUANT_TYPES, dequantize_scales, input_scale, is_quantized_tensor
+from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
 from ..ops.pool import window_geometry
 from .base import Kernel, Tactic, allocate, register_tactic
+from .channel_scales import ChannelScales
 
 _FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
@@ -139,16 +140,7 @@ class TritonQuantizedConvTactic(Tactic):
         pre, post = _activations(node)
         packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
 
-        channel_scales: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # id(Xs) -> (Xs, inv, Ws)
-
-        def per_channel(w_scale, x_channels):
-            """(1/(x_scale·Xs), x_scale·Xs[o // m]·Ws[o]): quantize-on-load and dequantization, once per Xs."""
-            entry = channel_scales.get(id(x_channels))
-            if entry is None:
-                inverse = (1.0 / input_scale(x_scale, x_channels).float()).contiguous()
-                folded = dequantize_scales(w_scale, x_scale, x_channels).contiguous()
-                entry = channel_scales[id(x_channels)] = (x_channels, inverse, folded)
-            return entry[1], entry[2]
+        channel_scales = ChannelScales(x_scale)
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
@@ -157,7 +149,8 @@ class TritonQuantizedConvTactic(Tactic):
                 entry = packed[id(w)] = (w, pack_weight(w, groups, k_major=True))
             scale, w_scale, inverse = x_scale, w_scale.float(), None
             if x_channels is not None:
-                scale, (inverse, w_scale) = 1.0, per_channel(w_scale, x_channels)
+                _, inverse, w_scale = channel_scales(w_scale, x_channels)
+                scale = 1.0
             begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
             out_dtype = w.dtype if y_scale else _float_output(x, b, z)
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)

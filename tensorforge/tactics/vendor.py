@@ -50,6 +50,7 @@ from ..ops.fused import (
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
 from .base import Kernel, Tactic, register_tactic
+from .channel_scales import ChannelScales
 
 _FUSED_CONV = f"{DOMAIN}::FusedConv"
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -456,6 +457,7 @@ class OneDnnQuantizedConvTactic(Tactic):
         # the weight scales (exact for the depthwise layers that have them).
         per_channel = len(node.inputs) > 5 and node.inputs[5] is not None
         onednn_scale = 1.0 if per_channel else x_scale
+        channel_scales = ChannelScales(x_scale)
         padding = list(conv.get("pads") or [0, 0, 0, 0])[:2]
         strides = list(conv.get("strides") or [1, 1])
         dilations = list(conv.get("dilations") or [1, 1])
@@ -506,8 +508,8 @@ class OneDnnQuantizedConvTactic(Tactic):
         def kernel(inputs):
             x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
             if per_channel:
-                x = quantize_activation(x, input_scale(x_scale, x_channels), "int8")
-                w_scale = dequantize_scales(w_scale, x_scale, x_channels)
+                scale, _, w_scale = channel_scales(w_scale, x_channels)
+                x = quantize_activation(x, scale, "int8")
             weight, out_shape = weight_for(x, w, w_scale)
             q = _uint8_activation(x, onednn_scale).contiguous(memory_format=torch.channels_last)
             if summed:

@@ -110,6 +110,18 @@ def test_a_per_channel_reader_keeps_its_input_float_and_its_output_still_chains(
     assert depthwise.attributes["y_scale"] > 0  # the 1×1 projection reads it quantized
 
 
+def test_the_triton_tactic_quantizes_by_channel_under_the_interpreter(separable):
+    model, feeds, table = separable
+    node = _depthwise(_lowered(model, table))
+    x = torch.from_numpy(_observe(model, feeds[:1], _depthwise(model).inputs[0].name))
+    x = x.contiguous(memory_format=torch.channels_last)
+    tiny = {"block_m": 16, "block_n": 16, "block_k": 32, "group_m": 2, "num_warps": 1, "num_stages": 1, "split_k": 1}
+    config = {"precision": "fp32", "layout": "NHWC", **tiny}
+    got = build_layer_kernel(tactic_by_key("triton.conv-igemm-quantized"), node, 17, CPU, config, {})([x])[0]
+    want = build_layer_kernel(tactic_by_key("reference.registry"), node, 17, CPU, {}, {})([x])[0]
+    assert relative_error(got, want) <= TOLERANCE["fp32"]
+
+
 @pytest.mark.parametrize("tactic", ["vendor.torch-quantized", "vendor.onednn-qconv", "fallback.float-conv"])
 def test_every_cpu_tactic_runs_the_per_channel_layer(separable, tactic):
     model, feeds, table = separable
