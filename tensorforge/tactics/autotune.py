@@ -180,7 +180,7 @@ def autotune(
         if reason is not None:
             search.candidates.append(Candidate(tactic.key, {}, math.inf, f"unsupported: {reason}"))
             continue
-        space = tactic.space(effort)
+        space = tactic.space_for(node, effort)
         for variant in variants(tactic, node, precisions, device):
             configs = [{"precision": variant.precision, "layout": variant.layout, **c} for c in space]
             groups.append((tactic, configs))
@@ -229,7 +229,9 @@ def build_layer_kernel(
     space_config = {k: v for k, v in config.items() if k not in hidden}
     kernel = tactic.build(node, opset, device, space_config)
     constants = prepare_constants(node, variant, device, constants)
-    return LayerKernel(node, kernel, variant, constants, writes_into=tactic.writes_into)
+    return LayerKernel(
+        node, kernel, variant, constants, writes_into=tactic.writes_into, converts_on_load=tactic.converts_on_load
+    )
 
 
 def _call_key(tactic: str, config: dict[str, Any]) -> tuple[str, str]:

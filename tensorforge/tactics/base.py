@@ -13,6 +13,10 @@ their outputs in its planned arena; without `alloc` they allocate as usual (`all
 `build` gets the configuration without the variant (the kernel sees its inputs already converted), except for
 a tactic with `sees_precision`, whose config keeps "precision": one that makes float operands of its own (the
 float fallback dequantizing a quantized activation) needs the variant's float type.
+
+A tactic with `converts_on_load` builds kernels that read their activation inputs in whatever float type and
+memory format they come, converting as they load (a stem convolution reading the float32 NCHW network input for
+an fp16 NHWC layer): the variant converts only the constants, and the kernels write the variant's type.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Tactic:
     layouts: ClassVar[tuple[str, ...]] = ("any",)  # "any": 4-D tensors in the memory format they come in
     writes_into: ClassVar[bool] = False  # its kernels take `alloc=` (see the module docstring)
     sees_precision: ClassVar[bool] = False  # `build`'s config keeps the variant's "precision"
+    converts_on_load: ClassVar[bool] = False  # activations reach its kernels unconverted (module docstring)
 
     @property
     def key(self) -> str:
@@ -67,6 +72,11 @@ class Tactic:
     def space(self, effort: int) -> list[dict[str, Any]]:
         """The configurations worth timing at `effort` (0 fastest build, 2 widest search)."""
         return [{}]
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        """The configurations worth timing for `node` at `effort`: `space(effort)`, unless the tactic fits its
+        configurations to the node's shape."""
+        return self.space(effort)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         raise NotImplementedError

@@ -1,7 +1,8 @@
 """The Triton convolution tactics: `kernels.triton.conv`'s implicit GEMM with the whole epilogue inside, on NHWC:
 `triton.conv-igemm` for FusedConv, `triton.conv-igemm-quantized` for QuantizedConv (int8 / fp8 tensor cores,
-the activation quantized as it is loaded); and `triton.cudnn-epilogue`, cuDNN's convolution followed by the
-whole epilogue in one Triton pass."""
+the activation quantized as it is loaded); `triton.conv-direct` (`kernels.triton.conv_direct`) for layers with
+few input channels, reading the input as it comes; and `triton.cudnn-epilogue`, cuDNN's convolution followed
+by the whole epilogue in one Triton pass."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from ..kernels.triton.conv import (
     conv2d_nhwc_quantized,
     conv_configs,
     conv_epilogue_nhwc,
+    fit_configs,
     pack_weight,
     quantized_conv_configs,
 )
+from ..kernels.triton.conv_direct import MAX_TAPS_X_CHANNELS, conv2d_direct, direct_configs
 from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
 from ..ops.pool import window_geometry
@@ -53,6 +56,15 @@ def _conv_problem(node: Node, inputs: tuple[DType, ...] = _FLOAT_INPUTS) -> str 
     return None
 
 
+def _fitted(node: Node, configs: list[dict[str, Any]], min_block_k: int = 16) -> list[dict[str, Any]]:
+    """`configs` fitted to the node's channels per group (`fit_configs`)."""
+    shape = node.inputs[1].shape
+    if len(shape) != 4 or not all(isinstance(d, int) for d in shape[:2]):
+        return configs
+    groups = node.attributes.get("group", 1)
+    return fit_configs(configs, shape[1], shape[0] // groups, min_block_k)
+
+
 @register_tactic
 class TritonConvTactic(Tactic):
     """2-D FusedConv (any stride, padding, dilation, groups; bias, residual, pre/post activation) as one Triton
@@ -73,6 +85,9 @@ class TritonConvTactic(Tactic):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return conv_configs(effort)
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return _fitted(node, self.space(effort))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes
@@ -131,6 +146,9 @@ class TritonQuantizedConvTactic(Tactic):
     def space(self, effort: int) -> list[dict[str, Any]]:
         return quantized_conv_configs(effort)
 
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return _fitted(node, self.space(effort), min_block_k=32)
+
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes
         strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
@@ -160,6 +178,61 @@ class TritonQuantizedConvTactic(Tactic):
                 x_inv_channels=inverse,
             )  # fmt: skip
             return (y,)
+
+        return kernel
+
+
+@register_tactic
+class TritonDirectConvTactic(Tactic):
+    """2-D FusedConv of one group with few taps × input channels (a stem) as `conv2d_direct`: the K products
+    unrolled on the CUDA cores, the input read in whatever float type and strides it comes (the network's float32
+    NCHW input needs no cast or layout pass first), the epilogue inside; writes channels_last in the variant's
+    type."""
+
+    family = "triton"
+    name = "conv-direct"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp16", "bf16", "fp32")
+    layouts = ("NHWC",)
+    writes_into = True
+    converts_on_load = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
+        problem = _conv_problem(node)
+        if problem is not None:
+            return problem
+        if node.attributes.get("group", 1) != 1:
+            return "one group only"
+        _, cin, kh, kw = node.inputs[1].shape
+        if not all(isinstance(d, int) for d in (cin, kh, kw)) or cin * kh * kw > MAX_TAPS_X_CHANNELS:
+            return f"at most {MAX_TAPS_X_CHANNELS} taps × input channels (unrolled); this layer has {cin}×{kh}×{kw}"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return direct_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
+        pads, auto_pad = a.get("pads"), a.get("auto_pad", "NOTSET")
+        pre, post = _activations(node)
+        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            entry = packed.get(id(w))
+            if entry is None:
+                entry = packed[id(w)] = (w, pack_weight(w, 1))
+            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), w.dtype, x.device, torch.channels_last)
+            return (
+                conv2d_direct(
+                    x, entry[1], b, z, out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations,
+                    pre=pre, post=post, out=out, config=config,
+                ),
+            )  # fmt: skip
 
         return kernel
 

@@ -99,7 +99,8 @@ def constant_inputs(node: Node) -> dict[int, Value]:
 
 class LayerKernel:
     """A tactic's kernel run in a variant: constants bound and pre-converted, activations converted per call,
-    outputs in the dtypes the variant promises. Called with the layer's non-constant inputs in order.
+    outputs in the dtypes the variant promises. Called with the layer's non-constant inputs in order. With
+    `converts_on_load` the kernel reads the activations as they come (the tactic's kernels convert as they load).
 
     A call is on the execution loop's path once per layer and run, so what does not change between calls is
     worked out here: the input list with the constants in place (copied, then filled with the converted
@@ -111,6 +112,7 @@ class LayerKernel:
         "_arg_float",
         "_arg_positions",
         "_cast_outputs",
+        "_convert_args",
         "_declared",
         "_dtype",
         "_memory_format",
@@ -131,6 +133,7 @@ class LayerKernel:
         variant: Variant,
         constants: Mapping[int, torch.Tensor],
         writes_into: bool = False,
+        converts_on_load: bool = False,
     ) -> None:
         self.node = node
         self.kernel = kernel
@@ -157,13 +160,14 @@ class LayerKernel:
         self._dtype = variant.dtype
         self._memory_format = variant.memory_format
         self._cast_outputs = any(dtype is not None for dtype in self.out_dtypes)
+        self._convert_args = not converts_on_load
 
     def __call__(self, args: Sequence[Any], alloc: Alloc | None = None) -> tuple[Any, ...]:
         """The outputs for `args`; a `writes_into` kernel asks `alloc` (when given) for its output buffers."""
         inputs = self._template.copy()
         dtype, memory_format = self._dtype, self._memory_format
         for position, declared_float, tensor in zip(self._arg_positions, self._arg_float, args, strict=True):
-            if isinstance(tensor, torch.Tensor):  # `convert`, inlined
+            if self._convert_args and isinstance(tensor, torch.Tensor):  # `convert`, inlined
                 if declared_float and tensor.dtype != dtype and tensor.is_floating_point():
                     tensor = tensor.to(dtype)
                 if (

@@ -129,5 +129,16 @@ def test_the_triton_conv_is_a_correct_candidate_on_cuda():
         node, 1, [feeds[0], None, None, feeds[1]], "cuda", effort=0, precisions=precisions, exhaustive=True
     )
     candidates = [c for c in choice.candidates if c.tactic == TRITON_CONV]
-    assert len(candidates) == len(precisions) * len(tactic_by_key(TRITON_CONV).space(0))
+    assert len(candidates) == len(precisions) * len(tactic_by_key(TRITON_CONV).space_for(node, 0))
     assert all(math.isfinite(c.median_ms) for c in candidates), [c.note for c in candidates]
+
+
+def test_configs_fit_the_layers_channels():
+    """A 16-channel layer gets 16-wide K and N tiles, the duplicates that leaves dropped; a wide layer the space."""
+    tactic = tactic_by_key(TRITON_CONV)
+    narrow = tactic.space_for(_layer(), 0)
+    assert narrow and all(c["block_n"] == 16 and c["block_k"] == 16 for c in narrow)
+    assert len({tuple(sorted(c.items())) for c in narrow}) == len(narrow) < len(tactic.space(0))
+    quantized = triton_conv.fit_configs(tactic_by_key("triton.conv-igemm-quantized").space(0), 16, 16, 32)
+    assert all(c["block_k"] == 32 for c in quantized)
+    assert triton_conv.fit_configs(tactic.space(1), 256, 512) == tactic.space(1)

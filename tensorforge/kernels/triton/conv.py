@@ -402,6 +402,20 @@ _QUANTIZED_EFFORT_2 = [
 _QUANTIZED_MIN_BLOCK_K = 32
 
 
+def fit_configs(configs: Sequence[Mapping[str, Any]], cg: int, kg: int, min_block_k: int = 16) -> list[dict[str, Any]]:
+    """`configs` for a layer of `cg` input and `kg` output channels per group: tiles no wider than the power of two
+    that holds them (a 16-channel layer loads 16-wide K tiles, 32 contiguous bytes a pixel, rather than masking
+    three quarters of 64-wide ones, and stores 16-wide N tiles), duplicates dropped, in order."""
+    fitted: list[dict[str, Any]] = []
+    for config in configs:
+        fit = dict(config)
+        fit["block_n"] = min(fit["block_n"], max(16, triton.next_power_of_2(kg)))
+        fit["block_k"] = min(fit["block_k"], max(min_block_k, triton.next_power_of_2(cg)))
+        if fit not in fitted:
+            fitted.append(fit)
+    return fitted
+
+
 def quantized_conv_configs(effort: int) -> list[dict[str, Any]]:
     """The configurations of `conv2d_nhwc_quantized` worth timing at `effort`: 4 at 0, 11 at 1, 24 at 2 (each
     level adds to the last; K tiles of at least 32)."""
