@@ -54,6 +54,7 @@ from ..tactics.base import tactic_by_key
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
 from ..tactics.variant import ConstantCache
+from .concat_views import concat_views
 from .config import BuildConfig, Profile, QuantizationConfig
 from .memory import plan_graph
 from .quantize import quantize_model
@@ -171,6 +172,7 @@ class Builder:
                 dtypes=observed.dtypes,
                 exclude=observed.others,
                 outside=_allocated_by_kernels(model, layers),
+                views=concat_views(model, layers, observed.shapes, observed.dtypes),
             )
             tuned = {name: r.opt for name, r in profile.ranges.items()}
             plans.append(Plan(profile, tuple(layers), memory, tuned))

@@ -9,6 +9,11 @@ storage: the chain of such tensors is planned as one block.
 
 Sizes are rounded up to the alignment before planning, so every offset is aligned; the naive sum and the
 lower bound count those rounded sizes too, and the bound counts an in-place chain once.
+
+A concatenation's inputs can live inside its output (`plan_graph`'s `views`): a tensor named a view of a
+concatenated tensor from channel c takes no storage of its own; its producer writes straight into channels
+[c, c + its channels) of the concatenation's (channels_last) storage, which lives from the first such write to
+the last read of either, and the concatenation has nothing left to copy for it.
 """
 
 from __future__ import annotations
@@ -81,12 +86,14 @@ class MemoryPlan:
     alignment: int
     inplace: dict[str, str] = field(default_factory=dict)  # tensor -> the tensor whose storage it took
     outside: dict[str, int] = field(default_factory=dict)  # tensors their kernels allocate: name -> bytes at most
+    views: dict[str, tuple[str, int]] = field(default_factory=dict)  # tensor -> (concatenation, first channel)
 
     def report(self) -> str:
         """Arena size against the naive sum and the liveness lower bound, in MiB and as ratios."""
         return "\n".join(
             [
-                f"memory plan: {len(self.offsets)} tensors, {len(self.inplace)} in place, alignment {self.alignment} B",
+                f"memory plan: {len(self.offsets)} tensors, {len(self.inplace)} in place, "
+                f"{len(self.views)} written into their concatenation, alignment {self.alignment} B",
                 f"  arena        {_mib(self.arena_bytes)}",
                 f"  naive sum    {_mib(self.naive_bytes)}   arena/naive {_ratio(self.arena_bytes, self.naive_bytes)}",
                 f"  lower bound  {_mib(self.lower_bound_bytes)}   "
@@ -112,6 +119,7 @@ class MemoryPlan:
             "tensors": {name: [self.offsets[name], self.sizes[name]] for name in self.offsets},
             "inplace": dict(self.inplace),
             "outside": dict(self.outside),
+            "views": {name: [host, channel] for name, (host, channel) in self.views.items()},
         }
 
     @classmethod
@@ -127,6 +135,7 @@ class MemoryPlan:
                 alignment=int(data["alignment"]),
                 inplace=dict(data.get("inplace", {})),
                 outside={name: int(size) for name, size in data.get("outside", {}).items()},
+                views={name: (str(host), int(channel)) for name, (host, channel) in data.get("views", {}).items()},
             )
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise ValueError(f"memory plan in the engine header is malformed ({error!r}); rebuild the engine") from None
@@ -283,6 +292,7 @@ def plan_graph(
     outside: Iterable[str] = (),
     include_inputs: bool = False,
     alignment: int = DEFAULT_ALIGNMENT,
+    views: Mapping[str, tuple[str, int]] | None = None,
 ) -> MemoryPlan:
     """Plan the arena for the node outputs of `graph`, one step per node in node order.
 
@@ -292,7 +302,9 @@ def plan_graph(
     `outside` (tensors whose kernels allocate them; the plan lists their sizes). Constants never go in the
     arena; graph inputs only with `include_inputs`; graph outputs only with `exclude_outputs=False` (they
     then live to the last step). An output of an `INPLACE_OPS` node may take over the storage of an input
-    with its shape and dtype that this node reads last.
+    with its shape and dtype that this node reads last. `views` names tensors to place inside a concatenation's
+    storage, by (concatenation, first channel): each is kept where both tensors are planned and neither is in an
+    in-place chain, and the concatenation then lives over both lifetimes.
     """
     shapes = shapes or {}
     dtypes = dtypes or {}
@@ -341,12 +353,14 @@ def plan_graph(
         for value in candidates
         if value.name in outside and planned(value)
     }
-    taken: set[str] = set()
+    placed_views = _merge_views(lives, views or {})
+    # a concatenation and the tensors inside it keep their storage: no in-place chain takes it or extends it
+    taken: set[str] = set(placed_views) | {host for host, _ in placed_views.values()}
     for step, node in enumerate(nodes):
         if (node.domain, node.op_type) not in INPLACE_OPS or len(node.outputs) != 1:
             continue
         out = node.outputs[0].name
-        if out not in lives:
+        if out not in lives or out in taken:
             continue
         for value in node.inputs:
             name = value.name if value is not None else ""
@@ -355,8 +369,31 @@ def plan_graph(
                 lives[out] = TensorLife(out, lives[out].size_bytes, step, lives[out].last_step, inplace_of=name)
                 taken.add(name)
                 break
+    members = {name: lives.pop(name) for name in placed_views}
     plan = plan_memory(lives.values(), alignment)
+    if members:
+        offsets, sizes = dict(plan.offsets), dict(plan.sizes)
+        for name, life in members.items():
+            offsets[name], sizes[name] = offsets[placed_views[name][0]], life.size_bytes
+        naive = plan.naive_bytes + sum(_align(life.size_bytes, alignment) for life in members.values())
+        plan = dataclasses.replace(plan, offsets=offsets, sizes=sizes, naive_bytes=naive, views=placed_views)
     return dataclasses.replace(plan, outside=outside_sizes) if outside_sizes else plan
+
+
+def _merge_views(lives: dict[str, TensorLife], views: Mapping[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """The `views` whose tensor and concatenation are both planned (a concatenation is never itself a view);
+    each concatenation's lifetime in `lives` widened to cover its views'."""
+    placed = {
+        name: (host, channel)
+        for name, (host, channel) in views.items()
+        if name in lives and host in lives and host not in views and name != host
+    }
+    for name, (host, _) in placed.items():
+        life, own = lives[name], lives[host]
+        lives[host] = dataclasses.replace(
+            own, first_step=min(own.first_step, life.first_step), last_step=max(own.last_step, life.last_step)
+        )
+    return placed
 
 
 def _view_reach(value: Value, step_of: Mapping[Any, int], outputs: set[str]) -> tuple[int, bool]:

@@ -97,6 +97,9 @@ def _print_profile(index: int, profile: dict[str, Any], report: dict[str, Any]) 
                 else "not in the arena"
             )
             inplace = f" in place of {item['inplace_of']}" if item["inplace_of"] else ""
+            if item.get("inside"):
+                inside = item["inside"]
+                inplace += f" inside {inside['concatenation']} from channel {inside['first_channel']}"
             out.print(
                 f"      out    {item['name']}{same}  {item['dtype']}{_shape(item['shape'])}{stored}  {arena}{inplace}"
             )

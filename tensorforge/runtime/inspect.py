@@ -71,6 +71,8 @@ def _layer(engine: Engine, plan: Plan, position: int, layer: Layer) -> dict[str,
         entry["arena_offset"] = plan.memory.offsets.get(value.name)
         entry["arena_bytes"] = plan.memory.sizes.get(value.name)
         entry["inplace_of"] = plan.memory.inplace.get(value.name)
+        view = plan.memory.views.get(value.name)
+        entry["inside"] = {"concatenation": view[0], "first_channel": view[1]} if view else None
         entry["outside_bytes"] = plan.memory.outside.get(value.name)
         outputs.append(entry)
     runner_up = _runner_up(layer)

@@ -63,6 +63,7 @@ class Schedule:
                 if value is not None and not value.is_const:
                     readers[value] = layer.node
         kept = set(graph.outputs)
+        channels = {v.name: v.shape[1] for n in nodes for v in n.outputs if v.shape and len(v.shape) == 4}
         self._steps = []
         for layer in layers:
             node = nodes[layer.node]
@@ -73,7 +74,7 @@ class Schedule:
             unread = [v for v in node.outputs if v.name and v not in readers and v not in kept]
             release = tuple(self._slot[v] for v in read if readers.get(v) == layer.node and v not in kept)
             release += tuple(self._slot[v] for v in unread)
-            arena = _arena_slots(node, kernel, memory)
+            arena = _arena_slots(node, kernel, memory, channels)
             self._steps.append(_Step(layer, kernel, args, outputs, release, arena))
         self._inputs = [(v.name, self._slot[v]) for v in graph.inputs if v.name not in graph.initializers]
         self._outputs = [self._output_source(v, device) for v in graph.outputs]
@@ -150,22 +151,40 @@ class Schedule:
             ]
 
 
-def _arena_slots(node: Node, kernel: LayerKernel, memory: MemoryPlan | None):
-    """(offset, bytes) per output of `node` that the plan placed in the arena, if its kernel can write there.
-    Tensors in an in-place chain are left out: only elementwise kernels may share an input's storage."""
+def _arena_slots(node: Node, kernel: LayerKernel, memory: MemoryPlan | None, channels: Mapping[str, Any]):
+    """An `_ArenaSlot` per output of `node` that the plan placed in the arena, if its kernel can write there.
+    Tensors in an in-place chain are left out: only elementwise kernels may share an input's storage. A tensor
+    planned inside its concatenation gets that concatenation's storage and its channel range."""
     if memory is None or not kernel.writes_into:
         return None
     chained = set(memory.inplace) | set(memory.inplace.values())
-    slots = tuple(
-        (memory.offsets[v.name], memory.sizes[v.name]) if v.name in memory.offsets and v.name not in chained else None
-        for v in node.outputs
-    )
-    return slots if any(slots) else None
+    slots = []
+    for v in node.outputs:
+        if v.name not in memory.offsets or v.name in chained:
+            slots.append(None)
+        elif v.name in memory.views:
+            host, first = memory.views[v.name]
+            slots.append(_ArenaSlot(memory.offsets[host], memory.sizes[host], channels.get(host), first))
+        else:
+            slots.append(_ArenaSlot(memory.offsets[v.name], memory.sizes[v.name]))
+    return tuple(slots) if any(slots) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _ArenaSlot:
+    """Where an output goes: `bytes` at `offset`; inside a concatenation of `channels` (channels_last), from
+    channel `first`."""
+
+    offset: int
+    bytes: int
+    channels: int | None = None
+    first: int = 0
 
 
 class _ArenaAlloc:
     """A `writes_into` kernel's output buffers: views of the arena at the planned offsets (a new tensor for an
-    output the plan did not place, or one larger than planned)."""
+    output the plan did not place, or one larger than planned, or asked in another layout than its
+    concatenation's)."""
 
     __slots__ = ("arena", "device", "slots")
 
@@ -174,12 +193,25 @@ class _ArenaAlloc:
 
     def __call__(self, index, shape, dtype, memory_format) -> torch.Tensor:
         slot = self.slots[index] if index < len(self.slots) else None
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        if slot is None or nbytes > slot[1]:
+        size = torch.empty((), dtype=dtype).element_size()
+        channels_last = memory_format == torch.channels_last and len(shape) == 4
+        if slot is not None and slot.channels is not None:
+            if not channels_last or not isinstance(slot.channels, int):
+                slot = None
+            else:
+                n, c, h, w = shape
+                total = slot.channels
+                if n * h * w * total * size <= slot.bytes and slot.first + c <= total:
+                    whole = self.arena[slot.offset : slot.offset + n * h * w * total * size].view(dtype)
+                    return whole.as_strided(
+                        tuple(shape), (h * w * total, 1, w * total, total), whole.storage_offset() + slot.first
+                    )
+                slot = None
+        nbytes = math.prod(shape) * size
+        if slot is None or nbytes > slot.bytes:
             return torch.empty(tuple(shape), dtype=dtype, device=self.device, memory_format=memory_format)
-        offset = slot[0]
-        flat = self.arena[offset : offset + nbytes].view(dtype)
-        if memory_format == torch.channels_last and len(shape) == 4:
+        flat = self.arena[slot.offset : slot.offset + nbytes].view(dtype)
+        if channels_last:
             _, c, h, w = shape
             return flat.as_strided(tuple(shape), (h * w * c, 1, w * c, c))
         return flat.view(tuple(shape))

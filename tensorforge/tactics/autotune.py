@@ -33,6 +33,7 @@ from ..kernels.quantize import KINDS
 from ..ops.fused import DOMAIN, is_quantized_tensor
 from ..ops.math_flags import full_float32
 from . import (  # noqa: F401 - registers the tactic families
+    concat,
     cuda_family,
     fallback,
     triton_conv,
@@ -230,7 +231,13 @@ def build_layer_kernel(
     kernel = tactic.build(node, opset, device, space_config)
     constants = prepare_constants(node, variant, device, constants)
     return LayerKernel(
-        node, kernel, variant, constants, writes_into=tactic.writes_into, converts_on_load=tactic.converts_on_load
+        node,
+        kernel,
+        variant,
+        constants,
+        writes_into=tactic.writes_into,
+        converts_on_load=tactic.converts_on_load,
+        strided_inputs=tactic.strided_inputs,
     )
 
 

@@ -16,7 +16,11 @@ float fallback dequantizing a quantized activation) needs the variant's float ty
 
 A tactic with `converts_on_load` builds kernels that read their activation inputs in whatever float type and
 memory format they come, converting as they load (a stem convolution reading the float32 NCHW network input for
-an fp16 NHWC layer): the variant converts only the constants, and the kernels write the variant's type.
+an fp16 NHWC layer): the variant converts only the constants, and the kernels write the variant's type. A tactic
+with `strided_inputs` reads 4-D inputs through their strides: an NHWC variant passes it a channel slice of a
+channels_last tensor (a tensor written inside its concatenation, `build.concat_views`) as it is, not copied;
+one with `strided_outputs` writes through the strides of the buffers `alloc` gives, so the memory plan may place
+its outputs inside a concatenation.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class Tactic:
     writes_into: ClassVar[bool] = False  # its kernels take `alloc=` (see the module docstring)
     sees_precision: ClassVar[bool] = False  # `build`'s config keeps the variant's "precision"
     converts_on_load: ClassVar[bool] = False  # activations reach its kernels unconverted (module docstring)
+    strided_inputs: ClassVar[bool] = False  # channel slices of channels_last tensors reach it uncopied
+    strided_outputs: ClassVar[bool] = False  # its kernels write through the strides of the buffers given
 
     @property
     def key(self) -> str:

@@ -77,6 +77,8 @@ class TritonConvTactic(Tactic):
     precisions = ("fp16", "bf16", "tf32", "fp32")
     layouts = ("NHWC",)
     writes_into = True
+    strided_inputs = True  # x and the residual are read through their strides
+    strided_outputs = True  # and the output written through its own
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
@@ -134,6 +136,8 @@ class TritonQuantizedConvTactic(Tactic):
     precisions = ("fp16", "bf16", "fp32")
     layouts = ("NHWC",)
     writes_into = True
+    strided_inputs = True  # x and the residual are read through their strides
+    strided_outputs = True  # and the output written through its own
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
@@ -195,6 +199,8 @@ class TritonDirectConvTactic(Tactic):
     precisions = ("fp16", "bf16", "fp32")
     layouts = ("NHWC",)
     writes_into = True
+    strided_inputs = True  # x and the residual are read through their strides
+    strided_outputs = True  # and the output written through its own
     converts_on_load = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
@@ -250,6 +256,8 @@ class CudnnConvTritonEpilogueTactic(Tactic):
     precisions = ("fp16", "bf16")  # fp32 would be TF32 or not by cuDNN's global flag, not by the variant
     layouts = ("NHWC",)
     writes_into = True
+    strided_inputs = True  # x and the residual are read through their strides
+    strided_outputs = True  # and the output written through its own
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":

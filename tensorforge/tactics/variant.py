@@ -100,7 +100,8 @@ def constant_inputs(node: Node) -> dict[int, Value]:
 class LayerKernel:
     """A tactic's kernel run in a variant: constants bound and pre-converted, activations converted per call,
     outputs in the dtypes the variant promises. Called with the layer's non-constant inputs in order. With
-    `converts_on_load` the kernel reads the activations as they come (the tactic's kernels convert as they load).
+    `converts_on_load` the kernel reads the activations as they come (the tactic's kernels convert as they load);
+    with `strided_inputs` a channel slice of a channels_last tensor is passed to an NHWC kernel as it is.
 
     A call is on the execution loop's path once per layer and run, so what does not change between calls is
     worked out here: the input list with the constants in place (copied, then filled with the converted
@@ -117,6 +118,7 @@ class LayerKernel:
         "_dtype",
         "_memory_format",
         "_slots",
+        "_strided",
         "_template",
         "constants",
         "kernel",
@@ -134,6 +136,7 @@ class LayerKernel:
         constants: Mapping[int, torch.Tensor],
         writes_into: bool = False,
         converts_on_load: bool = False,
+        strided_inputs: bool = False,
     ) -> None:
         self.node = node
         self.kernel = kernel
@@ -161,6 +164,7 @@ class LayerKernel:
         self._memory_format = variant.memory_format
         self._cast_outputs = any(dtype is not None for dtype in self.out_dtypes)
         self._convert_args = not converts_on_load
+        self._strided = strided_inputs and variant.memory_format == torch.channels_last
 
     def __call__(self, args: Sequence[Any], alloc: Alloc | None = None) -> tuple[Any, ...]:
         """The outputs for `args`; a `writes_into` kernel asks `alloc` (when given) for its output buffers."""
@@ -174,6 +178,7 @@ class LayerKernel:
                     memory_format is not None
                     and tensor.dim() == 4
                     and not tensor.is_contiguous(memory_format=memory_format)
+                    and not (self._strided and tensor.stride(1) == 1)
                 ):
                     tensor = tensor.contiguous(memory_format=memory_format)
             inputs[position] = tensor

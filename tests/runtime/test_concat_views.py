@@ -1,0 +1,172 @@
+"""Tensors written straight into the concatenation that reads them (`build.concat_views`, the memory plan's views,
+`vendor.concat-into`): which ones the plan picks, and that a schedule running so still gives every answer right."""
+
+import pytest
+import torch
+
+from tensorforge import Executor, zoo
+from tensorforge.build.builder import build_engine
+from tensorforge.build.concat_views import concat_views
+from tensorforge.build.config import BuildConfig
+from tensorforge.build.memory import plan_graph
+from tensorforge.frontend import import_model
+from tensorforge.ir import DType, Node, Value
+from tensorforge.ops import load_all
+from tensorforge.ops.fused import DOMAIN
+from tensorforge.ops.registry import REGISTRY, OpContext
+from tensorforge.runtime.plan import Layer
+from tensorforge.runtime.schedule import Schedule
+from tensorforge.tactics import base
+from tensorforge.tactics.autotune import build_layer_kernel
+from tensorforge.tactics.base import Tactic, allocate, tactic_by_key
+from tests.helpers import relative_error
+
+CONCAT = "vendor.concat-into"
+NHWC = {"precision": "fp32", "layout": "NHWC"}
+
+
+class _Strided(Tactic):
+    """FusedConv through the reference, copied through the strides of the buffer `alloc` gives."""
+
+    family = "test"
+    name = "strided-into"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp32",)
+    layouts = ("NHWC",)
+    writes_into = True
+    strided_inputs = True
+    strided_outputs = True
+
+    def build(self, node, opset, device, config):
+        load_all()
+        impl = REGISTRY.lookup("FusedConv", DOMAIN, 1).impl
+        ctx = OpContext(node=node, opset=opset, device=device)
+
+        def kernel(inputs, alloc=None):
+            y = impl(ctx, *inputs, **node.attributes)
+            out = allocate(alloc, 0, y.shape, y.dtype, y.device, torch.channels_last)
+            out.copy_(y)
+            return (out,)
+
+        return kernel
+
+
+@pytest.fixture
+def strided():
+    tactic = _Strided()
+    base._TACTICS.append(tactic)
+    yield tactic
+    base._TACTICS.remove(tactic)
+
+
+def _plan(name, tactic_key, size=None, precision="fp32"):
+    """The model's CPU engine with every FusedConv forced to `tactic_key` (a list: in turn) and every 4-D channel
+    Concat to `vendor.concat-into`, in `precision`; the model, engine, layers and the memory plan with its views."""
+    model = import_model(zoo.export(name, dynamic_batch=False, size=size))
+    engine = build_engine(model, BuildConfig(effort=0))
+    graph = engine.model.graph
+    nodes = graph.nodes
+    concat = tactic_by_key(CONCAT)
+    keys = tactic_key if isinstance(tactic_key, list) else [tactic_key]
+    config = {"precision": precision, "layout": "NHWC"}
+    layers = []
+    for layer in engine.plans[0].layers:
+        node = nodes[layer.node]
+        if node.op_type == "FusedConv":
+            layer = Layer(layer.node, keys[len(layers) % len(keys)], config, layer.median_ms)
+        elif node.op_type == "Concat" and concat.supports(node, 17, torch.device("cpu")) is None:
+            layer = Layer(layer.node, CONCAT, config, layer.median_ms)
+        layers.append(layer)
+    values = [v for n in nodes for v in n.outputs] + list(graph.inputs)
+    shapes = {v.name: tuple(v.shape) for v in values if v.shape is not None}
+    dtypes = {v.name: v.dtype for v in values}
+    views = concat_views(engine.model, layers, shapes, dtypes)
+    outside = {v.name for l in layers if not tactic_by_key(l.tactic).writes_into for v in nodes[l.node].outputs}
+    memory = plan_graph(graph, outside=outside, views=views)
+    return model, engine, layers, memory
+
+
+def test_the_detector_writes_its_c2f_blocks_into_their_concatenations(strided):
+    """Each C2f block's first 1×1 convolution (split in two slices, both concatenated) and its bottlenecks write
+    inside the block's concatenation; the schedule run so matches the reference executor."""
+    model, engine, layers, memory = _plan("yolo", strided.key, size=64)
+    graph = engine.model.graph
+    by_name = {v.name: n for n in graph.nodes for v in n.outputs}
+    hosts = {host for host, _ in memory.views.values()}
+    assert len(hosts) >= 8, memory.views
+    for name, (host, _) in memory.views.items():
+        assert by_name[host].op_type == "Concat" and by_name[name].op_type == "FusedConv"
+        assert memory.offsets[name] == memory.offsets[host]
+    split_sources = [name for name, (_, first) in memory.views.items() if first == 0 and "cv1" in name]
+    assert split_sources, "no C2f cv1 output written at the start of its concatenation"
+    assert "written into their concatenation" in memory.report()
+    schedule = Schedule(engine.model, layers, torch.device("cpu"), {}, memory)
+    arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8)  # NaN bytes for float32
+    x = torch.randn(zoo.input_shape("yolo", size=64))
+    (got,) = schedule.execute({"input": x}, arena=arena)
+    want = Executor(model).run({"input": x})["output"]
+    assert relative_error(got.numpy(), want.numpy()) <= 1e-4
+    (again,) = schedule.execute({"input": x}, arena=arena)
+    assert torch.equal(again, got)
+
+
+def test_producers_that_ignore_strides_are_not_given_a_slice():
+    """`strided_outputs` is what lets a producer write inside a concatenation: without it, no views."""
+    tactic = _Strided()
+    tactic.strided_outputs = False
+    tactic.name = "contiguous-into"
+    base._TACTICS.append(tactic)
+    try:
+        _, _, _, memory = _plan("inception", tactic.key)
+    finally:
+        base._TACTICS.remove(tactic)
+    assert not memory.views
+
+
+def test_the_concatenation_copies_only_what_is_not_in_place(monkeypatch):
+    """Two of three inputs already live at their place in the output: one copy, and the right result."""
+    load_all()
+    values = [Value(n, DType.FLOAT, (2, c, 3, 3)) for n, c in (("a", 2), ("b", 3), ("c", 4))]
+    node = Node("Concat", values, [Value("y", DType.FLOAT, (2, 9, 3, 3))], {"axis": 1})
+    kernel = build_layer_kernel(tactic_by_key(CONCAT), node, 17, torch.device("cpu"), NHWC, {})
+    out = torch.empty(2, 9, 3, 3).contiguous(memory_format=torch.channels_last)
+    a = out[:, 0:2]
+    b = torch.randn(2, 3, 3, 3)
+    c = out[:, 5:9]
+    a.copy_(torch.randn(2, 2, 3, 3))
+    c.copy_(torch.randn(2, 4, 3, 3))
+    want = torch.cat([a.clone(), b, c.clone()], dim=1)
+    copies = []
+    real = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *k: copies.append(1) or real(self, src, *k))
+    (got,) = kernel([a, b, c], alloc=lambda index, shape, dtype, fmt: out)
+    assert got is out and len(copies) == 1
+    assert torch.equal(got, want)
+
+
+def test_concat_into_declines_other_axes_and_ranks():
+    tactic = tactic_by_key(CONCAT)
+    cpu = torch.device("cpu")
+    x = Value("x", DType.FLOAT, (1, 2, 3, 3))
+    along_w = Node("Concat", [x, x], [Value("y", DType.FLOAT, (1, 2, 3, 6))], {"axis": 3})
+    assert "axis 1" in tactic.supports(along_w, 17, cpu)
+    flat = Value("f", DType.FLOAT, (1, 4))
+    assert "4-D" in tactic.supports(
+        Node("Concat", [flat, flat], [Value("z", DType.FLOAT, (1, 8))], {"axis": 1}), 17, cpu
+    )
+
+
+@pytest.mark.gpu
+def test_triton_convolutions_write_into_their_concatenations_on_the_gpu():
+    """The detector in fp16 with its convolutions alternately the Triton implicit GEMM and cuDNN + the Triton
+    epilogue, writing into the concatenations and reading channel slices, against the float32 reference."""
+    torch.manual_seed(0)
+    keys = ["triton.conv-igemm", "triton.cudnn-epilogue"]
+    model, engine, layers, memory = _plan("yolo", keys, size=64, precision="fp16")
+    assert len(memory.views) > 20
+    schedule = Schedule(engine.model, layers, torch.device("cuda"), {}, memory)
+    arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8, device="cuda")  # NaN bytes
+    x = torch.randn(zoo.input_shape("yolo", size=64))
+    (got,) = schedule.execute({"input": x.cuda()}, arena=arena)
+    want = Executor(model).run({"input": x})["output"]
+    assert relative_error(got.float().cpu().numpy(), want.numpy()) <= 5e-3
