@@ -7,7 +7,9 @@ no synchronization inside the loop and one at the end; on the CPU it reads `time
 
 Per-layer timing runs the schedule eagerly (no CUDA graph): every kernel is launched from Python, and the
 time the GPU waits for a launch counts, so the sum of the layers exceeds what a CUDA graph replay of the whole
-schedule takes (`tensorforge bench` measures that). The layers' relative costs are what this is for.
+schedule takes (`tensorforge bench` measures that). The layers' relative costs are what this is for. Layers
+write into an arena as in an execution context, so a concatenation whose inputs were written in place shows
+the copies it really makes.
 """
 
 from __future__ import annotations
@@ -153,12 +155,13 @@ def profile_engine(engine: Engine, feeds: Mapping[str, Any], *, runs: int = 10, 
     bound = {value.name: tensor for value, tensor in bind_feeds(engine.model.graph, feeds, device).items()}
     schedule = engine.schedule(index)
     timer = _CudaTimer(device) if device.type == "cuda" else _CpuTimer()
+    arena = torch.empty(schedule.arena_bytes, dtype=torch.uint8, device=device) if schedule.binds_arena else None
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         for _ in range(warmup):
-            schedule.execute(bound)
+            schedule.execute(bound, arena=arena)
         for _ in range(runs):
             timer.begin()
-            schedule.execute(bound, around=timer.around)
+            schedule.execute(bound, around=timer.around, arena=arena)
             timer.end()
         timed = timer.collect()
     return _summarize(engine, index, schedule.layers, timed, shapes, str(device), runs, warmup)
