@@ -5,9 +5,12 @@
 layer's median. On CUDA the timer records a pair of `torch.cuda.Event`s per layer on the current stream, with
 no synchronization inside the loop and one at the end; on the CPU it reads `time.perf_counter_ns`.
 
-Per-layer timing runs the schedule eagerly (no CUDA graph): every kernel is launched from Python, and the
-time the GPU waits for a launch counts, so the sum of the layers exceeds what a CUDA graph replay of the whole
-schedule takes (`tensorforge bench` measures that). The layers' relative costs are what this is for. Layers
+Per-layer timing runs the schedule eagerly (no CUDA graph): every kernel is launched from Python. Were the GPU
+to wait for each launch, a layer's events would also time the host's work between them (two profiles of one
+detector engine, one after the other, summed 10.8 and 18.1 ms). So on CUDA each timed run starts behind a sleep
+kernel long enough for the host to enqueue the whole run (`_hold_cycles`, measured from the warm-up runs): the
+layers then run back to back and each pair of events times its own kernels, as a CUDA graph replay of the
+schedule would run them (`tensorforge bench` times that replay). Layers
 write into an arena as in an execution context, so a concatenation whose inputs were written in place shows
 the copies it really makes.
 """
@@ -154,11 +157,14 @@ def profile_engine(engine: Engine, feeds: Mapping[str, Any], *, runs: int = 10, 
     device = engine.device
     bound = {value.name: tensor for value, tensor in bind_feeds(engine.model.graph, feeds, device).items()}
     schedule = engine.schedule(index)
-    timer = _CudaTimer(device) if device.type == "cuda" else _CpuTimer()
     arena = torch.empty(schedule.arena_bytes, dtype=torch.uint8, device=device) if schedule.binds_arena else None
+    host_ms = []
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        for _ in range(warmup):
+        for _ in range(max(warmup, 1 if device.type == "cuda" else 0)):
+            started = time.perf_counter()
             schedule.execute(bound, arena=arena)
+            host_ms.append((time.perf_counter() - started) * 1e3)
+        timer = _CudaTimer(device, _hold_cycles(min(host_ms))) if device.type == "cuda" else _CpuTimer()
         for _ in range(runs):
             timer.begin()
             schedule.execute(bound, around=timer.around, arena=arena)
@@ -201,13 +207,17 @@ class _CpuTimer:
 
 
 class _CudaTimer:
-    """A pair of CUDA events per layer on the current stream; read once, after one synchronization."""
+    """A pair of CUDA events per layer on the current stream; read once, after one synchronization. Each run
+    starts behind a sleep kernel of `hold_cycles` GPU clock cycles (0: none)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, hold_cycles: int = 0) -> None:
         self._device = device
+        self._hold_cycles = hold_cycles
         self._runs: list[tuple[torch.cuda.Event, list[tuple[torch.cuda.Event, torch.cuda.Event]]]] = []
 
     def begin(self) -> None:
+        if self._hold_cycles:
+            torch.cuda._sleep(self._hold_cycles)
         self._marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._origin = _event()
 
@@ -230,6 +240,19 @@ class _CudaTimer:
             layers = [(origin.elapsed_time(start), start.elapsed_time(stop)) for start, stop in marks]
             runs.append((layers, origin.elapsed_time(marks[-1][1]) if marks else 0.0))
         return runs
+
+
+def _hold_cycles(host_ms: float) -> int:
+    """GPU clock cycles of a sleep that outlasts `host_ms` of enqueueing by half again plus a millisecond: the
+    sleep's own rate measured on the current device (clock cycles depend on the clocks)."""
+    probe = 1 << 20
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe)
+    stop.record()
+    stop.synchronize()
+    per_ms = probe / max(start.elapsed_time(stop), 1e-3)
+    return int(per_ms * (1.5 * host_ms + 1.0))
 
 
 def _event() -> torch.cuda.Event:

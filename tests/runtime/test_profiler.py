@@ -125,6 +125,8 @@ def test_cuda_events_time_every_layer(feeds):
         assert layer.start_ms >= ends - 1e-3
         ends = layer.start_ms + layer.duration_ms
     assert result.total_ms <= result.run_ms * 1.25
+    # held behind a sleep while the host enqueues, the layers run back to back: little of a run is gaps
+    assert result.total_ms >= 0.7 * result.run_ms
     context = engine.create_context(cuda_graphs=False)
     context.run(feeds)
     torch.cuda.synchronize()
