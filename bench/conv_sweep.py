@@ -6,8 +6,10 @@ and weight shape, attributes, epilogue) is then timed on the same random fp16 ch
   residual add as separate torch ops, in fp16 (the issue's baseline);
 - `vendor`: the best of our vendor tactics (cuDNN's fused conv + bias + ReLU (+ residual) where it applies);
 - `ours`: the best of our own kernels: the Triton and the CUDA C (NVRTC) tactics, every config at `--effort`.
-Every candidate is checked against the float32 reference by the autotuner before it is timed. Reports per layer
-and a summary (layers won, geometric-mean ratio), as JSON and markdown.
+Every candidate is checked against the float32 reference by the autotuner before it is timed; each of our
+candidates that computed a wrong result or failed (not one that declined the layer) is listed, which makes a
+sweep of the zoo's convolutions the on-device correctness sweep of our kernels too. Reports per layer and a
+summary (layers won, geometric-mean ratio, candidates wrong), as JSON and markdown.
 
     python bench/conv_sweep.py --model resnet50 --model mobilenetv3 --batch 1 --batch 64 --out results/
 """
@@ -120,11 +122,17 @@ def sweep_layer(node: Node, opset: int, device: torch.device, effort: int) -> di
     with torch.inference_mode():
         baseline = measure(_unfused(node, inputs, device), device=device, warmup=10, repeats=50)
     row["cudnn_torch_ms"] = baseline.median
+    row["wrong"] = []
     for family in ("vendor", "triton", "cuda"):
         choice = autotune(
             node, opset, inputs, device, effort=effort, precisions=("fp16",), families=[family], exhaustive=True
         )
         row[f"{family}_ms"], row[f"{family}_choice"] = _best(choice, family)
+        row["wrong"] += [
+            f"{c.tactic} {c.config}: {c.note}"
+            for c in choice.candidates
+            if c.tactic.split(".")[0] == family and not math.isfinite(c.median_ms) and not c.note.startswith("unsup")
+        ]
     best = min(("triton", "cuda"), key=lambda f: row[f"{f}_ms"])
     row["ours_ms"], row["ours_choice"] = row[f"{best}_ms"], row[f"{best}_choice"]
     return row
@@ -134,7 +142,11 @@ def summarize(rows: list[dict]) -> dict:
     def ratios(key: str) -> list[float]:
         return [r[key] / r["ours_ms"] for r in rows if math.isfinite(r["ours_ms"]) and math.isfinite(r[key])]
 
-    summary = {"layers": len(rows), "ours_ran": sum(math.isfinite(r["ours_ms"]) for r in rows)}
+    summary = {
+        "layers": len(rows),
+        "ours_ran": sum(math.isfinite(r["ours_ms"]) for r in rows),
+        "candidates_wrong": sum(len(r.get("wrong", ())) for r in rows),
+    }
     for key in ("cudnn_torch_ms", "vendor_ms"):
         values = ratios(key)
         summary[f"wins_vs_{key[:-3]}"] = sum(v > 1.0 for v in values)
@@ -156,7 +168,9 @@ def markdown(results: dict) -> str:
             "",
             f"Our kernels win {s['wins_vs_cudnn_torch']}/{s['ours_ran']} against cuDNN + torch epilogue "
             f"(geomean speed-up {_fmt(s['geomean_speedup_vs_cudnn_torch'])}×) and {s['wins_vs_vendor']}/"
-            f"{s['ours_ran']} against our best vendor tactic ({_fmt(s['geomean_speedup_vs_vendor'])}×).",
+            f"{s['ours_ran']} against our best vendor tactic ({_fmt(s['geomean_speedup_vs_vendor'])}×). "
+            f"Candidates that computed a wrong result or failed: {s.get('candidates_wrong', 'n/a')}.",
+            *[f"- {r['layer']}: {problem}" for r in run["rows"] for problem in r.get("wrong", ())],
             "",
             "| layer | cuDNN + torch ms | vendor ms | triton ms | cuda ms | speed-up vs cuDNN + torch | our choice |",
             "|---|---:|---:|---:|---:|---:|---|",

@@ -17,7 +17,8 @@
 #             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all)
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500
 #             shared by the models; ZOO_MODELS, ZOO_BATCHES to choose: a depthwise net's build takes about 130 s)
-#   max       ResNet-50 fp16 batch 256 beside torch.compile max-autotune (MAX_S=550)
+#   max       fp16 engines beside torch.compile max-autotune (MAX_S=550 shared by the models; MAX_MODELS=resnet50,
+#             MAX_BATCH=256; max-autotune compiles a depthwise net for about 5 minutes: one model a call)
 #   profile   a zoo model's fp16 engine built and profiled layer by layer, with `inspect` (PROFILE_MODEL=yolo,
 #             PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_S=400)
 set -uo pipefail
@@ -94,8 +95,13 @@ for stage in $stages; do
       grep -E "batch [0-9]+ " "$out/zoo.txt" | cut -c1-160
       ;;
     max)
-      timeout "${MAX_S:-550}" python3 bench/suite.py --models resnet50 --batch 256 --systems compile-max tensorforge \
-        --precision fp16 --effort 0 --runs 30 --merge --out "$out/suite" > "$out/max.txt" 2>&1
+      # shellcheck disable=SC2206 - MAX_MODELS is a list of names
+      models=(${MAX_MODELS:-resnet50})
+      for model in "${models[@]}"; do
+        timeout "$(( ${MAX_S:-550} / ${#models[@]} ))" python3 bench/suite.py --models "$model" \
+          --batch "${MAX_BATCH:-256}" --systems compile-max tensorforge --precision fp16 --effort 0 --runs 30 \
+          --merge --out "$out/suite" >> "$out/max.txt" 2>&1
+      done
       grep -E "batch [0-9]+ " "$out/max.txt" | cut -c1-160
       ;;
     profile)
