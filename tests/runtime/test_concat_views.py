@@ -59,9 +59,10 @@ def strided():
     base._TACTICS.remove(tactic)
 
 
-def _plan(name, tactic_key, size=None, precision="fp32"):
+def _plan(name, tactic_key, size=None, precision="fp32", others=None):
     """The model's CPU engine with every FusedConv forced to `tactic_key` (a list: in turn) and every 4-D channel
-    Concat to `vendor.concat-into`, in `precision`; the model, engine, layers and the memory plan with its views."""
+    Concat to `vendor.concat-into`, in `precision` (and the ops of `others`, op type -> tactic, to theirs); the
+    model, engine, layers and the memory plan with its views."""
     model = import_model(zoo.export(name, dynamic_batch=False, size=size))
     engine = build_engine(model, BuildConfig(effort=0))
     graph = engine.model.graph
@@ -76,6 +77,8 @@ def _plan(name, tactic_key, size=None, precision="fp32"):
             layer = Layer(layer.node, keys[len(layers) % len(keys)], config, layer.median_ms)
         elif node.op_type == "Concat" and concat.supports(node, 17, torch.device("cpu")) is None:
             layer = Layer(layer.node, CONCAT, config, layer.median_ms)
+        elif node.op_type in (others or {}):
+            layer = Layer(layer.node, others[node.op_type], config, layer.median_ms)
         layers.append(layer)
     values = [v for n in nodes for v in n.outputs] + list(graph.inputs)
     shapes = {v.name: tuple(v.shape) for v in values if v.shape is not None}
@@ -159,11 +162,15 @@ def test_concat_into_declines_other_axes_and_ranks():
 @pytest.mark.gpu
 def test_triton_convolutions_write_into_their_concatenations_on_the_gpu():
     """The detector in fp16 with its convolutions alternately the Triton implicit GEMM and cuDNN + the Triton
-    epilogue, writing into the concatenations and reading channel slices, against the float32 reference."""
+    epilogue and its upsampling the Triton kernel, all writing into the concatenations and reading channel
+    slices, against the float32 reference."""
     torch.manual_seed(0)
     keys = ["triton.conv-igemm", "triton.cudnn-epilogue"]
-    model, engine, layers, memory = _plan("yolo", keys, size=64, precision="fp16")
+    others = {"Resize": "triton.upsample-nearest"}
+    model, engine, layers, memory = _plan("yolo", keys, size=64, precision="fp16", others=others)
     assert len(memory.views) > 20
+    by_name = {v.name: n for n in engine.model.graph.nodes for v in n.outputs}
+    assert sum(by_name[name].op_type == "Resize" for name in memory.views) == 2
     schedule = Schedule(engine.model, layers, torch.device("cuda"), {}, memory)
     arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8, device="cuda")  # NaN bytes
     x = torch.randn(zoo.input_shape("yolo", size=64))
