@@ -12,43 +12,24 @@ from tensorforge.build.memory import plan_graph
 from tensorforge.frontend import import_model
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops import load_all
-from tensorforge.ops.fused import DOMAIN
-from tensorforge.ops.registry import REGISTRY, OpContext
 from tensorforge.runtime.plan import Layer
 from tensorforge.runtime.schedule import Schedule
 from tensorforge.tactics import base
 from tensorforge.tactics.autotune import build_layer_kernel
-from tensorforge.tactics.base import Tactic, allocate, tactic_by_key
+from tensorforge.tactics.base import tactic_by_key
 from tests.helpers import relative_error
+from tests.runtime.test_arena import _IntoArena
 
 CONCAT = "vendor.concat-into"
 NHWC = {"precision": "fp32", "layout": "NHWC"}
 
 
-class _Strided(Tactic):
+class _Strided(_IntoArena):
     """FusedConv through the reference, copied through the strides of the buffer `alloc` gives."""
 
-    family = "test"
     name = "strided-into"
-    op_types = (f"{DOMAIN}::FusedConv",)
-    precisions = ("fp32",)
-    layouts = ("NHWC",)
-    writes_into = True
     strided_inputs = True
     strided_outputs = True
-
-    def build(self, node, opset, device, config):
-        load_all()
-        impl = REGISTRY.lookup("FusedConv", DOMAIN, 1).impl
-        ctx = OpContext(node=node, opset=opset, device=device)
-
-        def kernel(inputs, alloc=None):
-            y = impl(ctx, *inputs, **node.attributes)
-            out = allocate(alloc, 0, y.shape, y.dtype, y.device, torch.channels_last)
-            out.copy_(y)
-            return (out,)
-
-        return kernel
 
 
 @pytest.fixture

@@ -515,12 +515,7 @@ def _plan(
     dense_k_padded = triton.cdiv(kh * kw * cg, bk) * bk
     dense = kh * kw > 1 and tap_k > _DENSE_K_WASTE * dense_k_padded
     even_k = (kh * kw * cg) % bk == 0 if dense else cg % bk == 0
-    padded = False
-    for size, out, stride, pad, dilation, k in zip(
-        (h, w), out_hw, strides, pads_begin, dilations, (kh, kw), strict=True
-    ):
-        last = (out - 1) * stride - pad + (k - 1) * dilation
-        padded = padded or pad > 0 or last >= size
+    padded = window_padded((h, w), out_hw, strides, pads_begin, dilations, (kh, kw))
     k_tiles = triton.cdiv(kh * kw * cg, bk) if dense else kh * kw * triton.cdiv(cg, bk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n) * groups
     wanted = split_k_for(tiles, k_tiles, _slots(device)) if cfg.split_k == "auto" else cfg.split_k
@@ -551,6 +546,30 @@ def _check_out(name: str, out, out_shape, dtype: torch.dtype, device: torch.devi
         raise ValueError(
             f"{name}: out is {out.dtype} {list(out.shape)} on {out.device}, needs {dtype} {list(out_shape)}"
         )
+
+
+def broadcast_residual(name: str, residual: torch.Tensor | None, out_shape: Sequence[int]) -> torch.Tensor | None:
+    """`residual` expanded to the output's shape (a view: stride 0 along broadcast axes); ValueError naming `name`
+    when it does not broadcast."""
+    if residual is None:
+        return None
+    try:
+        return residual.expand(tuple(out_shape))
+    except RuntimeError:
+        raise ValueError(
+            f"{name}: the residual {list(residual.shape)} does not broadcast to the output {list(out_shape)}"
+        ) from None
+
+
+def window_padded(
+    hw: Sequence[int], out_hw: Sequence[int], strides, pads_begin, dilations, kernel_hw: Sequence[int]
+) -> bool:
+    """Whether some output pixel's window reaches outside the input (padding before, or past the end)."""
+    windows = zip(hw, out_hw, strides, pads_begin, dilations, kernel_hw, strict=True)
+    return any(
+        pad > 0 or (out - 1) * stride - pad + (k - 1) * dilation >= size
+        for size, out, stride, pad, dilation, k in windows
+    )
 
 
 def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
@@ -660,13 +679,7 @@ def _launch(
     m = n * oh * ow
     if m == 0 or kg == 0:
         return y
-    if residual is not None:
-        try:
-            residual = residual.expand(out_shape)
-        except RuntimeError:
-            raise ValueError(
-                f"{name}: the residual {list(residual.shape)} does not broadcast to the output {list(out_shape)}"
-            ) from None
+    residual = broadcast_residual(name, residual, out_shape)
     _check_shared_memory(cfg, x.element_size(), weight.element_size(), x.device, name)
     plan = _plan(x.shape, weight.shape, (oh, ow), strides, pads_begin, dilations, m, cfg, x.device)
     res = residual if residual is not None else y
@@ -873,13 +886,7 @@ def conv_epilogue_nhwc(
     if out is None:
         out = torch.empty_like(acc, memory_format=torch.channels_last)
     _check_out(name, out, tuple(acc.shape), out.dtype, acc.device)
-    if residual is not None:
-        try:
-            residual = residual.expand(acc.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"{name}: the residual {list(residual.shape)} does not broadcast to the output {list(acc.shape)}"
-            ) from None
+    residual = broadcast_residual(name, residual, acc.shape)
     m = n * oh * ow
     if m == 0 or channels == 0:
         return out

@@ -22,7 +22,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .conv import _FLOAT_TYPES, NO_ACTIVATION, Activation, _check_geometry, _check_out, _epilogue
+from .conv import (
+    _FLOAT_TYPES,
+    NO_ACTIVATION,
+    Activation,
+    _check_geometry,
+    _check_out,
+    _epilogue,
+    broadcast_residual,
+    window_padded,
+)
 
 MAX_TAPS_X_CHANNELS = 64  # the unrolled K; beyond it the implicit GEMM's tensor cores win
 
@@ -131,19 +140,9 @@ def conv2d_direct(
     m = n * oh * ow
     if m == 0 or kg == 0:
         return y
-    if residual is not None:
-        try:
-            residual = residual.expand(out_shape)
-        except RuntimeError:
-            raise ValueError(
-                f"{name}: the residual {list(residual.shape)} does not broadcast to the output {list(out_shape)}"
-            ) from None
+    residual = broadcast_residual(name, residual, out_shape)
     cfg = {"block_m": 128, "block_n": 32, "num_warps": 4, **(config or {})}
-    padded = False
-    for size, out_size, stride, pad, dilation, k in zip(
-        x.shape[2:], (oh, ow), strides, pads_begin, dilations, (kh, kw), strict=True
-    ):
-        padded = padded or pad > 0 or (out_size - 1) * stride - pad + (k - 1) * dilation >= size
+    padded = window_padded(x.shape[2:], (oh, ow), strides, pads_begin, dilations, (kh, kw))
     block_n = min(cfg["block_n"], max(16, triton.next_power_of_2(kg)))
     grid = (triton.cdiv(m, cfg["block_m"]), triton.cdiv(kg, block_n))
     _conv2d_direct[grid](

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .conv import broadcast_residual, window_padded
 from .epilogue import activate, activation_args
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
@@ -177,14 +178,6 @@ def _scaled(strides: Sequence[int], align: int) -> tuple[int, ...]:
     return n // align, c, h // align, w // align
 
 
-def _padded(in_hw, out_hw, strides, pads_begin, dilations, kernel) -> bool:
-    """Whether some window reaches outside the input (else the kernel skips every bounds test)."""
-    for size, out, stride, pad, dilation, k in zip(in_hw, out_hw, strides, pads_begin, dilations, kernel, strict=True):
-        if pad > 0 or (out - 1) * stride - pad + (k - 1) * dilation >= size:
-            return True
-    return False
-
-
 def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
     """The output shape, after checking every operand against it (ValueError naming the operand)."""
     name = "depthwise_conv2d"
@@ -251,14 +244,7 @@ def depthwise_conv2d(
     pixels = n * oh * ow
     if pixels == 0 or cout == 0:
         return y
-    if residual is not None:
-        try:
-            residual = residual.expand(out_shape)
-        except RuntimeError:
-            raise ValueError(
-                f"depthwise_conv2d: the residual {list(residual.shape)} does not broadcast to the output "
-                f"{list(out_shape)}"
-            ) from None
+    residual = broadcast_residual("depthwise_conv2d", residual, out_shape)
     for operand in (x, y) if residual is None else (x, y, residual):
         if _image_extent(operand) >= _INT32_EXTENT:
             raise ValueError(f"depthwise_conv2d: one image of a {list(operand.shape)} operand exceeds 2^31 elements")
@@ -267,7 +253,7 @@ def depthwise_conv2d(
     res_strides = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixel_strides = [t[i] for t in (x.stride(), res_strides, y.stride()) for i in (0, 2, 3)]
     align = _alignment(cout, *pixel_strides)
-    padded = _padded(x.shape[2:], (oh, ow), strides, pads_begin, dilations, (kh, kw))
+    padded = window_padded(x.shape[2:], (oh, ow), strides, pads_begin, dilations, (kh, kw))
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(cout, block_c))
     _depthwise_conv2d[grid](
         x, weight, bias if bias is not None else y, res, y,
