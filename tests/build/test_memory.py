@@ -443,3 +443,39 @@ def test_plan_graph_counts_reads_inside_subgraphs():
     assert set(plan.offsets) == {"a", "b"}
     assert plan.inplace == {}
     assert plan.offsets["a"] != plan.offsets["b"]
+
+
+def concat_graph() -> Graph:
+    """x -Relu-> a -Relu-> b -Sigmoid-> c; Concat(a, c) -> cat -Neg-> y. With a and c inside cat, cat lives from a's
+    step to its last read, and b (live beside it) gets other bytes."""
+    x = f32("x", [1, 4, 2, 2])
+    a, b, c = f32("a", [1, 4, 2, 2]), f32("b", [1, 4, 2, 2]), f32("c", [1, 4, 2, 2])
+    cat, y = f32("cat", [1, 8, 2, 2]), f32("y", [1, 8, 2, 2])
+    nodes = [
+        Node("Relu", [x], [a]),
+        Node("Relu", [a], [b]),
+        Node("Sigmoid", [b], [c]),  # b dies here: c could take its place, but c lives inside cat
+        Node("Concat", [a, c], [cat], {"axis": 1}),
+        Node("Neg", [cat], [y]),
+    ]
+    return Graph("concat", [x], [y], nodes)
+
+
+def test_tensors_planned_inside_their_concatenation():
+    plan = plan_graph(concat_graph(), views={"a": ("cat", 0), "c": ("cat", 4)})
+    assert plan.views == {"a": ("cat", 0), "c": ("cat", 4)}
+    assert plan.offsets["a"] == plan.offsets["c"] == plan.offsets["cat"]
+    assert plan.sizes["a"] == plan.sizes["c"] == 64 and plan.sizes["cat"] == 128
+    assert "c" not in plan.inplace and "c" not in plan.inplace.values()
+    # cat's block is live from step 0 (a) to step 4, so b (steps 1-2) must lie outside it
+    cat_start, cat_end = plan.offsets["cat"], plan.offsets["cat"] + 256
+    assert not cat_start <= plan.offsets["b"] < cat_end
+    assert "2 written into their concatenation" in plan.report()
+    assert MemoryPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_views_of_unplanned_tensors_are_dropped():
+    """A view whose tensor its kernel allocates (outside), or of a concatenation that is not planned, is ignored."""
+    plan = plan_graph(concat_graph(), outside={"a"}, views={"a": ("cat", 0), "c": ("cat", 4), "b": ("y", 0)})
+    assert plan.views == {"c": ("cat", 4)}
+    assert "a" not in plan.offsets and plan.outside["a"] == 64
