@@ -8,7 +8,7 @@ no synchronization inside the loop and one at the end; on the CPU it reads `time
 Per-layer timing runs the schedule eagerly (no CUDA graph): every kernel is launched from Python. Were the GPU
 to wait for each launch, a layer's events would also time the host's work between them (two profiles of one
 detector engine, one after the other, summed 10.8 and 18.1 ms). So on CUDA each timed run starts behind a sleep
-kernel long enough for the host to enqueue the whole run (`_hold_cycles`, measured from the warm-up runs): the
+kernel long enough for the host to enqueue the whole run (`_hold_cycles`, from the warm-up runs' host time): the
 layers then run back to back and each pair of events times its own kernels, as a CUDA graph replay of the
 schedule would run them (`tensorforge bench` times that replay). Layers
 write into an arena as in an execution context, so a concatenation whose inputs were written in place shows
@@ -243,16 +243,19 @@ class _CudaTimer:
 
 
 def _hold_cycles(host_ms: float) -> int:
-    """GPU clock cycles of a sleep that outlasts `host_ms` of enqueueing by half again plus a millisecond: the
-    sleep's own rate measured on the current device (clock cycles depend on the clocks)."""
+    """GPU clock cycles of a sleep that outlasts `host_ms` of enqueueing three times over plus two milliseconds.
+    The sleep's rate is measured on the current device, the faster of two probes (a probe at lower clocks would
+    count fewer cycles a millisecond, and the hold would end early once the clocks rise)."""
+    per_ms = 0.0
     probe = 1 << 20
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(probe)
-    stop.record()
-    stop.synchronize()
-    per_ms = probe / max(start.elapsed_time(stop), 1e-3)
-    return int(per_ms * (1.5 * host_ms + 1.0))
+    for _ in range(2):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe)
+        stop.record()
+        stop.synchronize()
+        per_ms = max(per_ms, probe / max(start.elapsed_time(stop), 1e-3))
+    return int(per_ms * (3.0 * host_ms + 2.0))
 
 
 def _event() -> torch.cuda.Event:
