@@ -77,11 +77,20 @@ def convert(tensor: Any, declared: DType, variant: Variant) -> Any:
     """`tensor` in the variant's precision (when the graph declares it float32) and memory format (4-D)."""
     if not isinstance(tensor, torch.Tensor):
         return tensor
-    if declared == DType.FLOAT and tensor.is_floating_point() and tensor.dtype != variant.dtype:
-        tensor = tensor.to(variant.dtype)
+    cast = declared == DType.FLOAT and tensor.is_floating_point() and tensor.dtype != variant.dtype
     memory_format = variant.memory_format
-    if memory_format is not None and tensor.dim() == 4 and not tensor.is_contiguous(memory_format=memory_format):
-        tensor = tensor.contiguous(memory_format=memory_format)
+    relayout = memory_format is not None and tensor.dim() == 4 and not tensor.is_contiguous(memory_format=memory_format)
+    return _reformat(tensor, variant.dtype if cast else None, memory_format if relayout else None)
+
+
+def _reformat(tensor: torch.Tensor, dtype: torch.dtype | None, memory_format: torch.memory_format | None):
+    """`tensor` cast to `dtype` and laid out in `memory_format` (either None: unchanged), in one copy when both."""
+    if dtype is not None and memory_format is not None:
+        return tensor.to(dtype, memory_format=memory_format)
+    if dtype is not None:
+        return tensor.to(dtype)
+    if memory_format is not None:
+        return tensor.contiguous(memory_format=memory_format)
     return tensor
 
 
@@ -172,15 +181,16 @@ class LayerKernel:
         dtype, memory_format = self._dtype, self._memory_format
         for position, declared_float, tensor in zip(self._arg_positions, self._arg_float, args, strict=True):
             if self._convert_args and isinstance(tensor, torch.Tensor):  # `convert`, inlined
-                if declared_float and tensor.dtype != dtype and tensor.is_floating_point():
-                    tensor = tensor.to(dtype)
-                if (
+                cast = declared_float and tensor.dtype != dtype and tensor.is_floating_point()
+                relayout = (
                     memory_format is not None
                     and tensor.dim() == 4
                     and not tensor.is_contiguous(memory_format=memory_format)
-                    and not (self._strided and tensor.stride(1) == 1)
-                ):
-                    tensor = tensor.contiguous(memory_format=memory_format)
+                    # a channel slice a strided kernel reads as it is, unless it is copied for a cast anyway
+                    and (cast or not (self._strided and tensor.stride(1) == 1))
+                )
+                if cast or relayout:
+                    tensor = _reformat(tensor, dtype if cast else None, memory_format if relayout else None)
             inputs[position] = tensor
         if self.variant.precision == "tf32":
             with tf32_math():
