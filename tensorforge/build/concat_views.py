@@ -40,6 +40,8 @@ def concat_views(
             continue
         if node.attributes.get("axis") not in _CHANNEL_AXES or out.name in views:
             continue
+        if any(len(shapes.get(value.name) or ()) != 4 for value in node.inputs):
+            continue  # a constant or an input of unknown shape: no channel positions
         groups: dict[tuple[str, int], list[int]] = {}  # (source, its first channel) -> input channel counts
         sources: dict[str, Value] = {}
         position = 0

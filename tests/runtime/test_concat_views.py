@@ -1,8 +1,10 @@
 """Tensors written straight into the concatenation that reads them (`build.concat_views`, the memory plan's views,
 `vendor.concat-into`): which ones the plan picks, and that a schedule running so still gives every answer right."""
 
+import numpy as np
 import pytest
 import torch
+from onnx import helper, numpy_helper
 
 from tensorforge import Executor, zoo
 from tensorforge.build.builder import build_engine
@@ -12,12 +14,13 @@ from tensorforge.build.memory import plan_graph
 from tensorforge.frontend import import_model
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops import load_all
+from tensorforge.passes.pipeline import optimize
 from tensorforge.runtime.plan import Layer
 from tensorforge.runtime.schedule import Schedule
 from tensorforge.tactics import base
 from tensorforge.tactics.autotune import build_layer_kernel
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import relative_error
+from tests.helpers import make_model, relative_error, tensor_info
 from tests.runtime.test_arena import _IntoArena
 
 CONCAT = "vendor.concat-into"
@@ -158,3 +161,23 @@ def test_triton_convolutions_write_into_their_concatenations_on_the_gpu():
     (got,) = schedule.execute({"input": x.cuda()}, arena=arena)
     want = Executor(model).run({"input": x})["output"]
     assert relative_error(got.float().cpu().numpy(), want.numpy()) <= 5e-3
+
+
+def test_a_concatenation_with_a_constant_input_is_left_alone(strided):
+    """A Concat reading a constant (no observed shape) gets no views, and planning does not fail on it."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.zeros((1, 2, 5, 5), np.float32), "extra"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["c", "extra"], ["y"], axis=1),
+    ]
+    model = import_model(make_model(nodes, [tensor_info("x", [1, 3, 5, 5])], [tensor_info("y", None)], 17, inits))
+    optimize(model)
+    graph = model.graph
+    layers = [Layer(i, CONCAT if n.op_type == "Concat" else strided.key, NHWC, 0.0) for i, n in enumerate(graph.nodes)]
+    values = [v for n in graph.nodes for v in n.outputs]
+    shapes = {v.name: tuple(v.shape) for v in values if v.shape is not None}
+    assert concat_views(model, layers, shapes, {v.name: v.dtype for v in values}) == {}
