@@ -96,6 +96,31 @@ def sliding_windows(
 
 
 @dataclass(frozen=True)
+class ConvWindows:
+    """A 2-D convolution node's window attributes, resolved; the kernel size comes from its weight, so
+    `at(spatial, kernel)` gives the padding and the output size for one input and weight."""
+
+    strides: list[int]
+    dilations: list[int]
+    pads: list[int] | None
+    auto_pad: str
+    groups: int
+
+    @classmethod
+    def of(cls, attributes: dict) -> ConvWindows:
+        return cls(
+            list(attributes.get("strides") or [1, 1]),
+            list(attributes.get("dilations") or [1, 1]),
+            attributes.get("pads"),
+            attributes.get("auto_pad", "NOTSET"),
+            attributes.get("group", 1),
+        )
+
+    def at(self, spatial, kernel) -> tuple[list[int], list[int], list[int]]:
+        return window_geometry(spatial, kernel, self.strides, self.dilations, self.pads, self.auto_pad)
+
+
+@dataclass(frozen=True)
 class PoolWindows:
     """A pooling node's window, resolved from its ONNX attributes; `at(spatial)` gives the padding and the
     output size for one input size (auto-padding depends on it)."""

@@ -193,7 +193,7 @@ class _ArenaAlloc:
 
     def __call__(self, index, shape, dtype, memory_format) -> torch.Tensor:
         slot = self.slots[index] if index < len(self.slots) else None
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         channels_last = memory_format == torch.channels_last and len(shape) == 4
         if slot is not None and slot.channels is not None:
             if not channels_last or not isinstance(slot.channels, int):

@@ -50,6 +50,24 @@ def allocate(
     return torch.empty(tuple(shape), dtype=dtype, device=device, memory_format=memory_format)
 
 
+class PerWeight:
+    """A tensor derived once from each weight a kernel is called with (packed, reordered, cast), kept beside that
+    weight so its id is not reused while the entry lives. `derive(weight, *key)`: `key` (e.g. the dtype asked
+    for) is part of the entry's identity."""
+
+    __slots__ = ("_derive", "_entries")
+
+    def __init__(self, derive: Callable[..., torch.Tensor]) -> None:
+        self._derive = derive
+        self._entries: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, weight: torch.Tensor, *key: Any) -> torch.Tensor:
+        entry = self._entries.get((id(weight), *key))
+        if entry is None:
+            entry = self._entries[(id(weight), *key)] = (weight, self._derive(weight, *key))
+        return entry[1]
+
+
 class Tactic:
     family: ClassVar[str] = ""
     name: ClassVar[str] = ""

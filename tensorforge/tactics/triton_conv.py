@@ -24,8 +24,8 @@ from ..kernels.triton.conv import (
 from ..kernels.triton.conv_direct import MAX_TAPS_X_CHANNELS, conv2d_direct, direct_configs
 from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
-from ..ops.pool import window_geometry
-from .base import Kernel, Tactic, allocate, register_tactic
+from ..ops.pool import ConvWindows
+from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .channel_scales import ChannelScales
 
 _FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -92,28 +92,18 @@ class TritonConvTactic(Tactic):
         return _fitted(node, self.space(effort))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides = list(a.get("strides") or [1, 1])
-        dilations = list(a.get("dilations") or [1, 1])
-        pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
+        windows = ConvWindows.of(node.attributes)
         pre, post = _activations(node)
-        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
-
-        def packed_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-            entry = packed.get(id(w))
-            if entry is None or entry[1].dtype != dtype:
-                entry = (w, pack_weight(w.to(dtype), groups))
-                packed[id(w)] = entry
-            return entry[1]
+        packed = PerWeight(lambda w, dtype: pack_weight(w.to(dtype), windows.groups))
 
         def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
             y = conv2d_nhwc(
-                x, packed_weight(w, x.dtype), b, z,
-                out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations, pre=pre, post=post,
-                tf32=torch.backends.cuda.matmul.allow_tf32, config=config, out=out,
+                x, packed(w, x.dtype), b, z,
+                out_hw=out_hw, strides=windows.strides, pads_begin=begin, dilations=windows.dilations, pre=pre,
+                post=post, tf32=torch.backends.cuda.matmul.allow_tf32, config=config, out=out,
             )  # fmt: skip
             return (y,)
 
@@ -154,32 +144,26 @@ class TritonQuantizedConvTactic(Tactic):
         return _fitted(node, self.space(effort), min_block_k=32)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
-        pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
+        windows = ConvWindows.of(node.attributes)
         x_scale = float(node.attributes["x_scale"])
         y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         pre, post = _activations(node)
-        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
-
+        packed = PerWeight(lambda w: pack_weight(w, windows.groups, k_major=True))
         channel_scales = ChannelScales(x_scale)
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
-            entry = packed.get(id(w))
-            if entry is None:
-                entry = packed[id(w)] = (w, pack_weight(w, groups, k_major=True))
             scale, w_scale, inverse = x_scale, w_scale.float(), None
             if x_channels is not None:
                 _, inverse, w_scale = channel_scales(w_scale, x_channels)
                 scale = 1.0
-            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
             out_dtype = w.dtype if y_scale else _float_output(x, b, z)
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             y = conv2d_nhwc_quantized(
-                x, entry[1], w_scale, scale, b, z, out_hw=out_hw, strides=strides, pads_begin=begin,
-                dilations=dilations, pre=pre, post=post, out=out, config=config, y_scale=y_scale, z_scale=z_scale,
-                x_inv_channels=inverse,
+                x, packed(w), w_scale, scale, b, z, out_hw=out_hw, strides=windows.strides, pads_begin=begin,
+                dilations=windows.dilations, pre=pre, post=post, out=out, config=config, y_scale=y_scale,
+                z_scale=z_scale, x_inv_channels=inverse,
             )  # fmt: skip
             return (y,)
 
@@ -220,23 +204,18 @@ class TritonDirectConvTactic(Tactic):
         return direct_configs(effort)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
-        pads, auto_pad = a.get("pads"), a.get("auto_pad", "NOTSET")
+        windows = ConvWindows.of(node.attributes)
         pre, post = _activations(node)
-        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
+        packed = PerWeight(lambda w: pack_weight(w, 1))
 
         def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            entry = packed.get(id(w))
-            if entry is None:
-                entry = packed[id(w)] = (w, pack_weight(w, 1))
-            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), w.dtype, x.device, torch.channels_last)
             return (
                 conv2d_direct(
-                    x, entry[1], b, z, out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations,
-                    pre=pre, post=post, out=out, config=config,
+                    x, packed(w), b, z, out_hw=out_hw, strides=windows.strides, pads_begin=begin,
+                    dilations=windows.dilations, pre=pre, post=post, out=out, config=config,
                 ),
             )  # fmt: skip
 
@@ -276,26 +255,18 @@ class CudnnConvTritonEpilogueTactic(Tactic):
         return None
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
-        pads, auto_pad, groups = a.get("pads"), a.get("auto_pad", "NOTSET"), a.get("group", 1)
+        windows = ConvWindows.of(node.attributes)
         pre, post = _activations(node)
-        weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, NHWC)
-
-        def nhwc_weight(w: torch.Tensor) -> torch.Tensor:
-            entry = weights.get(id(w))
-            if entry is None:
-                entry = weights[id(w)] = (w, w.contiguous(memory_format=torch.channels_last))
-            return entry[1]
+        nhwc_weight = PerWeight(lambda w: w.contiguous(memory_format=torch.channels_last))
 
         def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            begin, end, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            begin, end, out_hw = windows.at(x.shape[2:], w.shape[2:])
             if begin != end:
                 x = F.pad(x, [p for i in (1, 0) for p in (begin[i], end[i])])
                 begin = [0, 0]
-            acc = F.conv2d(x.contiguous(memory_format=torch.channels_last), nhwc_weight(w), None, strides, begin,
-                           dilations, groups)  # fmt: skip
+            acc = F.conv2d(x.contiguous(memory_format=torch.channels_last), nhwc_weight(w), None, windows.strides,
+                           begin, windows.dilations, windows.groups)  # fmt: skip
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
             return (conv_epilogue_nhwc(acc.contiguous(memory_format=torch.channels_last), b, z, pre=pre, post=post,
                                        out=out),)  # fmt: skip

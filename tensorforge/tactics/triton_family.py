@@ -28,8 +28,8 @@ from ..kernels.triton.pool import (
 )
 from ..kernels.triton.resize import upsample_configs, upsample_nearest
 from ..ops.fused import DOMAIN
-from ..ops.pool import PoolWindows, window_geometry
-from .base import Kernel, Tactic, allocate, register_tactic
+from ..ops.pool import ConvWindows, PoolWindows
+from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 _NEEDS_CUDA = "needs CUDA (Triton runs CPU tensors only under its interpreter)"
@@ -101,28 +101,18 @@ class TritonDepthwiseConvTactic(Tactic):
         return depthwise_configs(effort)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides = list(a.get("strides") or [1, 1])
-        dilations = list(a.get("dilations") or [1, 1])
-        pads, auto_pad = a.get("pads"), a.get("auto_pad", "NOTSET")
+        windows = ConvWindows.of(node.attributes)
         pre, post = _activations(node)
-        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (weight kept alive, packed)
-
-        def packed_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-            entry = packed.get(id(w))
-            if entry is None or entry[1].dtype != dtype:
-                entry = (w, pack_depthwise_weight(w.to(dtype)))
-                packed[id(w)] = entry
-            return entry[1]
+        packed = PerWeight(lambda w, dtype: pack_depthwise_weight(w.to(dtype)))
 
         def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            begin, _, out_hw = window_geometry(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
             y = depthwise_conv2d(
-                x, packed_weight(w, x.dtype), b, z,
-                out_hw=out_hw, strides=strides, pads_begin=begin, dilations=dilations, pre=pre, post=post,
-                out=out, config=config,
+                x, packed(w, x.dtype), b, z,
+                out_hw=out_hw, strides=windows.strides, pads_begin=begin, dilations=windows.dilations, pre=pre,
+                post=post, out=out, config=config,
             )  # fmt: skip
             return (y,)
 

@@ -10,7 +10,16 @@ from tensorforge.kernels.triton.conv import pack_weight
 from tensorforge.kernels.triton.conv_direct import conv2d_direct, direct_configs
 from tensorforge.kernels.triton.epilogue import activation_args
 from tests.helpers import DEVICES
-from tests.kernels.test_triton_conv import DTYPES, EPILOGUES, FULL_EPILOGUE, TOLERANCE, _geometry, _reference
+from tests.kernels.test_triton_conv import (
+    DTYPES,
+    EPILOGUES,
+    FULL_EPILOGUE,
+    TOLERANCE,
+    _error,
+    _geometry,
+    _poisoned,
+    _reference,
+)
 
 TINY = {"block_m": 16, "block_n": 16, "num_warps": 1}
 
@@ -50,15 +59,6 @@ def _run(x, w, b, z, attrs, *, config, out=None) -> torch.Tensor:
     )  # fmt: skip
 
 
-def _poisoned(shape, dtype, device) -> torch.Tensor:
-    return torch.full(shape, float("nan"), dtype=dtype, device=device).contiguous(memory_format=torch.channels_last)
-
-
-def _error(got: torch.Tensor, want: torch.Tensor) -> float:
-    assert not got.isnan().any(), "the kernel left output elements unwritten (NaN poison) or made NaNs"
-    return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-
 def _check_case(device, precision, geometry, epilogue, config, x_dtype=None):
     shape, cout, kernel_size, attributes = GEOMETRIES[geometry]
     dtype = DTYPES[precision]
@@ -66,7 +66,7 @@ def _check_case(device, precision, geometry, epilogue, config, x_dtype=None):
     # The reference sees x rounded to the layer's type only where the kernel computes in it: the kernel converts
     # x to float32 as it loads, so a float32 x is compared as it is.
     want = _reference(x, w, b, z, attrs)
-    out = _poisoned(want.shape, dtype, device)
+    out = _poisoned(want, dtype)
     got = _run(x, w, b, z, attrs, config=config, out=out)
     assert got is out
     assert _error(got, want) <= TOLERANCE[precision]
@@ -101,7 +101,7 @@ def test_several_channel_tiles_and_a_channel_slice_output(device):
     torch.manual_seed(4)
     x, w, b, z, attrs = _layer(device, torch.float32, (2, 3, 6, 6), 40, 3, {"pads": [1, 1, 1, 1]}, FULL_EPILOGUE)
     want = _reference(x, w, b, z, attrs)
-    buffer = _poisoned((2, 50, 6, 6), torch.float32, device)
+    buffer = _poisoned(torch.empty(2, 50, 6, 6, device=device), torch.float32)
     out = buffer[:, 5:45]
     got = _run(x, w, b, z, attrs, config=TINY, out=out)
     assert got.data_ptr() == out.data_ptr()
@@ -158,5 +158,5 @@ def test_network_stems_on_the_gpu(precision, stem):
     x, w, b, z, attrs = _layer("cuda", dtype, shape, cout, kernel_size, attributes, epilogue, torch.float32)
     want = _reference(x, w, b, z, attrs)
     for config in direct_configs(2):
-        got = _run(x, w, b, z, attrs, config=config, out=_poisoned(want.shape, dtype, "cuda"))
+        got = _run(x, w, b, z, attrs, config=config, out=_poisoned(want, dtype))
         assert _error(got, want) <= TOLERANCE[precision], config

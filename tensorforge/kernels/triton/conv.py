@@ -73,15 +73,10 @@ def _quantize(v, inv_scale, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _residual_tile(res, rows, cols, g, M, OH, OW, KG, srn, src, srh, srw):
-    """Z's [rows × cols] tile of group g (0 outside the output), read through Z's strides."""
-    ow = rows % OW
-    pixel = rows // OW
-    oh = pixel % OH
-    image = (pixel // OH).to(tl.int64)
-    mask = (rows < M)[:, None] & (cols < KG)[None, :]
-    res_rows = image * srn + oh * srh + ow * srw
-    return tl.load(res + res_rows[:, None] + ((g * KG + cols) * src)[None, :], mask=mask, other=0.0)
+def _residual_tile(res, image, oh, ow, channels, mask, srn, src, srh, srw):
+    """Z's tile at output pixels (image, oh, ow) × `channels`, 0 where `mask` is false, through Z's strides."""
+    res_rows = image.to(tl.int64) * srn + oh * srh + ow * srw
+    return tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -113,7 +108,7 @@ def _epilogue(
         if EARLY_RES:
             z = z_early
         else:
-            z = _residual_tile(res, rows, cols, g, M, OH, OW, KG, srn, src, srh, srw)
+            z = _residual_tile(res, image, oh, ow, channels, mask, srn, src, srh, srw)
         acc += z.to(tl.float32) * z_scale
     acc = activate(acc, POST, post0, post1)
     out_rows = image * syn + oh * syh + ow * syw
@@ -199,7 +194,8 @@ def _conv2d_igemm(
     last = tl.minimum(first + K_TILES_PER_SPLIT, k_tiles)
     z_early = 0.0
     if EARLY_RES:
-        z_early = _residual_tile(res, rows, cols, g, M, OH, OW, KG, srn, src, srh, srw)
+        tile_mask = (rows < M)[:, None] & col_ok[None, :]
+        z_early = _residual_tile(res, image, oh, ow, g * KG + cols, tile_mask, srn, src, srh, srw)
     if QUANT == 1:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     else:
