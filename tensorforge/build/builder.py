@@ -54,7 +54,7 @@ from ..tactics.base import tactic_by_key
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
 from ..tactics.variant import ConstantCache
-from .concat_views import concat_views
+from .concat_views import concat_views, prefer_concat_into
 from .config import BuildConfig, Profile, QuantizationConfig
 from .memory import plan_graph
 from .quantize import quantize_model
@@ -166,6 +166,7 @@ class Builder:
             greedy = self._tune(model, profile, precisions, cache, constants, tuning)
             layers, selection = self._select(model, profile, greedy, precisions, cache, constants)
             observed = self._observe(model, layers, {name: r.max for name, r in profile.ranges.items()}, constants)
+            layers = prefer_concat_into(model, layers, observed.shapes, observed.dtypes)
             memory = plan_graph(
                 model.graph,
                 observed.shapes,

@@ -8,19 +8,26 @@ splits a 1×1 convolution's output in two channel slices and concatenates both, 
 convolution then writes its whole output at the slices' place. Readers of such a tensor see a channel slice of
 the wider buffer (strided), which the Triton convolutions read as it is (`strided_inputs`).
 
+The autotuner times each Concat alone, where nothing is in place, so `vendor.concat-into` (one strided copy per
+input) often loses there to torch's single `cat` by a few percent; `prefer_concat_into` then moves the Concats
+whose inputs the views would place to it, by the time it is expected to take in the plan.
+
 Only an optimization: `vendor.concat-into` copies whatever it does not find in place, so a plan that does not
 run as planned (a producer that allocated, a slice that copied) still computes the same values.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from ..ir import DType, Model, Node, Value
 from ..runtime.plan import Layer
+from ..tactics.autotune import Candidate
 from ..tactics.base import tactic_by_key
 
 _CHANNEL_AXES = (1, -3)
+_CONCAT_INTO = "vendor.concat-into"
 
 
 def concat_views(
@@ -71,6 +78,43 @@ def concat_views(
                 continue
             views[name] = (out.name, first)
     return views
+
+
+def prefer_concat_into(
+    model: Model, layers: Sequence[Layer], shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, DType]
+) -> list[Layer]:
+    """`layers` with each channel Concat on `vendor.concat-into` where that is expected to be faster in the plan:
+    its measured time (copying every input) times the share of its channels the views leave to copy, against the
+    time of the tactic the autotuner chose."""
+    nodes = model.graph.nodes
+    trial = list(layers)
+    moved: dict[str, int] = {}  # concatenation -> its position in `layers`
+    for position, layer in enumerate(layers):
+        candidate = _concat_into_candidate(layer) if nodes[layer.node].op_type == "Concat" else None
+        if candidate is not None and not _writes_nhwc(layer):
+            trial[position] = Layer(
+                layer.node, candidate.tactic, candidate.config, candidate.median_ms, layer.candidates, layer.from_cache
+            )
+            moved[nodes[layer.node].outputs[0].name] = position
+    placed = dict.fromkeys(moved, 0)
+    for name, (host, _) in concat_views(model, trial, shapes, dtypes).items():
+        if host in placed:
+            placed[host] += shapes[name][1]
+    for host, position in moved.items():
+        left = 1 - placed[host] / shapes[host][1]
+        if trial[position].median_ms * left >= layers[position].median_ms:
+            trial[position] = layers[position]
+    return trial
+
+
+def _concat_into_candidate(layer: Layer) -> Candidate | None:
+    """The fastest measured `vendor.concat-into` candidate of `layer` in its precision, if any."""
+    measured = [
+        c
+        for c in layer.candidates
+        if c.tactic == _CONCAT_INTO and c.config.get("precision") == layer.precision and math.isfinite(c.median_ms)
+    ]
+    return min(measured, key=lambda c: c.median_ms, default=None)
 
 
 def _writes_nhwc(layer: Layer, strided: bool = False) -> bool:

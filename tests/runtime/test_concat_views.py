@@ -8,7 +8,7 @@ from onnx import helper, numpy_helper
 
 from tensorforge import Executor, zoo
 from tensorforge.build.builder import build_engine
-from tensorforge.build.concat_views import concat_views
+from tensorforge.build.concat_views import concat_views, prefer_concat_into
 from tensorforge.build.config import BuildConfig
 from tensorforge.build.memory import plan_graph
 from tensorforge.frontend import import_model
@@ -18,7 +18,7 @@ from tensorforge.passes.pipeline import optimize
 from tensorforge.runtime.plan import Layer
 from tensorforge.runtime.schedule import Schedule
 from tensorforge.tactics import base
-from tensorforge.tactics.autotune import build_layer_kernel
+from tensorforge.tactics.autotune import Candidate, build_layer_kernel
 from tensorforge.tactics.base import tactic_by_key
 from tests.helpers import make_model, relative_error, tensor_info
 from tests.runtime.test_arena import _IntoArena
@@ -64,13 +64,64 @@ def _plan(name, tactic_key, size=None, precision="fp32", others=None):
         elif node.op_type in (others or {}):
             layer = Layer(layer.node, others[node.op_type], config, layer.median_ms)
         layers.append(layer)
-    values = [v for n in nodes for v in n.outputs] + list(graph.inputs)
-    shapes = {v.name: tuple(v.shape) for v in values if v.shape is not None}
-    dtypes = {v.name: v.dtype for v in values}
+    shapes, dtypes = _shapes_and_dtypes(graph)
     views = concat_views(engine.model, layers, shapes, dtypes)
     outside = {v.name for l in layers if not tactic_by_key(l.tactic).writes_into for v in nodes[l.node].outputs}
     memory = plan_graph(graph, outside=outside, views=views)
     return model, engine, layers, memory
+
+
+def _shapes_and_dtypes(graph):
+    values = [v for n in graph.nodes for v in n.outputs] + list(graph.inputs)
+    return {v.name: tuple(v.shape) for v in values if v.shape is not None}, {v.name: v.dtype for v in values}
+
+
+def _timed_alone(layers, into_ms):
+    """`layers` with each concat-into layer back on the reference (1 ms), as the autotuner left it, with a
+    concat-into candidate timed alone at `into_ms`."""
+    timed = []
+    for layer in layers:
+        if layer.tactic == CONCAT:
+            reference = Candidate("reference.registry", {"precision": "fp32", "layout": "any"}, 1.0)
+            into = Candidate(CONCAT, NHWC, into_ms)
+            layer = Layer(layer.node, reference.tactic, reference.config, 1.0, (reference, into))
+        timed.append(layer)
+    return timed
+
+
+def test_concatenations_move_to_concat_into_where_their_inputs_land_in_place(strided):
+    """Timed alone, concat-into lost by 10% (it copied every input); in the plan, where the views place inputs,
+    it copies less, so each Concat with inputs in place moves to it, and only those. Timed alone 10× slower, it
+    pays only where every input is in place (nothing left to copy)."""
+    _, engine, layers, _ = _plan("yolo", strided.key, size=64)
+    graph = engine.model.graph
+    shapes, dtypes = _shapes_and_dtypes(graph)
+
+    def moved(into_ms):
+        chosen = prefer_concat_into(engine.model, _timed_alone(layers, into_ms), shapes, dtypes)
+        return chosen, {graph.nodes[layer.node].outputs[0].name for layer in chosen if layer.tactic == CONCAT}
+
+    chosen, some_in_place = moved(1.1)
+    placed = dict.fromkeys(some_in_place, 0)
+    for name, (host, _) in concat_views(engine.model, chosen, shapes, dtypes).items():
+        placed[host] += shapes[name][1]
+    assert len(some_in_place) >= 8 and all(placed.values())
+    all_in_place = {host for host, channels in placed.items() if channels == shapes[host][1]}
+    assert all_in_place and moved(10.0)[1] == all_in_place < some_in_place
+
+
+def test_concatenations_with_nothing_in_place_keep_the_faster_tactic():
+    tactic = _Strided()
+    tactic.strided_outputs = False
+    tactic.name = "contiguous-into"
+    base._TACTICS.append(tactic)
+    try:
+        _, engine, layers, _ = _plan("yolo", tactic.key, size=64)
+    finally:
+        base._TACTICS.remove(tactic)
+    shapes, dtypes = _shapes_and_dtypes(engine.model.graph)
+    timed = _timed_alone(layers, into_ms=1.1)
+    assert prefer_concat_into(engine.model, timed, shapes, dtypes) == timed
 
 
 def test_the_detector_writes_its_c2f_blocks_into_their_concatenations(strided):
