@@ -9,10 +9,6 @@ configuration, its bandwidth against a device copy's, the best effort-0 configur
 from today), and cuDNN's fused fp16 convolution. Results as JSON (every configuration) and a short table.
 
     python bench/conv_configs.py --batch 256 --precision int8 --out DIR
-    python bench/conv_configs.py --precision int8 --early-residual --layers final-1x1-56 final-1x1-28 --out DIR
-
-`--early-residual` also times every configuration of a layer with a residual with the residual's tile loaded
-before the K loop (`ConvConfig.early_residual`), the two side by side.
 """
 
 from __future__ import annotations
@@ -158,8 +154,7 @@ def sweep(case: Case, configs: list[dict], device: torch.device) -> list[dict]:
 
 
 def describe(row: dict) -> str:
-    early = " early-residual" if row.get("early_residual") else ""
-    return "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row) + early
+    return "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row)
 
 
 def main() -> None:
@@ -170,9 +165,6 @@ def main() -> None:
     parser.add_argument("--effort0", action="store_true", help="only the effort-0 configurations (a smoke run)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke run)")
     parser.add_argument("--seconds", type=float, default=300, help="stop starting new layers after this")
-    parser.add_argument(
-        "--early-residual", action="store_true", help="also each configuration with the residual loaded first"
-    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -192,8 +184,7 @@ def main() -> None:
             continue
         case = make_case(args.precision, args.batch, cin, cout, k, side, residual, device)
         peer_ms = measure(case.peer, device=device, warmup=3, repeats=20).median if device.type == "cuda" else math.nan
-        early = [dict(c, early_residual=True) for c in configs] if residual and args.early_residual else []
-        rows = sweep(case, configs + early, device)
+        rows = sweep(case, configs, device)
         timed = [r for r in rows if "ms" in r]
         best = min(timed, key=lambda r: r["ms"])
         best0 = min((r for r in timed if _tiling(r) in effort0_tilings), key=lambda r: r["ms"], default=None)

@@ -138,13 +138,6 @@ def test_split_k_applies_the_epilogue_once(device, geometry, splits):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("geometry", ["1x1", "3x3-uneven-channels", "groups2", "7x7-stride2-stem"])
-def test_a_residual_loaded_before_the_k_loop_gives_the_same_result(device, geometry):
-    torch.manual_seed(11)
-    _check_case(device, "fp32", geometry, FULL_EPILOGUE, {**TINY, "early_residual": True})
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_swizzled_tiles_cover_the_output(device):
     """Several row and column tiles in GROUP_M bands, the last of each partial."""
     torch.manual_seed(4)
@@ -298,7 +291,7 @@ from tensorforge.kernels.triton.conv import _conv2d_igemm as fn
 constants = dict(
     KH=3, KW=3, DENSE_K=False, EVEN_K=False, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1, SPLIT=False,
     DOT_PRECISION="ieee", QUANT=0, QUANTIZE_X=False, QUANT_Y=0, W_K_MAJOR=False, ALIGN=8, BLOCK_M=128, BLOCK_N=128,
-    BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1, EARLY_RES=EARLY,
+    BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
 )
 pointers = ("x", "w", "bias", "res", "y", "partial", "w_scale")
 floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
@@ -315,10 +308,8 @@ print("cp.async16", len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global[^;]*0x
 """
 
 
-@pytest.mark.parametrize("early_residual", [False, True])
-def test_the_kernel_compiles_for_hopper_with_tensor_cores_and_pipelined_vector_loads(early_residual):
+def test_the_kernel_compiles_for_hopper_with_tensor_cores_and_pipelined_vector_loads():
     """Through Triton's real compiler for sm_90 (no GPU needed; the interpreter never compiles): channel counts
-    that are multiples of 8 (ALIGN) give 16-byte asynchronous loads, and the products run on wgmma; also with the
-    residual loaded before the K loop."""
-    counts = dict(compile_for_hopper(_COMPILE_FOR_HOPPER.replace("EARLY_RES=EARLY", f"EARLY_RES={early_residual}")))
+    that are multiples of 8 (ALIGN) give 16-byte asynchronous loads, and the products run on wgmma."""
+    counts = dict(compile_for_hopper(_COMPILE_FOR_HOPPER))
     assert int(counts["wgmma"]) > 0 and int(counts["cp.async16"]) > 0, counts

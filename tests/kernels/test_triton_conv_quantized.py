@@ -191,14 +191,6 @@ def test_int8_every_epilogue_matches_the_reference(device, out_dtype, x_type, ep
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("x_type", ["fp32", "int8"])
-def test_int8_residual_loaded_before_the_k_loop(device, x_type):
-    torch.manual_seed(12)
-    config = {**TINY, "early_residual": True}
-    _check_case(device, "int8", x_type, torch.float16, "3x3-stride2", EPILOGUES["resnet-add-relu"], config=config)
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("geometry", "splits"), [("3x3", 2), ("3x3-stride2", 3), ("7x7-stride2-stem", 2)])
 def test_int8_split_k_sums_int32_partials(device, geometry, splits):
     torch.manual_seed(3)
@@ -485,19 +477,18 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tensorforge.kernels.triton.conv import _conv2d_igemm as fn
-for quant, x_type, w_type, mma, y_type, res_type, channels, early in (
-        (1, "*fp16", "*i8", "s32.s8.s8", "*fp16", "*fp16", False, False),
-        (1, "*fp16", "*i8", "s32.s8.s8", "*fp16", "*fp16", True, False),
-        (1, "*i8", "*i8", "s32.s8.s8", "*fp16", "*fp16", False, False),
-        (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*fp16", False, False),
-        (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*i8", False, False),
-        (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*i8", False, True),
-        (2, "*fp32", "*fp8e4nv", "f32.e4m3.e4m3", "*fp16", "*fp16", False, False)):
+for quant, x_type, w_type, mma, y_type, res_type, channels in (
+        (1, "*fp16", "*i8", "s32.s8.s8", "*fp16", "*fp16", False),
+        (1, "*fp16", "*i8", "s32.s8.s8", "*fp16", "*fp16", True),
+        (1, "*i8", "*i8", "s32.s8.s8", "*fp16", "*fp16", False),
+        (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*fp16", False),
+        (1, "*i8", "*i8", "s32.s8.s8", "*i8", "*i8", False),
+        (2, "*fp32", "*fp8e4nv", "f32.e4m3.e4m3", "*fp16", "*fp16", False)):
     constants = dict(
         KH=3, KW=3, DENSE_K=False, EVEN_K=True, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1,
         SPLIT=False, DOT_PRECISION="ieee", QUANT=quant, QUANTIZE_X=x_type != w_type, X_CHANNELS=channels,
         QUANT_Y=quant if y_type == w_type else 0, W_K_MAJOR=True, ALIGN=16,
-        BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1, EARLY_RES=early,
+        BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
     )
     types = {"x": x_type, "w": w_type, "bias": "*fp32", "res": res_type, "y": y_type, "partial": "*fp16",
              "w_scale": "*fp32", "x_inv": "*fp32"}
@@ -516,11 +507,11 @@ for quant, x_type, w_type, mma, y_type, res_type, channels, early in (
 
 def test_the_quantized_kernel_compiles_for_hopper_with_8_bit_tensor_cores():
     """Through Triton's real compiler for sm_90 (no GPU needed): int8 (from float16 on load, per tensor or per
-    channel, from int8, from int8 to a requantized int8 output, with an fp16 or an int8 residual, loaded after or
-    before the K loop) and E4M3 (from float32 on load) products run on wgmma with 8-bit operands; the K-major
-    weight loads asynchronously into shared memory, never transposed byte by byte (st.shared.b8)."""
+    channel, from int8, from int8 to a requantized int8 output, with an fp16 or an int8 residual) and E4M3 (from
+    float32 on load) products run on wgmma with 8-bit operands; the K-major weight loads asynchronously into
+    shared memory, never transposed byte by byte (st.shared.b8)."""
     counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert len(counts) == 7, counts
+    assert len(counts) == 6, counts
     for _, _, wgmma, cp_async, byte_stores in counts:
         assert int(wgmma) > 0 and int(cp_async) > 0 and int(byte_stores) == 0, counts
 

@@ -73,25 +73,18 @@ def _quantize(v, inv_scale, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _residual_tile(res, image, oh, ow, channels, mask, srn, src, srh, srw):
-    """Z's tile at output pixels (image, oh, ow) × `channels`, 0 where `mask` is false, through Z's strides."""
-    res_rows = image.to(tl.int64) * srn + oh * srh + ow * srw
-    return tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
 def _epilogue(
     acc, rows, cols, g, M, OH, OW, KG,
     bias, res, srn, src, srh, srw,
     y, syn, syc, syh, syw,
-    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, z_early,
+    pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
-    QUANT_Y: tl.constexpr, EARLY_RES: tl.constexpr,
+    QUANT_Y: tl.constexpr,
 ):  # fmt: skip
     """Store `post(pre(acc + bias) + Z · z_scale)` for output pixels `rows` × channels `cols` of group g (z_scale
     1 for a float Z, its scale for a quantized one); a quantized product (`QUANT` 1 or 2) is first dequantized,
     `acc · (x_scale · w_scale[channel])`; with `QUANT_Y` (1 int8, 2 E4M3) the result is stored quantized,
-    multiplied by y_inv_scale. With `EARLY_RES` the caller loaded Z's tile already (`z_early`, `_residual_tile`)."""
+    multiplied by y_inv_scale."""
     ow = rows % OW
     pixel = rows // OW
     oh = pixel % OH
@@ -105,10 +98,8 @@ def _epilogue(
         acc += tl.load(bias + channels, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     acc = activate(acc, PRE, pre0, pre1)
     if HAS_RES:
-        if EARLY_RES:
-            z = z_early
-        else:
-            z = _residual_tile(res, image, oh, ow, channels, mask, srn, src, srh, srw)
+        res_rows = image * srn + oh * srh + ow * srw
+        z = tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)
         acc += z.to(tl.float32) * z_scale
     acc = activate(acc, POST, post0, post1)
     out_rows = image * syn + oh * syh + ow * syw
@@ -134,7 +125,7 @@ def _conv2d_igemm(
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr,
     X_CHANNELS: tl.constexpr, QUANT_Y: tl.constexpr,
-    W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr, EARLY_RES: tl.constexpr,
+    W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] tile of group `program_id(2)` over the K tiles of split `program_id(1)`.
@@ -145,9 +136,7 @@ def _conv2d_igemm(
     QUANT: 0 float, 1 int8, 2 float8 E4M3 (w is then quantized, w_scale its per-channel scales, x_scale the
     input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale, or with
     X_CHANNELS by x_inv[channel] (float32, one per input channel); QUANT_Y: y is
-    of the quantized type and the result is quantized as it is stored, multiplied by y_inv_scale. EARLY_RES (with
-    a residual, without split-K): the residual's tile is loaded before the K loop, its latency hidden behind the
-    products instead of following them (memory-bound 1×1 layers with short K loops).
+    of the quantized type and the result is quantized as it is stored, multiplied by y_inv_scale.
     """
     # The channel counts and pixel strides arrive divided by ALIGN: multiplied back here, their divisibility is
     # known to the compiler (vector loads along channels), which Triton's own specialization gives only for 16.
@@ -192,10 +181,6 @@ def _conv2d_igemm(
     c_tiles = tl.cdiv(CG, BLOCK_K)
     first = split * K_TILES_PER_SPLIT
     last = tl.minimum(first + K_TILES_PER_SPLIT, k_tiles)
-    z_early = 0.0
-    if EARLY_RES:
-        tile_mask = (rows < M)[:, None] & col_ok[None, :]
-        z_early = _residual_tile(res, image, oh, ow, g * KG + cols, tile_mask, srn, src, srh, srw)
     if QUANT == 1:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     else:
@@ -270,8 +255,8 @@ def _conv2d_igemm(
     else:
         _epilogue(
             acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-            pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, z_early, HAS_BIAS, HAS_RES, PRE, POST,
-            QUANT, QUANT_Y, EARLY_RES,
+            pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
+            QUANT_Y,
         )  # fmt: skip
 
 
@@ -300,8 +285,8 @@ def _split_k_epilogue(
         acc += tl.load(partial + (slab + rows)[:, None] * KG + cols[None, :], mask=mask, other=0)
     _epilogue(
         acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-        pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, 0.0, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
-        QUANT_Y, False,
+        pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
+        QUANT_Y,
     )  # fmt: skip
 
 
@@ -311,9 +296,7 @@ def _split_k_epilogue(
 @dataclass(frozen=True)
 class ConvConfig:
     """One tuning point of the kernel. `split_k`: how many K ranges (1: none), or "auto" to split only when
-    the output tiles would fill less than one wave of the device (see `split_k_for`). `early_residual`: load the
-    residual's tile before the K loop (no effect without a residual or with split-K); an experiment of
-    `bench/conv_configs.py --early-residual`, in no effort level until it is measured faster."""
+    the output tiles would fill less than one wave of the device (see `split_k_for`)."""
 
     block_m: int = 64
     block_n: int = 64
@@ -322,7 +305,6 @@ class ConvConfig:
     num_warps: int = 4
     num_stages: int = 4
     split_k: int | str = "auto"
-    early_residual: bool = False
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> ConvConfig:
@@ -342,9 +324,7 @@ class ConvConfig:
 
 
 def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8) -> dict[str, Any]:
-    config = asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k))
-    del config["early_residual"]  # an experiment, in no effort level (ConvConfig)
-    return config
+    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k))
 
 
 # Effort 0: the shapes of ResNet / MobileNet layers on Hopper: wide tiles for the large layers, 64-wide ones
@@ -730,7 +710,6 @@ def _launch(
         QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, X_CHANNELS=x_inv_channels is not None,
         QUANT_Y=quant_y,
         W_K_MAJOR=_k_major(name, weight), ALIGN=align,
-        EARLY_RES=cfg.early_residual and residual is not None and plan.splits == 1,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
