@@ -6,6 +6,9 @@
 - `triton.global-avgpool`: GlobalAveragePool, and ReduceMean over axes [2, 3] keeping them (the same mean).
 - `triton.upsample-nearest`: Resize in nearest mode by integer factors on H and W, written through the strides
   it is given (so into its concatenation's storage, `build.concat_views`).
+- `triton.concat`: Concat of float tensors of any rank along any axis, one tiled strided copy per input (inputs
+  whose strides disagree with the output's, such as a detector's channels_last head maps reshaped to
+  [N, C, H·W] and concatenated along the pixels, are read and written in whole lines).
 
 Each kernel writes into the buffer the execution context gives (`writes_into`).
 """
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node
+from ..kernels.triton.copy import concat, copy_configs
 from ..kernels.triton.depthwise import depthwise_configs, depthwise_conv2d, pack_depthwise_weight
 from ..kernels.triton.epilogue import activation_args
 from ..kernels.triton.pool import (
@@ -320,5 +324,41 @@ class TritonUpsampleNearestTactic(Tactic):
             shape = (*x.shape[:2], x.shape[2] * factors[0], x.shape[3] * factors[1])
             out = allocate(alloc, 0, shape, x.dtype, x.device, torch.channels_last)
             return (upsample_nearest(x, factors, out=out, **config),)
+
+        return kernel
+
+
+@register_tactic
+class TritonConcatTactic(Tactic):
+    """Concat of float tensors along any axis: `kernels/triton/copy.concat`, into a buffer laid out like the first
+    input's for 4-D tensors (channels_last stays channels_last), else contiguous."""
+
+    family = "triton"
+    name = "concat"
+    op_types = ("Concat",)
+    precisions = ("fp32", "fp16", "bf16")
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return _NEEDS_CUDA
+        kinds = sorted({v.dtype.name for v in node.inputs if v.dtype not in _FLOATS})
+        if kinds:
+            return f"float32, float16 and bfloat16 inputs only; this one has {', '.join(kinds)}"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return copy_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        axis = node.attributes["axis"]
+
+        def kernel(inputs, alloc=None):
+            first = inputs[0]
+            shape = list(first.shape)
+            shape[axis] = sum(t.shape[axis] for t in inputs)
+            layout = _memory_format(first) if first.dim() == 4 else torch.contiguous_format
+            out = allocate(alloc, 0, shape, first.dtype, first.device, layout)
+            return (concat(inputs, axis, out=out, **config),)
 
         return kernel

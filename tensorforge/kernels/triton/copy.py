@@ -1,0 +1,129 @@
+"""Copies between tensors of any strides, and concatenation built on them.
+
+torch's `cat` and `copy_` move a tensor whose strides disagree with the destination's (a channels_last
+convolution output reshaped to [N, C, H·W] and concatenated along the pixels, as a detector's heads do) one
+scattered element at a time: on the H200, 0.57 ms for 155 MB, about 0.5 TB/s. Here both sides are collapsed to at
+most three dimensions and copied in [BLOCK_A × BLOCK_B] tiles of the last two: each tile is loaded along the
+source's contiguous dimension and stored along the destination's (Triton moves it between the two layouts
+through shared memory), so both sides are read and written in whole lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _strided_copy(
+    src, dst, D1, D2,
+    s0, s1, s2,
+    d0, d1, d2,
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+):  # fmt: skip
+    """dst[i, a, b] = src[i, a, b] for the [BLOCK_A, BLOCK_B] tile `program_id(0)` of the (D0, D1, D2) box."""
+    pid = tl.program_id(0)
+    tiles_b = tl.cdiv(D2, BLOCK_B)
+    tiles_a = tl.cdiv(D1, BLOCK_A)
+    b = pid % tiles_b
+    rest = pid // tiles_b
+    i = (rest // tiles_a).to(tl.int64)
+    ia = ((rest % tiles_a) * BLOCK_A + tl.arange(0, BLOCK_A)).to(tl.int64)
+    ib = (b * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
+    mask = (ia < D1)[:, None] & (ib < D2)[None, :]
+    values = tl.load(src + i * s0 + (ia * s1)[:, None] + (ib * s2)[None, :], mask=mask)
+    tl.store(dst + i * d0 + (ia * d1)[:, None] + (ib * d2)[None, :], values, mask=mask)
+
+
+def copy_configs(effort: int) -> list[dict[str, int]]:
+    """Tiles worth timing at `effort` (the two tiled dimensions, warps)."""
+    configs = [{"block_a": 64, "block_b": 64, "num_warps": 4}, {"block_a": 32, "block_b": 128, "num_warps": 4}]
+    if effort >= 1:
+        configs += [{"block_a": 128, "block_b": 32, "num_warps": 4}, {"block_a": 64, "block_b": 128, "num_warps": 8}]
+    return configs
+
+
+def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:
+    """`shape` and the `strides` of several tensors of that shape with dimensions of size 1 dropped and neighbours
+    merged wherever every tensor steps over them as over one dimension; ([], ...) for a single element."""
+    dims = [d for d, size in enumerate(shape) if size != 1]
+    sizes = [shape[d] for d in dims]
+    merged = [[s[d] for d in dims] for s in strides]
+    d = len(sizes) - 1
+    while d > 0:
+        if all(s[d - 1] == s[d] * sizes[d] for s in merged):
+            sizes[d - 1] *= sizes[d]
+            del sizes[d]
+            for s in merged:
+                s[d - 1] = s[d]
+                del s[d]
+        d -= 1
+    return sizes, merged
+
+
+def strided_copy(
+    src: torch.Tensor, dst: torch.Tensor, *, block_a: int = 64, block_b: int = 64, num_warps: int = 4
+) -> torch.Tensor:
+    """`dst` (any strides) overwritten with `src` (same shape and type, any strides); returns dst. A copy that is
+    one contiguous run on both sides, or whose strides do not collapse to three dimensions, is torch's."""
+    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype or src.device != dst.device:
+        raise ValueError(
+            f"strided_copy: src is {src.dtype} {list(src.shape)} on {src.device}, dst {dst.dtype} {list(dst.shape)}"
+            f" on {dst.device}: they must agree"
+        )
+    sizes, (src_strides, dst_strides) = collapse(src.shape, src.stride(), dst.stride())
+    if src.numel() == 0:
+        return dst
+    if len(sizes) > 3 or (len(sizes) == 1 and src_strides == dst_strides == [1]):
+        return dst.copy_(src)
+    pad = 3 - len(sizes)
+    sizes = [1] * pad + sizes
+    src_strides = [0] * pad + src_strides
+    dst_strides = [0] * pad + dst_strides
+    grid = (sizes[0] * triton.cdiv(sizes[1], block_a) * triton.cdiv(sizes[2], block_b),)
+    _strided_copy[grid](
+        src, dst, sizes[1], sizes[2], *src_strides, *dst_strides,
+        BLOCK_A=block_a, BLOCK_B=block_b, num_warps=num_warps,
+    )  # fmt: skip
+    return dst
+
+
+def concat(
+    inputs: Sequence[torch.Tensor],
+    axis: int,
+    out: torch.Tensor | None = None,
+    *,
+    block_a: int = 64,
+    block_b: int = 64,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """`inputs` (any strides) concatenated along `axis` into `out` (any strides; by default a new contiguous
+    tensor), one `strided_copy` per input into its slice."""
+    first = inputs[0]
+    rank = first.dim()
+    if not -rank <= axis < rank:
+        raise ValueError(f"concat: axis {axis} is out of range for rank-{rank} inputs")
+    axis %= rank
+    for tensor in inputs:
+        others = (tensor.shape[:axis], tensor.shape[axis + 1 :])
+        if tensor.dim() != rank or others != (first.shape[:axis], first.shape[axis + 1 :]):
+            shapes = [list(t.shape) for t in inputs]
+            raise ValueError(f"concat: inputs must agree on every dimension but axis {axis}; got {shapes}")
+        if tensor.dtype != first.dtype or tensor.device != first.device:
+            kinds = [f"{t.dtype} on {t.device}" for t in inputs]
+            raise ValueError(f"concat: inputs must share one type and device; got {kinds}")
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in inputs)
+    if out is None:
+        out = torch.empty(shape, dtype=first.dtype, device=first.device)
+    elif list(out.shape) != shape:
+        raise ValueError(f"concat: out is {list(out.shape)}, the concatenation {shape}")
+    start = 0
+    for tensor in inputs:
+        part = out.narrow(axis, start, tensor.shape[axis])
+        strided_copy(tensor, part, block_a=block_a, block_b=block_b, num_warps=num_warps)
+        start += tensor.shape[axis]
+    return out
