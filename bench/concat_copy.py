@@ -67,9 +67,9 @@ def run(batch: int, dtype: torch.dtype) -> list[dict]:
                 raise SystemExit(f"{case}: {name} computed a wrong result")
         timings = measure_interleaved(list(systems.values()), device="cuda", rounds=3, repeats=20)
         moved = 2 * want.numel() * want.element_size()
-        base = timings[0].median_ms
+        base = timings[0].median
         for name, timing in zip(systems, timings, strict=True):
-            ms = timing.median_ms
+            ms = timing.median
             rows.append(
                 {"case": case, "system": name, "ms": ms, "gb_per_s": moved / ms / 1e6, "speedup_vs_cat": base / ms}
             )
