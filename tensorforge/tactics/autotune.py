@@ -120,10 +120,18 @@ def layer_signature(node: Node, inputs: Sequence[torch.Tensor | None], device: t
     """The timing-cache key of `node` on `inputs` (shapes, dtypes and memory formats), and its description."""
     shapes = [None if t is None else list(t.shape) for t in inputs]
     dtypes = [None if t is None else t.dtype for t in inputs]
-    layout = "NHWC" if any(_channels_last(t) for t in inputs) else "NCHW"
+    layout = (
+        "NHWC" if any(_channels_last(t) for t in inputs) else "strided" if any(_strided(t) for t in inputs) else "NCHW"
+    )
     op = qualified_op(node)
     key = signature(device_key(device), software_versions(), op, shapes, dtypes, layout, dict(node.attributes))
     return key, describe(op, shapes, dtypes, layout)
+
+
+def _strided(tensor: torch.Tensor | None) -> bool:
+    """A view whose strides are not the contiguous ones (a transposed or reshaped channels_last map): the
+    kernels' speed depends on them, so its timings are kept apart from a contiguous tensor's."""
+    return isinstance(tensor, torch.Tensor) and not tensor.is_contiguous()
 
 
 def _channels_last(tensor: torch.Tensor | None) -> bool:

@@ -8,6 +8,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from tensorforge.frontend import import_model
+from tensorforge.ir import DType, Node, Value
 from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics import autotune as autotune_module
 from tensorforge.tactics import base
@@ -186,3 +187,15 @@ def test_cudnn_fused_convolution_is_a_correct_candidate_on_cuda():
         choice = autotune(node, 1, inputs, "cuda", effort=0)
         cudnn = next(c for c in choice.candidates if c.tactic == "vendor.cudnn-fused")
         assert math.isfinite(cudnn.median_ms), cudnn.note
+
+
+def test_strided_inputs_are_timed_apart_from_contiguous_ones():
+    """A Concat of transposed views (a detector's reshaped channels_last heads) and one of contiguous tensors of
+    the same shapes get different timing-cache keys: the kernels' speed differs by the strides."""
+    inputs = [Value(n, DType.FLOAT, (2, 6, 9)) for n in "ab"]
+    node = Node("Concat", inputs, [Value("y", DType.FLOAT, (2, 6, 18))], {"axis": 2})
+    contiguous = [torch.randn(2, 6, 9) for _ in range(2)]
+    views = [torch.randn(2, 9, 6).transpose(1, 2) for _ in range(2)]
+    cpu = torch.device("cpu")
+    keys = [autotune_module.layer_signature(node, tensors, cpu)[0] for tensors in (contiguous, views)]
+    assert keys[0] != keys[1]
