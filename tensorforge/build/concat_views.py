@@ -118,11 +118,15 @@ def _concat_into_candidate(layer: Layer) -> Candidate | None:
 
 
 def _writes_nhwc(layer: Layer, strided: bool = False) -> bool:
-    """Whether `layer` writes channels_last outputs into buffers it is given (through their strides)."""
+    """Whether `layer` writes channels_last outputs into buffers it is given (`strided`: through their strides).
+    A strided writer of layout "any" (a max pool) counts: it asks for its output in its input's memory format,
+    and one asked in another layout than its concatenation's gets a buffer of its own (copied in then)."""
     tactic = tactic_by_key(layer.tactic)
-    if tactic is None or not tactic.writes_into or layer.config.get("layout") != "NHWC":
+    if tactic is None or not tactic.writes_into:
         return False
-    return tactic.strided_outputs or not strided
+    if strided:
+        return tactic.strided_outputs and layer.config.get("layout") in ("NHWC", "any")
+    return layer.config.get("layout") == "NHWC"
 
 
 def _channel_slice_of(value: Value, shapes: Mapping[str, tuple[int, ...]]) -> tuple[Value, int]:

@@ -50,7 +50,9 @@ def _float_rank4_reason(node: Node) -> str | None:
 
 
 def _memory_format(x: torch.Tensor) -> torch.memory_format:
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    """channels_last for a 4-D tensor whose channels are innermost (channels_last, or a channel slice of such a
+    tensor: an output written inside its concatenation), else contiguous."""
+    channels_last = x.dim() == 4 and x.stride(1) == 1 and not x.is_contiguous()
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
@@ -136,12 +138,15 @@ def _window_pool_reason(node: Node, device: torch.device) -> str | None:
 
 @register_tactic
 class TritonMaxPoolTactic(Tactic):
-    """2-D MaxPool over tiles of pixels × channels (coalesced on NHWC); the tile is tuned (`pool_configs`)."""
+    """2-D MaxPool over tiles of pixels × channels (coalesced on NHWC); the tile is tuned (`pool_configs`). It
+    reads and writes through strides, so an SPPF block's pooled maps land in their concatenation."""
 
     family = "triton"
     name = "maxpool"
     op_types = ("MaxPool",)
     writes_into = True
+    strided_inputs = True
+    strided_outputs = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if len(node.outputs) > 1 and node.outputs[1].name:

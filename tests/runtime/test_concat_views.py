@@ -148,6 +148,33 @@ def test_the_detector_writes_its_c2f_blocks_into_their_concatenations(strided):
     assert torch.equal(again, got)
 
 
+def test_the_detector_pools_its_sppf_maps_into_their_concatenation(strided):
+    """The Triton max pool (layout "any", a strided reader and writer, here under the interpreter) writes SPPF's
+    three pooled maps inside the block's concatenation, each pool reading the previous one's channel slice; the
+    schedule still matches the reference executor."""
+    model, engine, layers, _ = _plan("yolo", strided.key, size=64, others={"MaxPool": "triton.maxpool"})
+    graph = engine.model.graph
+    layers = [
+        Layer(layer.node, layer.tactic, {"precision": "fp32", "layout": "any"}, layer.median_ms)
+        if layer.tactic == "triton.maxpool"
+        else layer
+        for layer in layers
+    ]
+    shapes, dtypes = _shapes_and_dtypes(graph)
+    views = concat_views(engine.model, layers, shapes, dtypes)
+    by_name = {v.name: n for n in graph.nodes for v in n.outputs}
+    pooled = [name for name in views if by_name[name].op_type == "MaxPool"]
+    assert len(pooled) == 3 and len({views[name][0] for name in pooled}) == 1, views
+    outside = {v.name for l in layers if not tactic_by_key(l.tactic).writes_into for v in graph.nodes[l.node].outputs}
+    memory = plan_graph(graph, outside=outside, views=views)
+    schedule = Schedule(engine.model, layers, torch.device("cpu"), {}, memory)
+    arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8)  # NaN bytes for float32
+    x = torch.randn(zoo.input_shape("yolo", size=64))
+    (got,) = schedule.execute({"input": x}, arena=arena)
+    want = Executor(model).run({"input": x})["output"]
+    assert relative_error(got.numpy(), want.numpy()) <= 1e-4
+
+
 def test_producers_that_ignore_strides_are_not_given_a_slice():
     """`strided_outputs` is what lets a producer write inside a concatenation: without it, no views."""
     tactic = _Strided()
@@ -197,15 +224,16 @@ def test_concat_into_declines_other_axes_and_ranks():
 @pytest.mark.gpu
 def test_triton_convolutions_write_into_their_concatenations_on_the_gpu():
     """The detector in fp16 with its convolutions alternately the Triton implicit GEMM and cuDNN + the Triton
-    epilogue and its upsampling the Triton kernel, all writing into the concatenations and reading channel
+    epilogue, its upsampling and SPPF pools the Triton kernels, all writing into the concatenations and reading channel
     slices, against the float32 reference."""
     torch.manual_seed(0)
     keys = ["triton.conv-igemm", "triton.cudnn-epilogue"]
-    others = {"Resize": "triton.upsample-nearest"}
+    others = {"Resize": "triton.upsample-nearest", "MaxPool": "triton.maxpool"}
     model, engine, layers, memory = _plan("yolo", keys, size=64, precision="fp16", others=others)
     assert len(memory.views) > 20
     by_name = {v.name: n for n in engine.model.graph.nodes for v in n.outputs}
     assert sum(by_name[name].op_type == "Resize" for name in memory.views) == 2
+    assert sum(by_name[name].op_type == "MaxPool" for name in memory.views) == 3
     schedule = Schedule(engine.model, layers, torch.device("cuda"), {}, memory)
     arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8, device="cuda")  # NaN bytes
     x = torch.randn(zoo.input_shape("yolo", size=64))
