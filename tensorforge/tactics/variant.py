@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, Value, qualified_op
+from ..kernels.triton.copy import relayout
 from ..ops.fused import DOMAIN
 from ..ops.math_flags import tf32_math
 from ..ops.registry import HOST_INPUTS
@@ -84,7 +85,10 @@ def convert(tensor: Any, declared: DType, variant: Variant) -> Any:
 
 
 def _reformat(tensor: torch.Tensor, dtype: torch.dtype | None, memory_format: torch.memory_format | None):
-    """`tensor` cast to `dtype` and laid out in `memory_format` (either None: unchanged), in one copy when both."""
+    """`tensor` cast to `dtype` and laid out in `memory_format` (either None: unchanged), in one copy when both.
+    A layout change on CUDA is our tiled copy (`relayout`): torch moves a transposed tensor element by element."""
+    if memory_format is not None and tensor.is_cuda and tensor.is_floating_point():
+        return relayout(tensor, dtype or tensor.dtype, memory_format)
     if dtype is not None and memory_format is not None:
         return tensor.to(dtype, memory_format=memory_format)
     if dtype is not None:

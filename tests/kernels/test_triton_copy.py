@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tensorforge.kernels.triton.copy import collapse, concat, copy_configs, strided_copy
+from tensorforge.kernels.triton.copy import collapse, concat, copy_configs, relayout, strided_copy
 from tests.helpers import DEVICES, compile_for_hopper
 
 TINY = {"block_a": 16, "block_b": 16, "num_warps": 1}
@@ -58,6 +58,24 @@ def test_copies_any_strides(device, make):
     assert torch.equal(strided_copy(src, dst, **TINY), src)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ((torch.float32, torch.contiguous_format), (torch.float16, torch.channels_last)),  # a network input
+        ((torch.float16, torch.channels_last), (torch.float32, torch.contiguous_format)),  # an output back
+        ((torch.float16, torch.contiguous_format), (torch.float16, torch.channels_last)),  # layout alone
+    ],
+)
+def test_relayout_matches_torch_bit_for_bit(device, source, target):
+    """A Reformat: NCHW ↔ NHWC with a cast in one pass, rounded as torch rounds (to nearest even)."""
+    torch.manual_seed(4)
+    x = (torch.randn(2, 5, 6, 7, device=device) * 1000).to(source[0]).contiguous(memory_format=source[1])
+    got = relayout(x, target[0], target[1], **TINY)
+    assert got.dtype == target[0] and got.is_contiguous(memory_format=target[1])
+    assert torch.equal(got, x.to(target[0], memory_format=target[1]))
+
+
 def test_collapse_merges_what_every_side_steps_over_as_one():
     assert collapse((2, 3, 4), (12, 4, 1), (12, 4, 1)) == ([24], [[1], [1]])
     assert collapse((2, 1, 3, 4), (12, 12, 4, 1), (24, 24, 8, 1)) == ([6, 4], [[4, 1], [8, 1]])
@@ -78,6 +96,8 @@ def test_bad_arguments_are_named():
         concat([x, x], 0, out=torch.empty(4, 4))
     with pytest.raises(ValueError, match="must agree"):
         strided_copy(x, torch.empty(3, 2))
+    with pytest.raises(ValueError, match="unless both are floating point"):
+        strided_copy(x, torch.empty(2, 3, dtype=torch.int32))
 
 
 def test_configs_by_effort():
@@ -120,3 +140,19 @@ def test_every_config_on_the_gpu(dtype):
     for config in copy_configs(1):
         out = torch.full_like(want, float("nan"))
         assert torch.equal(concat(heads, 2, out=out, **config), want), config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("source", [torch.float32, torch.float16, torch.bfloat16])
+def test_relayout_on_the_gpu(source, target):
+    """Every float type to every other, NCHW → NHWC and back, against torch bit for bit."""
+    torch.manual_seed(5)
+    x = (torch.randn(8, 96, 28, 28, device="cuda") * 100).to(source)
+    for memory_format, y in (
+        (torch.channels_last, x),
+        (torch.contiguous_format, x.contiguous(memory_format=torch.channels_last)),
+    ):
+        for config in copy_configs(1):
+            got = relayout(y, target, memory_format, **config)
+            assert torch.equal(got, y.to(target, memory_format=memory_format)), config

@@ -1,9 +1,11 @@
 """How a variant converts a layer's activations: precision and layout in one copy, channel slices of
 channels_last tensors passed as they are to tactics that read strides, converted for the others."""
 
+import pytest
 import torch
 
 from tensorforge.ir import DType, Node, Value
+from tensorforge.tactics import variant as variant_module
 from tensorforge.tactics.variant import LayerKernel, Variant, convert
 
 
@@ -34,3 +36,18 @@ def test_a_channel_slice_that_needs_a_cast_is_copied_channels_last():
     got = _echo(strided=True)([part])[0]
     assert got.dtype == torch.float16 and got.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(got, part.half())
+
+
+@pytest.mark.gpu
+def test_layout_changes_on_cuda_run_the_tiled_copy(monkeypatch):
+    """On CUDA a layout change (with or without a cast) is `relayout`, the tiled copy, and equals torch's."""
+    calls = []
+    real = variant_module.relayout
+    monkeypatch.setattr(variant_module, "relayout", lambda *a, **k: calls.append(a[1:]) or real(*a, **k))
+    x = torch.randn(4, 24, 9, 9, device="cuda")
+    got = convert(x, DType.FLOAT, Variant("fp16", "NHWC"))
+    assert calls == [(torch.float16, torch.channels_last)]
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, x.to(torch.float16, memory_format=torch.channels_last))
+    assert torch.equal(_echo(strided=False)([x.half()])[0], x.half().contiguous(memory_format=torch.channels_last))
+    assert len(calls) == 2

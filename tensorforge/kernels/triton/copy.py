@@ -1,4 +1,5 @@
-"""Copies between tensors of any strides, and concatenation built on them.
+"""Copies between tensors of any strides (converting the float type on the way), and the concatenation and layout
+change (`relayout`: NCHW ↔ NHWC with a cast, a `Reformat`) built on them.
 
 torch's `cat` and `copy_` move a tensor whose strides disagree with the destination's (a channels_last
 convolution output reshaped to [N, C, H·W] and concatenated along the pixels, as a detector's heads do) one
@@ -35,7 +36,7 @@ def _strided_copy(
     ib = (b * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
     mask = (ia < D1)[:, None] & (ib < D2)[None, :]
     values = tl.load(src + i * s0 + (ia * s1)[:, None] + (ib * s2)[None, :], mask=mask)
-    tl.store(dst + i * d0 + (ia * d1)[:, None] + (ib * d2)[None, :], values, mask=mask)
+    tl.store(dst + i * d0 + (ia * d1)[:, None] + (ib * d2)[None, :], values.to(dst.dtype.element_ty), mask=mask)
 
 
 def copy_configs(effort: int) -> list[dict[str, int]]:
@@ -67,12 +68,14 @@ def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], 
 def strided_copy(
     src: torch.Tensor, dst: torch.Tensor, *, block_a: int = 64, block_b: int = 64, num_warps: int = 4
 ) -> torch.Tensor:
-    """`dst` (any strides) overwritten with `src` (same shape and type, any strides); returns dst. A copy that is
-    one contiguous run on both sides, or whose strides do not collapse to three dimensions, is torch's."""
-    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype or src.device != dst.device:
+    """`dst` (any strides) overwritten with `src` (same shape, any strides; the same type, or both floating point:
+    converted as it is stored, rounding to nearest even as torch does); returns dst. A copy that is one contiguous
+    run on both sides, or whose strides do not collapse to three dimensions, is torch's."""
+    same_kind = src.dtype == dst.dtype or (src.is_floating_point() and dst.is_floating_point())
+    if tuple(src.shape) != tuple(dst.shape) or not same_kind or src.device != dst.device:
         raise ValueError(
             f"strided_copy: src is {src.dtype} {list(src.shape)} on {src.device}, dst {dst.dtype} {list(dst.shape)}"
-            f" on {dst.device}: they must agree"
+            f" on {dst.device}: shapes and devices must agree, types too unless both are floating point"
         )
     sizes, (src_strides, dst_strides) = collapse(src.shape, src.stride(), dst.stride())
     if src.numel() == 0:
@@ -89,6 +92,20 @@ def strided_copy(
         BLOCK_A=block_a, BLOCK_B=block_b, num_warps=num_warps,
     )  # fmt: skip
     return dst
+
+
+def relayout(
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    memory_format: torch.memory_format,
+    *,
+    block_a: int = 64,
+    block_b: int = 64,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """`x` as a new tensor of float type `dtype` in `memory_format` (NCHW ↔ NHWC and a cast in one pass)."""
+    out = torch.empty(x.shape, dtype=dtype, device=x.device, memory_format=memory_format)
+    return strided_copy(x, out, block_a=block_a, block_b=block_b, num_warps=num_warps)
 
 
 def concat(
