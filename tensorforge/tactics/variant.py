@@ -84,10 +84,13 @@ def convert(tensor: Any, declared: DType, variant: Variant) -> Any:
     return _reformat(tensor, variant.dtype if cast else None, memory_format if relayout else None)
 
 
+_RELAYOUT_TYPES = {torch.float32, torch.float16, torch.bfloat16}
+
+
 def _reformat(tensor: torch.Tensor, dtype: torch.dtype | None, memory_format: torch.memory_format | None):
     """`tensor` cast to `dtype` and laid out in `memory_format` (either None: unchanged), in one copy when both.
     A layout change on CUDA is our tiled copy (`relayout`): torch moves a transposed tensor element by element."""
-    if memory_format is not None and tensor.is_cuda and tensor.is_floating_point():
+    if memory_format is not None and tensor.is_cuda and {tensor.dtype, dtype or tensor.dtype} <= _RELAYOUT_TYPES:
         return relayout(tensor, dtype or tensor.dtype, memory_format)
     if dtype is not None and memory_format is not None:
         return tensor.to(dtype, memory_format=memory_format)
