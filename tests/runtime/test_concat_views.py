@@ -71,6 +71,29 @@ def _plan(name, tactic_key, size=None, precision="fp32", others=None):
     return model, engine, layers, memory
 
 
+def _run_matches_the_reference(model, engine, layers, memory):
+    """Run the detector's schedule on the CPU in a NaN-poisoned arena and compare it with the reference executor;
+    returns (schedule, arena, input, output) for further runs."""
+    schedule = Schedule(engine.model, layers, torch.device("cpu"), {}, memory)
+    arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8)  # NaN bytes for float32
+    x = torch.randn(zoo.input_shape("yolo", size=64))
+    (got,) = schedule.execute({"input": x}, arena=arena)
+    want = Executor(model).run({"input": x})["output"]
+    assert relative_error(got.numpy(), want.numpy()) <= 1e-4
+    return schedule, arena, x, got
+
+
+@pytest.fixture
+def contiguous_into():
+    """A FusedConv tactic that writes into the buffers it is given but ignores their strides."""
+    tactic = _Strided()
+    tactic.strided_outputs = False
+    tactic.name = "contiguous-into"
+    base._TACTICS.append(tactic)
+    yield tactic
+    base._TACTICS.remove(tactic)
+
+
 def _shapes_and_dtypes(graph):
     values = [v for n in graph.nodes for v in n.outputs] + list(graph.inputs)
     return {v.name: tuple(v.shape) for v in values if v.shape is not None}, {v.name: v.dtype for v in values}
@@ -110,15 +133,8 @@ def test_concatenations_move_to_concat_into_where_their_inputs_land_in_place(str
     assert all_in_place and moved(10.0)[1] == all_in_place < some_in_place
 
 
-def test_concatenations_with_nothing_in_place_keep_the_faster_tactic():
-    tactic = _Strided()
-    tactic.strided_outputs = False
-    tactic.name = "contiguous-into"
-    base._TACTICS.append(tactic)
-    try:
-        _, engine, layers, _ = _plan("yolo", tactic.key, size=64)
-    finally:
-        base._TACTICS.remove(tactic)
+def test_concatenations_with_nothing_in_place_keep_the_faster_tactic(contiguous_into):
+    _, engine, layers, _ = _plan("yolo", contiguous_into.key, size=64)
     shapes, dtypes = _shapes_and_dtypes(engine.model.graph)
     timed = _timed_alone(layers, into_ms=1.1)
     assert prefer_concat_into(engine.model, timed, shapes, dtypes) == timed
@@ -138,12 +154,7 @@ def test_the_detector_writes_its_c2f_blocks_into_their_concatenations(strided):
     split_sources = [name for name, (_, first) in memory.views.items() if first == 0 and "cv1" in name]
     assert split_sources, "no C2f cv1 output written at the start of its concatenation"
     assert "written into their concatenation" in memory.report()
-    schedule = Schedule(engine.model, layers, torch.device("cpu"), {}, memory)
-    arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8)  # NaN bytes for float32
-    x = torch.randn(zoo.input_shape("yolo", size=64))
-    (got,) = schedule.execute({"input": x}, arena=arena)
-    want = Executor(model).run({"input": x})["output"]
-    assert relative_error(got.numpy(), want.numpy()) <= 1e-4
+    schedule, arena, x, got = _run_matches_the_reference(model, engine, layers, memory)
     (again,) = schedule.execute({"input": x}, arena=arena)
     assert torch.equal(again, got)
 
@@ -167,24 +178,12 @@ def test_the_detector_pools_its_sppf_maps_into_their_concatenation(strided):
     assert len(pooled) == 3 and len({views[name][0] for name in pooled}) == 1, views
     outside = {v.name for l in layers if not tactic_by_key(l.tactic).writes_into for v in graph.nodes[l.node].outputs}
     memory = plan_graph(graph, outside=outside, views=views)
-    schedule = Schedule(engine.model, layers, torch.device("cpu"), {}, memory)
-    arena = torch.full((memory.arena_bytes,), 0xFF, dtype=torch.uint8)  # NaN bytes for float32
-    x = torch.randn(zoo.input_shape("yolo", size=64))
-    (got,) = schedule.execute({"input": x}, arena=arena)
-    want = Executor(model).run({"input": x})["output"]
-    assert relative_error(got.numpy(), want.numpy()) <= 1e-4
+    _run_matches_the_reference(model, engine, layers, memory)
 
 
-def test_producers_that_ignore_strides_are_not_given_a_slice():
+def test_producers_that_ignore_strides_are_not_given_a_slice(contiguous_into):
     """`strided_outputs` is what lets a producer write inside a concatenation: without it, no views."""
-    tactic = _Strided()
-    tactic.strided_outputs = False
-    tactic.name = "contiguous-into"
-    base._TACTICS.append(tactic)
-    try:
-        _, _, _, memory = _plan("inception", tactic.key)
-    finally:
-        base._TACTICS.remove(tactic)
+    _, _, _, memory = _plan("inception", contiguous_into.key)
     assert not memory.views
 
 
