@@ -18,6 +18,7 @@ import torch
 from ..build.memory import MemoryPlan
 from ..errors import OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Model, Node, Value
+from ..kernels.triton.copy import RELAYOUT_TYPES, relayout
 from ..ops.math_flags import full_float32
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
@@ -228,8 +229,13 @@ def _kernel(model: Model, node: Node, layer: Layer, device: torch.device, consta
 
 
 def _as_declared(result: Any, dtype: DType) -> Any:
+    """A graph output in its declared float type and contiguous, converted in one copy (on CUDA the tiled one:
+    an fp16 channels_last output becomes a float32 NCHW one in one pass)."""
     if not isinstance(result, torch.Tensor):
         return result
-    if dtype.has_torch and result.dtype != dtype.torch and result.is_floating_point():
-        result = result.to(dtype.torch)
-    return result if result.is_contiguous() else result.contiguous()
+    target = dtype.torch if dtype.has_torch and result.is_floating_point() else result.dtype
+    if target == result.dtype and result.is_contiguous():
+        return result
+    if result.is_cuda and {result.dtype, target} <= RELAYOUT_TYPES:
+        return relayout(result, target, torch.contiguous_format)
+    return torch.empty(result.shape, dtype=target, device=result.device).copy_(result)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, Value, qualified_op
-from ..kernels.triton.copy import relayout
+from ..kernels.triton.copy import RELAYOUT_TYPES, relayout
 from ..ops.fused import DOMAIN
 from ..ops.math_flags import tf32_math
 from ..ops.registry import HOST_INPUTS
@@ -84,13 +84,10 @@ def convert(tensor: Any, declared: DType, variant: Variant) -> Any:
     return _reformat(tensor, variant.dtype if cast else None, memory_format if relayout else None)
 
 
-_RELAYOUT_TYPES = {torch.float32, torch.float16, torch.bfloat16}
-
-
 def _reformat(tensor: torch.Tensor, dtype: torch.dtype | None, memory_format: torch.memory_format | None):
     """`tensor` cast to `dtype` and laid out in `memory_format` (either None: unchanged), in one copy when both.
     A layout change on CUDA is our tiled copy (`relayout`): torch moves a transposed tensor element by element."""
-    if memory_format is not None and tensor.is_cuda and {tensor.dtype, dtype or tensor.dtype} <= _RELAYOUT_TYPES:
+    if memory_format is not None and tensor.is_cuda and {tensor.dtype, dtype or tensor.dtype} <= RELAYOUT_TYPES:
         return relayout(tensor, dtype or tensor.dtype, memory_format)
     if dtype is not None and memory_format is not None:
         return tensor.to(dtype, memory_format=memory_format)

@@ -12,11 +12,12 @@ from tensorforge import Executor, InputError, zoo
 from tensorforge.build.builder import build_engine
 from tensorforge.build.config import BuildConfig
 from tensorforge.frontend import import_model
+from tensorforge.ir import DType
 from tensorforge.runtime import engine_file
 from tensorforge.runtime.engine import Engine
 from tensorforge.runtime.engine_file import EngineFileError
 from tensorforge.runtime.plan import Layer
-from tensorforge.runtime.schedule import Schedule
+from tensorforge.runtime.schedule import Schedule, _as_declared
 from tests.helpers import DEVICES, relative_error
 
 gpu = pytest.mark.gpu
@@ -222,3 +223,17 @@ def test_an_engine_file_holds_no_pickle(engine_path):
     header = json.loads(data[28 : 28 + header_length])
     assert header["format"] == "tensorforge-engine"
     assert b"\x80\x04" not in data[28 : 28 + header_length]  # no pickle protocol marker in the header
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_come_back_declared_and_contiguous_in_one_copy(device):
+    """An fp16 channels_last output becomes the declared float32 NCHW tensor, bit for bit torch's conversion;
+    a declared-type contiguous output is returned as it is."""
+    x = torch.randn(2, 12, 5, 5, device=device).half().contiguous(memory_format=torch.channels_last)
+    got = _as_declared(x, DType.FLOAT)
+    assert got.dtype == torch.float32 and got.is_contiguous()
+    assert torch.equal(got, x.float())
+    ready = torch.randn(3, 4, device=device)
+    assert _as_declared(ready, DType.FLOAT) is ready
+    ints = torch.arange(12, device=device).reshape(3, 4).t()
+    assert torch.equal(_as_declared(ints, DType.INT64), ints) and _as_declared(ints, DType.INT64).is_contiguous()

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+RELAYOUT_TYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})  # what `relayout` converts between
+
 
 @triton.jit
 def _strided_copy(
