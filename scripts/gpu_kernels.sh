@@ -21,6 +21,8 @@
 #             MAX_BATCH=256; max-autotune compiles a depthwise net for about 5 minutes: one model a call)
 #   profile   a zoo model's fp16 engine built and profiled layer by layer, with `inspect` (PROFILE_MODEL=yolo,
 #             PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_S=400)
+#   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
+#             (COPIES_BATCH=64, COPIES_S=120)
 set -uo pipefail
 out=${1:?output directory}
 shift
@@ -117,8 +119,11 @@ for stage in $stages; do
       rm -f "$engine" "$out/$model.onnx"  # large; the text files say what they held
       head -45 "$out/profile.txt"
       ;;
+    copies)
+      timeout "${COPIES_S:-120}" python3 bench/copies.py --batch "${COPIES_BATCH:-64}" --out "$out" 2>&1 | tail -14
+      ;;
     *)
-      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile)" >&2
+      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile, copies)" >&2
       ;;
   esac
   echo "== $stage: $(($(date +%s) - started)) s"
