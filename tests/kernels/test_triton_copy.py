@@ -90,6 +90,8 @@ def test_bad_arguments_are_named():
         concat([x, torch.randn(3, 3)], 1)
     with pytest.raises(ValueError, match="one type and device"):
         concat([x, x.double()], 0)
+    with pytest.raises(ValueError, match="no inputs"):
+        concat([], 0)
     with pytest.raises(ValueError, match="out of range"):
         concat([x], 2)
     with pytest.raises(ValueError, match="the concatenation"):

@@ -121,6 +121,8 @@ def concat(
 ) -> torch.Tensor:
     """`inputs` (any strides) concatenated along `axis` into `out` (any strides; by default a new contiguous
     tensor), one `strided_copy` per input into its slice."""
+    if not inputs:
+        raise ValueError("concat: no inputs")
     first = inputs[0]
     rank = first.dim()
     if not -rank <= axis < rank:
