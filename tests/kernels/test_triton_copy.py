@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tensorforge.kernels.triton.copy import collapse, concat, copy_configs, relayout, strided_copy
+from tensorforge.kernels.triton.copy import collapse, concat, copy_configs, fit_tile, relayout, strided_copy
 from tests.helpers import DEVICES, compile_for_hopper
 
 TINY = {"block_a": 16, "block_b": 16, "num_warps": 1}
@@ -82,6 +82,22 @@ def test_collapse_merges_what_every_side_steps_over_as_one():
     assert collapse((2, 7, 5, 5), (175, 1, 35, 7), (350, 1, 70, 14)) == ([2, 7, 25], [[175, 1, 7], [350, 1, 14]])
     assert collapse((2, 3, 4), (12, 4, 1), (16, 4, 1)) == ([2, 12], [[12, 1], [16, 1]])  # dst rows padded
     assert collapse((1, 1), (1, 1)) == ([], [[]])
+
+
+def test_tiles_fit_narrow_boxes_keeping_their_size():
+    assert fit_tile(64, 64, 144, 6400) == (64, 64)  # the detector's heads: unchanged
+    assert fit_tile(64, 64, 3, 50176) == (4, 1024)  # a 3-channel image: 4 rows, not 64 with 61 masked
+    assert fit_tile(64, 64, 50176, 3) == (1024, 4)
+    assert fit_tile(64, 64, 3, 5) == (4, 8)  # both sides small: no larger than the box
+    assert fit_tile(32, 128, 1, 1) == (1, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_three_channel_image_to_channels_last(device):
+    torch.manual_seed(6)
+    x = torch.randn(2, 3, 9, 11, device=device)
+    got = relayout(x, torch.float16, torch.channels_last, block_a=16, block_b=16, num_warps=1)
+    assert torch.equal(got, x.to(torch.float16, memory_format=torch.channels_last))
 
 
 def test_bad_arguments_are_named():

@@ -88,12 +88,23 @@ def strided_copy(
     sizes = [1] * pad + sizes
     src_strides = [0] * pad + src_strides
     dst_strides = [0] * pad + dst_strides
+    block_a, block_b = fit_tile(block_a, block_b, sizes[1], sizes[2])
     grid = (sizes[0] * triton.cdiv(sizes[1], block_a) * triton.cdiv(sizes[2], block_b),)
     _strided_copy[grid](
         src, dst, sizes[1], sizes[2], *src_strides, *dst_strides,
         BLOCK_A=block_a, BLOCK_B=block_b, num_warps=num_warps,
     )  # fmt: skip
     return dst
+
+
+def fit_tile(block_a: int, block_b: int, d1: int, d2: int) -> tuple[int, int]:
+    """The [block_a, block_b] tile reshaped, same number of elements, to a box of d1 × d2 (powers of two): a side
+    longer than its dimension shrinks to it and the other grows (a 3-channel image's NCHW → NHWC copy moves 4 × 1024
+    tiles, not 64 × 64 ones with 61 rows masked)."""
+    total = block_a * block_b
+    a = min(block_a, triton.next_power_of_2(d1))
+    b = min(total // a, triton.next_power_of_2(d2))
+    return min(total // b, triton.next_power_of_2(d1)), b
 
 
 def relayout(
