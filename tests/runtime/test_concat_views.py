@@ -208,6 +208,24 @@ def test_the_concatenation_copies_only_what_is_not_in_place(monkeypatch):
     assert torch.equal(got, want)
 
 
+@pytest.mark.gpu
+def test_the_concatenation_copies_what_is_not_in_place_on_the_gpu():
+    """On CUDA the inputs not in place are copied by the tiled strided copy; the one in place is left alone."""
+    torch.manual_seed(3)
+    values = [Value(n, DType.FLOAT16, (4, c, 6, 6)) for n, c in (("a", 24), ("b", 40), ("c", 8))]
+    node = Node("Concat", values, [Value("y", DType.FLOAT16, (4, 72, 6, 6))], {"axis": 1})
+    config = {"precision": "fp16", "layout": "NHWC"}
+    kernel = build_layer_kernel(tactic_by_key(CONCAT), node, 17, torch.device("cuda"), config, {})
+    out = torch.full((4, 72, 6, 6), float("nan"), device="cuda").half().contiguous(memory_format=torch.channels_last)
+    a = out[:, 0:24]
+    a.copy_(torch.randn(4, 24, 6, 6))
+    b = torch.randn(4, 40, 6, 6, device="cuda").half()  # NCHW: converted, then copied
+    c = torch.randn(4, 8, 6, 6, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    want = torch.cat([a.clone(), b, c], dim=1)
+    (got,) = kernel([a, b, c], alloc=lambda index, shape, dtype, fmt: out)
+    assert got is out and torch.equal(got, want)
+
+
 def test_concat_into_declines_other_axes_and_ranks():
     tactic = tactic_by_key(CONCAT)
     cpu = torch.device("cpu")
