@@ -101,7 +101,8 @@ def prefer_concat_into(
         if host in placed:
             placed[host] += shapes[name][1]
     for host, position in moved.items():
-        left = 1 - placed[host] / shapes[host][1]
+        channels = (shapes.get(host) or (0, 0))[1]
+        left = 1 - placed[host] / channels if channels else 1
         if trial[position].median_ms * left >= layers[position].median_ms:
             trial[position] = layers[position]
     return trial
