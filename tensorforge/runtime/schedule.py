@@ -18,7 +18,7 @@ import torch
 from ..build.memory import MemoryPlan
 from ..errors import OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Model, Node, Value
-from ..kernels.triton.copy import RELAYOUT_TYPES, relayout
+from ..kernels.triton.copy import relayout, tiled
 from ..ops.math_flags import full_float32
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
@@ -236,6 +236,6 @@ def _as_declared(result: Any, dtype: DType) -> Any:
     target = dtype.torch if dtype.has_torch and result.is_floating_point() else result.dtype
     if target == result.dtype and result.is_contiguous():
         return result
-    if result.is_cuda and {result.dtype, target} <= RELAYOUT_TYPES:
+    if tiled(result, target):
         return relayout(result, target, torch.contiguous_format)
     return torch.empty(result.shape, dtype=target, device=result.device).copy_(result)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..ir import Node
-from ..kernels.triton.copy import RELAYOUT_TYPES, strided_copy
+from ..kernels.triton.copy import strided_copy, tiled
 from .base import Kernel, Tactic, allocate, register_tactic
 
 
@@ -51,7 +51,7 @@ class ConcatIntoTactic(Tactic):
             for tensor in inputs:
                 part = out[:, channel : channel + tensor.shape[1]]
                 if tensor.numel() and (tensor.data_ptr() != part.data_ptr() or tensor.stride() != part.stride()):
-                    if part.is_cuda and {part.dtype, tensor.dtype} <= RELAYOUT_TYPES:
+                    if tiled(tensor, part.dtype):
                         strided_copy(tensor, part)  # tiled: 1.34x torch's cat on a C2f concatenation (H200)
                     else:
                         part.copy_(tensor)

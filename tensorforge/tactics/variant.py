@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, Value, qualified_op
-from ..kernels.triton.copy import RELAYOUT_TYPES, relayout
+from ..kernels.triton.copy import relayout, tiled
 from ..ops.fused import DOMAIN
 from ..ops.math_flags import tf32_math
 from ..ops.registry import HOST_INPUTS
@@ -80,14 +80,14 @@ def convert(tensor: Any, declared: DType, variant: Variant) -> Any:
         return tensor
     cast = declared == DType.FLOAT and tensor.is_floating_point() and tensor.dtype != variant.dtype
     memory_format = variant.memory_format
-    relayout = memory_format is not None and tensor.dim() == 4 and not tensor.is_contiguous(memory_format=memory_format)
-    return _reformat(tensor, variant.dtype if cast else None, memory_format if relayout else None)
+    relaid = memory_format is not None and tensor.dim() == 4 and not tensor.is_contiguous(memory_format=memory_format)
+    return _reformat(tensor, variant.dtype if cast else None, memory_format if relaid else None)
 
 
 def _reformat(tensor: torch.Tensor, dtype: torch.dtype | None, memory_format: torch.memory_format | None):
     """`tensor` cast to `dtype` and laid out in `memory_format` (either None: unchanged), in one copy when both.
     A layout change on CUDA is our tiled copy (`relayout`): torch moves a transposed tensor element by element."""
-    if memory_format is not None and tensor.is_cuda and {tensor.dtype, dtype or tensor.dtype} <= RELAYOUT_TYPES:
+    if memory_format is not None and tiled(tensor, dtype or tensor.dtype):
         return relayout(tensor, dtype or tensor.dtype, memory_format)
     if dtype is not None and memory_format is not None:
         return tensor.to(dtype, memory_format=memory_format)
@@ -186,15 +186,15 @@ class LayerKernel:
         for position, declared_float, tensor in zip(self._arg_positions, self._arg_float, args, strict=True):
             if self._convert_args and isinstance(tensor, torch.Tensor):  # `convert`, inlined
                 cast = declared_float and tensor.dtype != dtype and tensor.is_floating_point()
-                relayout = (
+                relaid = (
                     memory_format is not None
                     and tensor.dim() == 4
                     and not tensor.is_contiguous(memory_format=memory_format)
                     # a channel slice a strided kernel reads as it is, unless it is copied for a cast anyway
                     and (cast or not (self._strided and tensor.stride(1) == 1))
                 )
-                if cast or relayout:
-                    tensor = _reformat(tensor, dtype if cast else None, memory_format if relayout else None)
+                if cast or relaid:
+                    tensor = _reformat(tensor, dtype if cast else None, memory_format if relaid else None)
             inputs[position] = tensor
         if self.variant.precision == "tf32":
             with tf32_math():

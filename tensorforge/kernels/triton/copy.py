@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-RELAYOUT_TYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})  # what `relayout` converts between
+_TILED_TYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 
 @triton.jit
@@ -39,6 +39,12 @@ def _strided_copy(
     mask = (ia < D1)[:, None] & (ib < D2)[None, :]
     values = tl.load(src + i * s0 + (ia * s1)[:, None] + (ib * s2)[None, :], mask=mask)
     tl.store(dst + i * d0 + (ia * d1)[:, None] + (ib * d2)[None, :], values.to(dst.dtype.element_ty), mask=mask)
+
+
+def tiled(src: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a copy of `src` into a tensor of `dtype` runs the tiled copy here: on CUDA, between float32, float16
+    and bfloat16 (8-bit and integer types, and CPU tensors, keep torch's copy)."""
+    return src.is_cuda and src.dtype in _TILED_TYPES and dtype in _TILED_TYPES
 
 
 def copy_configs(effort: int) -> list[dict[str, int]]:
