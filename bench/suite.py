@@ -150,9 +150,19 @@ def eager_module(name: str, size: int | None, device: torch.device, precision: s
 class Case:
     """One model at one batch size on one device: its feeds, its ONNX export and its float64 reference."""
 
-    def __init__(self, name: str, batch: int, size: int, device: torch.device, runs: int, warmup: int, effort: int):
+    def __init__(
+        self,
+        name: str,
+        batch: int,
+        size: int,
+        device: torch.device,
+        runs: int,
+        warmup: int,
+        effort: int,
+        engines: Path | None = None,
+    ):
         self.name, self.batch, self.size, self.device = name, batch, size, device
-        self.runs, self.warmup, self.effort = runs, warmup, effort
+        self.runs, self.warmup, self.effort, self.engines = runs, warmup, effort, engines
         self.feeds = zoo.example_inputs(name, batch, size, seed=1)
         self.proto = zoo.export(name, batch=batch, size=size, dynamic_batch=False)
         reference = zoo.build(name, size=size).double().to(device)
@@ -201,6 +211,9 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
 
 def run_tensorforge(case: Case, precision: str) -> Measurement:
     engine, build_s = build_engine(case, precision)
+    if case.engines is not None:  # kept for a later profile or inspection of the very engine measured
+        case.engines.mkdir(parents=True, exist_ok=True)
+        engine.save(case.engines / f"{case.name}-b{case.batch}-{precision}.engine", overwrite=True)
     context = engine.create_context()
     feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
     ms = case.time(lambda: context.run(feeds))
@@ -482,7 +495,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     for name in args.models:
         size = sizes.get(name, sizes.get("*", BENCH_SIZES.get(name, zoo.MODELS[name].default_size)))
         for batch in args.batch or [1]:
-            case = Case(name, batch, size, device, args.runs, args.warmup, args.effort)
+            case = Case(name, batch, size, device, args.runs, args.warmup, args.effort, args.engines)
             for precision in args.precision or ["fp32"]:
                 for system in args.systems:
                     reason = not_applicable(system, precision, device)
@@ -522,6 +535,7 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", action="append", metavar="[MODEL=]SIZE", help="image side / sequence length")
     parser.add_argument("--merge", action="store_true", help="add to DIR/results.json instead of overwriting it")
     parser.add_argument("--out", type=Path, default=Path("bench/results/suite"))
+    parser.add_argument("--engines", type=Path, metavar="DIR", help="keep each engine as DIR/MODEL-bBATCH-PREC.engine")
     return parser
 
 

@@ -11,7 +11,8 @@
 #   sweep     bench/conv_sweep.py: every distinct conv layer, our kernels against cuDNN (SWEEP_S=300, SWEEP_ARGS)
 #   configs   bench/conv_configs.py: ResNet-50's convolutions over a wide grid of tiles and pipeline depths (CONFIGS_S=300,
 #             CONFIGS_ARGS)
-#   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite)
+#   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite; its engines kept until
+#             the call ends, for `profile`)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256")
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
 #             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all)
@@ -19,7 +20,7 @@
 #             shared by the models; ZOO_MODELS, ZOO_BATCHES to choose: a depthwise net's build takes about 130 s)
 #   max       fp16 engines beside torch.compile max-autotune (MAX_S=550 shared by the models; MAX_MODELS=resnet50,
 #             MAX_BATCH=256; max-autotune compiles a depthwise net for about 5 minutes: one model a call)
-#   profile   a zoo model's fp16 engine built and profiled layer by layer, with `inspect` (PROFILE_MODEL=yolo,
+#   profile   a zoo model's fp16 engine (the suite's, when it built that one) profiled layer by layer, with `inspect` (PROFILE_MODEL=yolo,
 #             PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_S=400)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
 #             (COPIES_BATCH=64, COPIES_S=120)
@@ -63,7 +64,7 @@ for stage in $stages; do
     suite)
       # shellcheck disable=SC2086 - SUITE_ARGS is a list of arguments
       timeout "${SUITE_S:-400}" python3 bench/suite.py ${SUITE_ARGS:---models resnet50 --precision fp16} --merge \
-        --out "$out/suite" > "$out/suite.txt" 2>&1
+        --out "$out/suite" --engines "$out/engines" > "$out/suite.txt" 2>&1
       tail -25 "$out/suite.txt"
       ;;
     int8)
@@ -108,15 +109,18 @@ for stage in $stages; do
       ;;
     profile)
       model=${PROFILE_MODEL:-yolo}
-      engine="$out/$model.engine"
-      timeout "${PROFILE_S:-400}" bash -c "
+      engine="$out/engines/$model-b${PROFILE_BATCH:-64}-fp16.engine"  # the suite's engine when it built this one
+      build=""
+      [[ -f $engine ]] || build="
         python3 -c \"from tensorforge import zoo; import onnx; onnx.save(zoo.export('$model', batch=${PROFILE_BATCH:-64},
           size=${PROFILE_SIZE:-640}, dynamic_batch=False), '$out/$model.onnx')\" &&
-        python3 -m tensorforge build '$out/$model.onnx' -o '$engine' --fp16 --effort 0 --device cuda > '$out/build.txt' 2>&1 &&
+        python3 -m tensorforge build '$out/$model.onnx' -o '$engine' --fp16 --effort 0 --device cuda > '$out/build.txt' 2>&1 &&"
+      mkdir -p "$out/engines"
+      timeout "${PROFILE_S:-400}" bash -c "$build
         python3 -m tensorforge profile '$engine' --runs 20 --top 40 > '$out/profile.txt' 2>&1 &&
         python3 -m tensorforge profile '$engine' --runs 20 --json > '$out/profile.json' 2>/dev/null &&
         python3 -m tensorforge inspect '$engine' > '$out/inspect.txt' 2>&1"
-      rm -f "$engine" "$out/$model.onnx"  # large; the text files say what they held
+      rm -f "$out/$model.onnx"
       head -45 "$out/profile.txt"
       ;;
     copies)
@@ -128,3 +132,4 @@ for stage in $stages; do
   esac
   echo "== $stage: $(($(date +%s) - started)) s"
 done
+rm -rf "$out/engines"  # large; the stages' text files say what they held
