@@ -20,6 +20,7 @@ from ..kernels.triton.conv import (
     fit_configs,
     pack_weight,
     quantized_conv_configs,
+    tma_configs,
 )
 from ..kernels.triton.conv_direct import MAX_TAPS_X_CHANNELS, conv2d_direct, direct_configs
 from ..kernels.triton.epilogue import activation_args
@@ -65,6 +66,19 @@ def _fitted(node: Node, configs: list[dict[str, Any]], min_block_k: int = 16) ->
     return fit_configs(configs, shape[1], shape[0] // groups, min_block_k)
 
 
+def _pointwise(node: Node) -> bool:
+    """Whether the node is a 1×1 convolution of one group with stride 1 and no padding (a plain GEMM over pixels:
+    `tma_configs` apply)."""
+    a = node.attributes
+    return (
+        tuple(node.inputs[1].shape[2:]) == (1, 1)
+        and a.get("group", 1) == 1
+        and all(s == 1 for s in a.get("strides", (1, 1)))
+        and not any(a.get("pads", ()))
+        and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+    )
+
+
 @register_tactic
 class TritonConvTactic(Tactic):
     """2-D FusedConv (any stride, padding, dilation, groups; bias, residual, pre/post activation) as one Triton
@@ -89,7 +103,7 @@ class TritonConvTactic(Tactic):
         return conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitted(node, self.space(effort))
+        return _fitted(node, self.space(effort) + (tma_configs(effort) if _pointwise(node) else []))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
@@ -141,7 +155,8 @@ class TritonQuantizedConvTactic(Tactic):
         return quantized_conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitted(node, self.space(effort), min_block_k=32)
+        tma = tma_configs(effort, quantized=True) if _pointwise(node) else []
+        return _fitted(node, self.space(effort) + tma, min_block_k=32)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)

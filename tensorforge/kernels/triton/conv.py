@@ -42,7 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .epilogue import activate, activation_args
+from . import conv_tma
+from .epilogue import activate, activation_args, quantize
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
 NO_ACTIVATION: Activation = activation_args("")
@@ -53,23 +54,6 @@ _REDUCE_BLOCK_M, _REDUCE_BLOCK_N = 32, 64
 _DENSE_K_WASTE = 1.5
 _MIN_K_TILES_PER_SPLIT = 4
 _MAX_SPLITS = 16
-
-
-@triton.jit
-def _quantize(v, inv_scale, QUANT: tl.constexpr):
-    """A loaded block of a float input as the quantized A operand: `v · inv_scale` in float32, clipped (selects:
-    NaN stays NaN for E4M3), then int8 rounding half to even or E4M3 rounding to nearest even."""
-    v = v.to(tl.float32) * inv_scale
-    if QUANT == 1:
-        v = tl.where(v < -128.0, -128.0, tl.where(v > 127.0, 127.0, v))
-        # Adding and subtracting 1.5·2^23 rounds |v| <= 2^22 to an integer, ties to even (float32 addition rounds
-        # to nearest even); the cast then truncates an integer, exactly. Clipping first to the integer bounds
-        # gives the same result as rounding first.
-        v = (v + 12582912.0) - 12582912.0
-        return v.to(tl.int8)
-    else:
-        v = tl.where(v < -448.0, -448.0, tl.where(v > 448.0, 448.0, v))
-        return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
 
 
 @triton.jit
@@ -104,7 +88,7 @@ def _epilogue(
     acc = activate(acc, POST, post0, post1)
     out_rows = image * syn + oh * syh + ow * syw
     if QUANT_Y != 0:
-        out = _quantize(acc, y_inv_scale, QUANT_Y)
+        out = quantize(acc, y_inv_scale, QUANT_Y)
     else:
         out = acc.to(y.dtype.element_ty)
     tl.store(y + out_rows[:, None] + (channels * syc)[None, :], out, mask=mask)
@@ -232,9 +216,9 @@ def _conv2d_igemm(
             a = tl.load(a_ptrs)  # an unpadded window over whole blocks of channels: every element is inside
         if QUANTIZE_X and X_CHANNELS:
             inv = tl.load(x_inv + g * CG + c, mask=c < CG, other=0.0)
-            a = _quantize(a, inv[None, :], QUANT)
+            a = quantize(a, inv[None, :], QUANT)
         elif QUANTIZE_X:
-            a = _quantize(a, x_inv_scale, QUANT)  # after the masked load: padding quantizes to 0
+            a = quantize(a, x_inv_scale, QUANT)  # after the masked load: padding quantizes to 0
         if W_K_MAJOR:
             b = tl.load(w_group + w_rows[:, None], mask=w_mask, other=0.0)
         else:
@@ -296,7 +280,9 @@ def _split_k_epilogue(
 @dataclass(frozen=True)
 class ConvConfig:
     """One tuning point of the kernel. `split_k`: how many K ranges (1: none), or "auto" to split only when
-    the output tiles would fill less than one wave of the device (see `split_k_for`)."""
+    the output tiles would fill less than one wave of the device (see `split_k_for`). `tma`: a 1×1 stride-1
+    call whose operands allow it runs `conv_tma`'s kernel with these tiles (split-K aside), any other call the
+    gathering kernel."""
 
     block_m: int = 64
     block_n: int = 64
@@ -305,6 +291,7 @@ class ConvConfig:
     num_warps: int = 4
     num_stages: int = 4
     split_k: int | str = "auto"
+    tma: bool = False
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> ConvConfig:
@@ -323,8 +310,8 @@ class ConvConfig:
         return made
 
 
-def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8) -> dict[str, Any]:
-    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k))
+def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8, tma=False) -> dict[str, Any]:
+    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, tma))
 
 
 # Effort 0: the shapes of ResNet / MobileNet layers on Hopper: wide tiles for the large layers, 64-wide ones
@@ -404,6 +391,23 @@ _QUANTIZED_EFFORT_2 = [
     _config(128, 128, 128, 8, 4, split_k=1),
 ]
 _QUANTIZED_MIN_BLOCK_K = 32
+
+# Tiles of `conv_tma`'s kernel, for 1×1 stride-1 layers of one group, by effort (16- and 32-bit products, then
+# 8-bit ones): 128-byte K rows, the widest swizzle of a TMA copy; effort 1 adds the usual best Hopper GEMM tiles.
+_TMA_EFFORT = [
+    [_config(128, 128, 64, 8, 3, tma=True), _config(128, 64, 64, 4, 4, tma=True)],
+    [_config(128, 256, 64, 8, 3, tma=True), _config(64, 128, 64, 4, 4, tma=True)],
+]
+_QUANTIZED_TMA_EFFORT = [
+    [_config(128, 128, 128, 8, 3, tma=True), _config(128, 64, 128, 4, 4, tma=True)],
+    [_config(128, 256, 128, 8, 3, tma=True), _config(64, 128, 128, 4, 4, tma=True)],
+]
+
+
+def tma_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
+    """The `tma` configurations worth timing at `effort` for a 1×1 stride-1 layer of one group: 2 at 0, 4 from 1."""
+    levels = _QUANTIZED_TMA_EFFORT if quantized else _TMA_EFFORT
+    return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 1)) + 1])]
 
 
 def fit_configs(configs: Sequence[Mapping[str, Any]], cg: int, kg: int, min_block_k: int = 16) -> list[dict[str, Any]]:
@@ -685,6 +689,14 @@ def _launch(
         return y
     residual = broadcast_residual(name, residual, out_shape)
     _check_shared_memory(cfg, x.element_size(), weight.element_size(), x.device, name)
+    if cfg.tma and x_inv_channels is None:  # per-channel input scales: the gathering kernel's alone
+        problem = conv_tma.launch(
+            x, weight, _k_major(name, weight), bias, residual, y, (strides, pads_begin, (oh, ow)), pre, post, cfg,
+            dot_precision=dot_precision, quant=quant, weight_scale=weight_scale, x_scale=x_scale, y_scale=y_scale,
+            z_scale=z_scale,
+        )  # fmt: skip
+        if problem is None:
+            return y
     plan = _plan(x.shape, weight.shape, (oh, ow), strides, pads_begin, dilations, m, cfg, x.device)
     res = residual if residual is not None else y
     res_strides = residual.stride() if residual is not None else (0, 0, 0, 0)

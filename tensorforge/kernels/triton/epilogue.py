@@ -6,6 +6,8 @@ launcher that code and the two float parameters.
 sigmoid is computed from e^−|x| (it never overflows), tanh as 2·sigmoid(2x) − 1 and softplus as
 max(x, 0) + log(1 + e^−|x|): Triton's core math covers them on every backend and in the interpreter.
 Clamps are written as selects so that NaN propagates, as in the reference (min/max would drop it).
+`quantize(v, inv_scale, QUANT)` rounds a float block onto the int8 (1) or float8 E4M3 (2) grid, for kernels
+that quantize an operand as they load it or a result as they store it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import triton.language as tl
 
 from ..activations import ACTIVATION_CODES, activation_args
 
-__all__ = ["ACTIVATION_CODES", "activate", "activation_args"]
+__all__ = ["ACTIVATION_CODES", "activate", "activation_args", "quantize"]
 
 
 @triton.jit
@@ -59,3 +61,20 @@ def activate(x, ACT: tl.constexpr, p0, p1):
     elif ACT == 12:
         x = tl.where(x > 0.0, x, p0 * (tl.exp(tl.where(x > 0.0, 0.0, x)) - 1.0))
     return x
+
+
+@triton.jit
+def quantize(v, inv_scale, QUANT: tl.constexpr):
+    """A float block on the quantized grid: `v · inv_scale` in float32, clipped (selects: NaN stays NaN for E4M3),
+    then int8 rounding half to even or E4M3 rounding to nearest even."""
+    v = v.to(tl.float32) * inv_scale
+    if QUANT == 1:
+        v = tl.where(v < -128.0, -128.0, tl.where(v > 127.0, 127.0, v))
+        # Adding and subtracting 1.5·2^23 rounds |v| <= 2^22 to an integer, ties to even (float32 addition rounds
+        # to nearest even); the cast then truncates an integer, exactly. Clipping first to the integer bounds
+        # gives the same result as rounding first.
+        v = (v + 12582912.0) - 12582912.0
+        return v.to(tl.int8)
+    else:
+        v = tl.where(v < -448.0, -448.0, tl.where(v > 448.0, 448.0, v))
+        return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")

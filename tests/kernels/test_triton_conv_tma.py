@@ -1,0 +1,256 @@
+"""`conv_tma`: 1×1 stride-1 convolutions as a GEMM over tensor descriptors, reached through `conv2d_nhwc` and
+`conv2d_nhwc_quantized` with a `tma` configuration. Against the float64 references of the gathering kernel's
+tests, under Triton's interpreter on tiny shapes (ragged rows, channels and K tiles, channel slices, every
+epilogue, int8 in and out); compiled for sm_90 here (TMA copies and wgmma in the PTX); on the GPU with ResNet-50's
+1×1 shapes. Every case checks which kernel ran: the TMA one where the operands allow it, the gathering one (same
+result) where they do not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorforge.ir import Node, Value
+from tensorforge.kernels.quantize import KINDS, quantize_activation
+from tensorforge.kernels.triton import conv_tma
+from tensorforge.kernels.triton.conv import (
+    conv2d_nhwc,
+    conv2d_nhwc_quantized,
+    pack_weight,
+    quantized_conv_configs,
+    tma_configs,
+)
+from tensorforge.kernels.triton.epilogue import activation_args
+from tensorforge.ops.fused import DOMAIN
+from tensorforge.tactics.autotune import quantized_mismatch
+from tensorforge.tactics.triton_conv import TritonConvTactic, TritonQuantizedConvTactic
+from tests.helpers import DEVICES, compile_for_hopper
+from tests.kernels import test_triton_conv as floats
+from tests.kernels import test_triton_conv_quantized as quantized
+
+FLOAT_TMA = {**floats.TINY, "tma": True}
+QUANTIZED_TMA = {**quantized.TINY, "tma": True}
+
+
+@pytest.fixture
+def launches(monkeypatch) -> list[str | None]:
+    """What each `conv_tma.launch` call returned: None where the TMA kernel ran, else why not."""
+    seen: list[str | None] = []
+    real = conv_tma.launch
+
+    def recording(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(conv_tma, "launch", recording)
+    return seen
+
+
+def _float_case(device, precision, shape, cout, epilogue, *, x=None, out=None, config=FLOAT_TMA):
+    dtype = floats.DTYPES[precision]
+    x_new, w, b, z, attrs = floats._layer(device, dtype, shape, cout, {}, epilogue, kernel_size=1)
+    x = x_new if x is None else x
+    want = floats._reference(x, w, b, z, attrs)
+    out = floats._poisoned(want, dtype) if out is None else out
+    got = floats._run(x, w, b, z, attrs, config=config, out=out)
+    assert floats._error(got, want) <= floats.TOLERANCE[precision]
+    return got
+
+
+# -- float ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("epilogue", sorted(floats.EPILOGUES))
+def test_float_every_epilogue(device, precision, epilogue, launches):
+    """50 pixels and 24 channels: ragged row and column tiles; 32 input channels: two K tiles."""
+    torch.manual_seed(1)
+    _float_case(device, precision, (2, 32, 5, 5), 24, floats.EPILOGUES[epilogue])
+    assert launches == [None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_ragged_k_tile_reads_zeros(device, launches):
+    torch.manual_seed(2)
+    _float_case(device, "fp16", (1, 40, 4, 6), 16, floats.FULL_EPILOGUE)
+    assert launches == [None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reads_and_writes_channel_slices(device, launches):
+    """x: channels 8..40 of a 48-channel map, y: channels 16..40 of a 64-channel one (a concatenation's
+    input and output), the rest of y's storage untouched."""
+    torch.manual_seed(3)
+    wide = torch.randn(2, 48, 5, 5, device=device).half().contiguous(memory_format=torch.channels_last)
+    storage = torch.full((2, 64, 5, 5), 7.0, device=device).half().contiguous(memory_format=torch.channels_last)
+    out = storage[:, 16:40]
+    _float_case(device, "fp16", (2, 32, 5, 5), 24, floats.FULL_EPILOGUE, x=wide[:, 8:40], out=out)
+    assert launches == [None]
+    assert (storage[:, :16] == 7).all() and (storage[:, 40:] == 7).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unaligned_rows_and_other_geometries_take_the_gathering_kernel(device, launches):
+    """12 float16 channels are 24-byte rows (TMA needs multiples of 16); a 3×3 layer is no plain GEMM: both
+    still compute the right result, with the same tiles, through the gathering kernel."""
+    torch.manual_seed(4)
+    _float_case(device, "fp16", (1, 12, 4, 4), 16, floats.FULL_EPILOGUE)
+    assert len(launches) == 1 and "16-byte" in launches[0]
+    x, w, b, z, attrs = floats._layer(device, torch.float16, (1, 16, 6, 6), 8, {"pads": [1] * 4}, floats.FULL_EPILOGUE)
+    want = floats._reference(x, w, b, z, attrs)
+    got = floats._run(x, w, b, z, attrs, config=FLOAT_TMA, out=floats._poisoned(want, torch.float16))
+    assert floats._error(got, want) <= floats.TOLERANCE["fp16"]
+    assert launches[1] == "stride 1 and no padding only" or "1×1" in launches[1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_broadcast_residual_takes_the_gathering_kernel(device, launches):
+    torch.manual_seed(5)
+    x = torch.randn(1, 16, 4, 4, device=device).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(16, 16, 1, 1, device=device)
+    z = torch.randn(1, 16, 1, 1, device=device)
+    got = conv2d_nhwc(x, pack_weight(w, 1), None, z, out_hw=(4, 4), config=FLOAT_TMA)
+    torch.testing.assert_close(got, torch.nn.functional.conv2d(x, w) + z, rtol=1e-5, atol=1e-4)
+    assert launches == ["the residual is broadcast"]
+
+
+# -- quantized --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_type", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("epilogue", sorted(quantized.EPILOGUES))
+def test_int8_every_input_type_and_epilogue(device, x_type, epilogue, launches):
+    """x quantized on load (float32 / float16) or given as int8, into float; the K-major and the contiguous
+    weight packing."""
+    torch.manual_seed(6)
+    out_dtype = torch.float16 if x_type == "fp16" else torch.float32
+    for k_major in (True, False):
+        quantized._check_case(
+            device, "int8", x_type, out_dtype, "1x1", quantized.EPILOGUES[epilogue], config=QUANTIZED_TMA,
+            k_major=k_major,
+        )  # fmt: skip
+    assert launches == [None, None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_exact_inputs(device, launches):
+    """E4M3 values the interpreter's cast keeps exact (see test_triton_conv_quantized)."""
+    torch.manual_seed(7)
+    quantized._check_case(
+        device, "fp8e4m3", "fp8", torch.float32, "1x1", quantized.FULL_EPILOGUE, config=QUANTIZED_TMA, exact=True
+    )
+    assert launches == [None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_into_int8_with_an_int8_residual(device, launches):
+    """The block-final layer of a quantized residual stream: int8 x, int8 residual (z_scale), int8 output
+    (y_scale); every output a rounding of a value within float32 tolerance of the reference."""
+    torch.manual_seed(8)
+    x, x_scale, xq, wq, w_scale, b, z, attrs = quantized._layer(
+        device, "int8", "int8", torch.float32, "1x1", quantized.FULL_EPILOGUE
+    )
+    z_scale = float(z.abs().max()) / 127
+    zq = quantize_activation(z, z_scale, "int8").contiguous(memory_format=torch.channels_last)
+    want = quantized._reference(xq, x_scale, wq, w_scale, b, zq.double() * z_scale, attrs)
+    y_scale = float(want.abs().max()) / KINDS["int8"][1] * 0.93
+    out = torch.full(want.shape, 77, dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
+    got = conv2d_nhwc_quantized(
+        x, pack_weight(wq, 1, k_major=True), w_scale, x_scale, b, zq, out_hw=(5, 5),
+        pre=activation_args(attrs["pre"]), post=activation_args(attrs["post"]), out=out, config=QUANTIZED_TMA,
+        y_scale=y_scale, z_scale=z_scale,
+    )  # fmt: skip
+    assert launches == [None]
+    assert got.min() == -128 or got.max() == 127
+    assert quantized_mismatch(got.cpu(), want.cpu(), y_scale, "int8", quantized.TOLERANCE[torch.float32]) == ""
+
+
+# -- configurations and the tactics' spaces ---------------------------------------------------------------
+
+
+def _conv_node(op: str, kernel: int, **attributes) -> Node:
+    weight = Value("w", shape=(64, 32, kernel, kernel))
+    return Node(op, [Value("x"), weight], [Value("y")], attributes, domain=DOMAIN)
+
+
+def test_tma_configs_join_the_spaces_of_plain_gemm_layers_only():
+    assert len(tma_configs(0)) == 2 and len(tma_configs(1)) == 4 and len(tma_configs(2)) == 4
+    assert all(c["tma"] and c["block_k"] == 128 for c in tma_configs(1, quantized=True))
+    assert not any(c["tma"] for c in quantized_conv_configs(2))
+    for tactic, op in ((TritonConvTactic(), "FusedConv"), (TritonQuantizedConvTactic(), "QuantizedConv")):
+        plain = tactic.space_for(_conv_node(op, 1), 0)
+        assert sum(c["tma"] for c in plain) == 2
+        for other in (_conv_node(op, 3, pads=[1] * 4), _conv_node(op, 1, strides=[2, 2]), _conv_node(op, 1, group=2)):
+            assert not any(c["tma"] for c in tactic.space_for(other, 0))
+
+
+# -- compiled for Hopper; on the GPU ----------------------------------------------------------------------
+
+_COMPILE_FOR_HOPPER = """
+import re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tensorforge.kernels.triton.conv_tma import _conv1x1_tma as fn
+floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
+for quant, a, b, y, bk, mma in ((0, "fp16", "fp16", "fp16", 64, ".f16.f16"), (1, "i8", "i8", "i8", 128, ".s8.s8")):
+    constants = dict(
+        HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True,
+        DOT_PRECISION="ieee", BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8,
+    )
+    descriptors = {
+        "a_desc": f"tensordesc<{a}[128, {bk}]>", "b_desc": f"tensordesc<{b}[128, {bk}]>",
+        "z_desc": f"tensordesc<{y}[128, 128]>", "y_desc": f"tensordesc<{y}[128, 128]>",
+    }
+    signature = {
+        n: "constexpr" if n in constants else descriptors.get(n) or ("*fp32" if n in ("bias", "w_scale") else
+        "fp32" if n in floats else "i32")
+        for n in fn.arg_names
+    }
+    source = ASTSource(fn, signature, constants)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+    ptx = kernel.asm["ptx"]
+    wgmma = len(re.findall(r"wgmma\\.mma_async[^ ]*" + re.escape(mma), ptx))
+    print(quant, wgmma, len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared[^ ]*\\.global", ptx)),
+          len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared", ptx)))
+"""
+
+
+def test_the_tma_kernel_compiles_for_hopper_with_bulk_tensor_copies_and_wgmma():
+    """Through Triton's real compiler for sm_90 (no GPU needed): float16 and int8 (int8 out, int8 residual)
+    products on wgmma, the operands and the residual loaded and the output stored by TMA bulk tensor copies."""
+    counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
+    assert len(counts) == 2, counts
+    for _, wgmma, loads, stores in counts:
+        assert int(wgmma) > 0 and int(loads) > 0 and int(stores) > 0, counts
+
+
+# ResNet-50's 1×1 layers at batch 8: (input shape, output channels)
+NETWORK_SHAPES = {"1x1-256-64": ((8, 256, 56, 56), 64), "1x1-64-256": ((8, 64, 56, 56), 256)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("layer", sorted(NETWORK_SHAPES))
+def test_network_shapes_every_float_config_on_the_gpu(precision, layer, launches):
+    torch.manual_seed(9)
+    shape, cout = NETWORK_SHAPES[layer]
+    for config in tma_configs(1):
+        _float_case("cuda", precision, shape, cout, floats.EPILOGUES["resnet-add-relu"], config=config)
+    assert launches == [None] * len(tma_configs(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_type", ["fp16", "int8"])
+@pytest.mark.parametrize("layer", sorted(NETWORK_SHAPES))
+def test_network_shapes_every_int8_config_on_the_gpu(x_type, layer, launches):
+    torch.manual_seed(10)
+    shape, cout = NETWORK_SHAPES[layer]
+    for config in tma_configs(1, quantized=True):
+        quantized._check_case(
+            "cuda", "int8", x_type, torch.float16, (shape, cout, 1, {}), quantized.EPILOGUES["resnet-add-relu"],
+            config=config,
+        )  # fmt: skip
+    assert launches == [None] * len(tma_configs(1, quantized=True))
