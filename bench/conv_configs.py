@@ -9,6 +9,7 @@ configuration, its bandwidth against a device copy's, the best effort-0 configur
 from today), and cuDNN's fused fp16 convolution. Results as JSON (every configuration) and a short table.
 
     python bench/conv_configs.py --batch 256 --precision int8 --out DIR
+    python bench/conv_configs.py --batch 256 --precision int8 --kernel tma --out DIR   (1×1 layers, `conv_tma`)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tensorforge.kernels.triton.conv import (
     conv_configs,
     pack_weight,
     quantized_conv_configs,
+    tma_configs,
 )
 from tensorforge.kernels.triton.epilogue import activation_args
 from tensorforge.tactics.timing import measure
@@ -50,10 +52,10 @@ LAYERS = [
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (64, 256), (128, 256), (256, 128))
 
 
-def grid() -> list[dict]:
-    """Tiles × K depth × warps × pipeline stages, wider than any effort level."""
+def grid(tma: bool = False) -> list[dict]:
+    """Tiles × K depth × warps × pipeline stages, wider than any effort level (`tma`: of `conv_tma`'s kernel)."""
     return [
-        dict(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages)
+        dict(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages, tma=tma)
         for (bm, bn), bk, warps, stages in itertools.product(TILES, (64, 128), (4, 8), (1, 2, 3))
     ]
 
@@ -154,7 +156,7 @@ def sweep(case: Case, configs: list[dict], device: torch.device) -> list[dict]:
 
 
 def describe(row: dict) -> str:
-    return "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row)
+    return "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row) + (" tma" if row.get("tma") else "")
 
 
 def main() -> None:
@@ -163,6 +165,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=("int8", "fp16"), default="int8")
     parser.add_argument("--layers", nargs="+", help="layer names (default: all)")
     parser.add_argument("--effort0", action="store_true", help="only the effort-0 configurations (a smoke run)")
+    parser.add_argument(
+        "--kernel", choices=("gather", "tma"), default="gather", help="tma: conv_tma's kernel, on the 1×1 layers"
+    )
     parser.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke run)")
     parser.add_argument("--seconds", type=float, default=300, help="stop starting new layers after this")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -172,12 +177,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     peak = copy_gbps(2 << 30 if device.type == "cuda" else 1 << 24, device)
     print(f"device copy {peak:.0f} GB/s", flush=True)
-    effort0 = quantized_conv_configs(0) if args.precision == "int8" else conv_configs(0)
+    tma = args.kernel == "tma"
+    if tma:
+        effort0 = tma_configs(0, quantized=args.precision == "int8")
+    else:
+        effort0 = quantized_conv_configs(0) if args.precision == "int8" else conv_configs(0)
     effort0_tilings = {_tiling(c) for c in effort0}
-    configs = effort0 if args.effort0 else grid()
+    configs = effort0 if args.effort0 else grid(tma)
     results = []
     for name, cin, cout, k, side, residual in LAYERS:
-        if args.layers and name not in args.layers:
+        if (args.layers and name not in args.layers) or (tma and k != 1):
             continue
         if time.time() - started > args.seconds:
             print(f"{name}: skipped, out of time", flush=True)
@@ -194,7 +203,7 @@ def main() -> None:
         print(f"{name:<14} best {best['ms']:.4f} ms ({describe(best)}, {gbps:.0f} GB/s = {gbps / peak:.0%} of copy) "
               f"effort-0 {best0['ms'] if best0 else math.nan:.4f} ms  cuDNN fp16 {peer_ms:.4f} ms  "
               f"[{len(timed)}/{len(rows)} ran]", flush=True)  # fmt: skip
-        (args.out / f"conv-configs-{args.precision}-b{args.batch}.json").write_text(
+        (args.out / f"conv-configs-{args.precision}{'-tma' if tma else ''}-b{args.batch}.json").write_text(
             json.dumps(dict(copy_gbps=peak, batch=args.batch, precision=args.precision, layers=results), indent=1)
         )
 
