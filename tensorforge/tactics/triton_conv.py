@@ -66,16 +66,14 @@ def _fitted(node: Node, configs: list[dict[str, Any]], min_block_k: int = 16) ->
     return fit_configs(configs, shape[1], shape[0] // groups, min_block_k)
 
 
-def _pointwise(node: Node) -> bool:
-    """Whether the node is a 1×1 convolution of one group with stride 1 and no padding (a plain GEMM over pixels:
-    `tma_configs` apply)."""
+def _tma_geometry(node: Node) -> bool:
+    """Whether the node is a convolution of one group with stride 1 and dilation 1 (`tma_configs` apply: a box
+    of output pixels reads a box of input pixels, shifted by each tap)."""
     a = node.attributes
     return (
-        tuple(node.inputs[1].shape[2:]) == (1, 1)
-        and a.get("group", 1) == 1
+        a.get("group", 1) == 1
         and all(s == 1 for s in a.get("strides", (1, 1)))
-        and not any(a.get("pads", ()))
-        and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+        and all(d == 1 for d in a.get("dilations", (1, 1)))
     )
 
 
@@ -103,7 +101,7 @@ class TritonConvTactic(Tactic):
         return conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitted(node, self.space(effort) + (tma_configs(effort) if _pointwise(node) else []))
+        return _fitted(node, self.space(effort) + (tma_configs(effort) if _tma_geometry(node) else []))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
@@ -155,7 +153,7 @@ class TritonQuantizedConvTactic(Tactic):
         return quantized_conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        tma = tma_configs(effort, quantized=True) if _pointwise(node) else []
+        tma = tma_configs(effort, quantized=True) if _tma_geometry(node) else []
         return _fitted(node, self.space(effort) + tma, min_block_k=32)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:

@@ -46,9 +46,9 @@ def launches(monkeypatch) -> list[str | None]:
     return seen
 
 
-def _float_case(device, precision, shape, cout, epilogue, *, x=None, out=None, config=FLOAT_TMA):
+def _float_case(device, precision, shape, cout, epilogue, *, x=None, out=None, config=FLOAT_TMA, kernel=1, attrs=None):
     dtype = floats.DTYPES[precision]
-    x_new, w, b, z, attrs = floats._layer(device, dtype, shape, cout, {}, epilogue, kernel_size=1)
+    x_new, w, b, z, attrs = floats._layer(device, dtype, shape, cout, attrs or {}, epilogue, kernel_size=kernel)
     x = x_new if x is None else x
     want = floats._reference(x, w, b, z, attrs)
     out = floats._poisoned(want, dtype) if out is None else out
@@ -90,18 +90,53 @@ def test_reads_and_writes_channel_slices(device, launches):
     assert (storage[:, :16] == 7).all() and (storage[:, 40:] == 7).all()
 
 
+# stride-1 geometries of one group in boxes of output pixels: (precision, input shape, output channels, kernel,
+# attributes, tile rows). 8 float16 output channels are 16-byte rows; the "two-images" tile of 64 pixels is a box
+# of 4 images of 4×4 over a 2-image 3×3 map (images, rows and columns past the end).
+BOXES = {
+    "3x3": ("fp16", (2, 16, 6, 6), 8, 3, {"pads": [1, 1, 1, 1]}, 16),
+    "3x3-unpadded": ("fp32", (1, 16, 7, 5), 8, 3, {}, 16),
+    "3x3-uneven-channels": ("fp32", (1, 12, 5, 6), 20, 3, {"pads": [1, 1, 1, 1]}, 16),
+    "asymmetric-pads": ("fp32", (1, 4, 7, 6), 8, 3, {"pads": [0, 1, 2, 0]}, 16),
+    "5x5-same": ("fp16", (1, 16, 9, 9), 16, 5, {"pads": [2, 2, 2, 2]}, 32),
+    "1x1-padded": ("fp16", (1, 16, 4, 4), 16, 1, {"pads": [1, 1, 1, 1]}, 16),
+    "two-images": ("fp16", (2, 16, 3, 3), 16, 3, {"pads": [1, 1, 1, 1]}, 64),
+}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_unaligned_rows_and_other_geometries_take_the_gathering_kernel(device, launches):
-    """12 float16 channels are 24-byte rows (TMA needs multiples of 16); a 3×3 layer is no plain GEMM: both
-    still compute the right result, with the same tiles, through the gathering kernel."""
+@pytest.mark.parametrize("geometry", sorted(BOXES))
+def test_stride_1_geometries_in_boxes_of_pixels(device, geometry, launches):
     torch.manual_seed(4)
-    _float_case(device, "fp16", (1, 12, 4, 4), 16, floats.FULL_EPILOGUE)
-    assert len(launches) == 1 and "16-byte" in launches[0]
-    x, w, b, z, attrs = floats._layer(device, torch.float16, (1, 16, 6, 6), 8, {"pads": [1] * 4}, floats.FULL_EPILOGUE)
+    precision, shape, cout, kernel, attributes, block_m = BOXES[geometry]
+    dtype = floats.DTYPES[precision]
+    x, w, b, z, attrs = floats._layer(device, dtype, shape, cout, attributes, floats.FULL_EPILOGUE, kernel)
     want = floats._reference(x, w, b, z, attrs)
-    got = floats._run(x, w, b, z, attrs, config=FLOAT_TMA, out=floats._poisoned(want, torch.float16))
-    assert floats._error(got, want) <= floats.TOLERANCE["fp16"]
-    assert launches[1] == "stride 1 and no padding only" or "1×1" in launches[1]
+    config = {**FLOAT_TMA, "block_m": block_m}
+    got = floats._run(x, w, b, z, attrs, config=config, out=floats._poisoned(want, dtype))
+    assert floats._error(got, want) <= floats.TOLERANCE[precision]
+    assert launches == [None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("geometry", "reason"),
+    [("3x3-stride2", "stride 1 and dilation 1 only"), ("dilation2", "stride 1 and dilation 1 only"),
+     ("groups2", "one group only"), ("1x1-stride2", "stride 1 and dilation 1 only")],
+)  # fmt: skip
+def test_other_geometries_take_the_gathering_kernel(device, geometry, reason, launches):
+    torch.manual_seed(5)
+    floats._check_case(device, "fp32", geometry, floats.FULL_EPILOGUE, FLOAT_TMA)
+    assert len(launches) == 1 and launches[0].startswith(reason)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unaligned_rows_take_the_gathering_kernel(device, launches):
+    """12 float16 channels are 24-byte pixels (TMA needs strides in multiples of 16 bytes): the right result,
+    with the same tiles, through the gathering kernel."""
+    torch.manual_seed(6)
+    _float_case(device, "fp16", (1, 12, 4, 4), 16, floats.FULL_EPILOGUE)
+    assert len(launches) == 1 and "16 bytes" in launches[0]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -132,6 +167,17 @@ def test_int8_every_input_type_and_epilogue(device, x_type, epilogue, launches):
             k_major=k_major,
         )  # fmt: skip
     assert launches == [None, None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_type", ["fp16", "int8"])
+@pytest.mark.parametrize("geometry", ["3x3", "3x3-unpadded"])
+def test_int8_3x3_in_boxes_of_pixels(device, x_type, geometry, launches):
+    torch.manual_seed(7)
+    quantized._check_case(
+        device, "int8", x_type, torch.float32, geometry, quantized.FULL_EPILOGUE, config=QUANTIZED_TMA
+    )
+    assert launches == [None]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -175,14 +221,18 @@ def _conv_node(op: str, kernel: int, **attributes) -> Node:
     return Node(op, [Value("x"), weight], [Value("y")], attributes, domain=DOMAIN)
 
 
-def test_tma_configs_join_the_spaces_of_plain_gemm_layers_only():
+def test_tma_configs_join_the_spaces_of_stride_1_layers_of_one_group_only():
     assert len(tma_configs(0)) == 2 and len(tma_configs(1)) == 4 and len(tma_configs(2)) == 4
     assert all(c["tma"] and c["block_k"] == 128 for c in tma_configs(1, quantized=True))
     assert not any(c["tma"] for c in quantized_conv_configs(2))
     for tactic, op in ((TritonConvTactic(), "FusedConv"), (TritonQuantizedConvTactic(), "QuantizedConv")):
-        plain = tactic.space_for(_conv_node(op, 1), 0)
-        assert sum(c["tma"] for c in plain) == 2
-        for other in (_conv_node(op, 3, pads=[1] * 4), _conv_node(op, 1, strides=[2, 2]), _conv_node(op, 1, group=2)):
+        for stride_1 in (_conv_node(op, 1), _conv_node(op, 3, pads=[1] * 4)):
+            assert sum(c["tma"] for c in tactic.space_for(stride_1, 0)) == 2
+        for other in (
+            _conv_node(op, 3, strides=[2, 2]),
+            _conv_node(op, 3, dilations=[2, 2]),
+            _conv_node(op, 1, group=2),
+        ):
             assert not any(c["tma"] for c in tactic.space_for(other, 0))
 
 
@@ -193,16 +243,20 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tensorforge.kernels.triton.conv_tma import _conv1x1_tma as fn
+from tensorforge.kernels.triton.conv_tma import _conv_tma as fn
 floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
-for quant, a, b, y, bk, mma in ((0, "fp16", "fp16", "fp16", 64, ".f16.f16"), (1, "i8", "i8", "i8", 128, ".s8.s8")):
+cases = [(quant, k) for quant in (0, 1) for k in (1, 3)]
+for quant, k in cases:
+    a, mma, bk = ("fp16", ".f16.f16", 64) if quant == 0 else ("i8", ".s8.s8", 128)
     constants = dict(
-        HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True,
-        DOT_PRECISION="ieee", BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8,
+        KH=k, KW=k, PH=k // 2, PW=k // 2, BOXES=k > 1, BI=1, BH=8, BW=16, HAS_BIAS=True, HAS_RES=True, PRE=0,
+        POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True, DOT_PRECISION="ieee", BLOCK_M=128,
+        BLOCK_N=128, BLOCK_K=bk, GROUP_M=8,
     )
+    pixels = "1, 8, 16" if k > 1 else "128"
     descriptors = {
-        "a_desc": f"tensordesc<{a}[128, {bk}]>", "b_desc": f"tensordesc<{b}[128, {bk}]>",
-        "z_desc": f"tensordesc<{y}[128, 128]>", "y_desc": f"tensordesc<{y}[128, 128]>",
+        "a_desc": f"tensordesc<{a}[{pixels}, {bk}]>", "b_desc": f"tensordesc<{a}[128, {bk}]>",
+        "z_desc": f"tensordesc<{a}[{pixels}, 128]>", "y_desc": f"tensordesc<{a}[{pixels}, 128]>",
     }
     signature = {
         n: "constexpr" if n in constants else descriptors.get(n) or ("*fp32" if n in ("bias", "w_scale") else
@@ -213,33 +267,44 @@ for quant, a, b, y, bk, mma in ((0, "fp16", "fp16", "fp16", 64, ".f16.f16"), (1,
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
     ptx = kernel.asm["ptx"]
     wgmma = len(re.findall(r"wgmma\\.mma_async[^ ]*" + re.escape(mma), ptx))
-    print(quant, wgmma, len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared[^ ]*\\.global", ptx)),
-          len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared", ptx)))
+    print(quant, k, wgmma, len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.shared[^ ]*\\.global", ptx)),
+          len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.global\\.shared", ptx)))
 """
 
 
 def test_the_tma_kernel_compiles_for_hopper_with_bulk_tensor_copies_and_wgmma():
     """Through Triton's real compiler for sm_90 (no GPU needed): float16 and int8 (int8 out, int8 residual)
-    products on wgmma, the operands and the residual loaded and the output stored by TMA bulk tensor copies."""
+    products, 1×1 in rows and 3×3 in boxes of pixels, on wgmma, the operands and the residual loaded and the
+    output stored by TMA bulk tensor copies (2-D for rows, 4-D for boxes)."""
     counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert len(counts) == 2, counts
-    for _, wgmma, loads, stores in counts:
+    assert len(counts) == 4, counts
+    for _, _, wgmma, loads, stores in counts:
         assert int(wgmma) > 0 and int(loads) > 0 and int(stores) > 0, counts
 
 
-# ResNet-50's 1×1 layers at batch 8: (input shape, output channels)
-NETWORK_SHAPES = {"1x1-256-64": ((8, 256, 56, 56), 64), "1x1-64-256": ((8, 64, 56, 56), 256)}
+# ResNet-50's layers at batch 8: (input shape, output channels, kernel, attributes); the 3×3 ones in boxes of
+# 8×16 and 8×8 (two images) output pixels.
+NETWORK_SHAPES = {
+    "1x1-256-64": ((8, 256, 56, 56), 64, 1, {}),
+    "1x1-64-256": ((8, 64, 56, 56), 256, 1, {}),
+    "3x3-64": ((8, 64, 56, 56), 64, 3, {"pads": [1, 1, 1, 1]}),
+    "3x3-512-7x7": ((8, 512, 7, 7), 512, 3, {"pads": [1, 1, 1, 1]}),
+}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("layer", sorted(NETWORK_SHAPES))
 def test_network_shapes_every_float_config_on_the_gpu(precision, layer, launches):
+    """Every effort-1 config in 16 bits; float32 (TF32) the effort-0 ones (effort 1's 128×256×64 tiles in 3
+    stages would need 288 KiB of shared memory at 32 bits and are refused before launch)."""
     torch.manual_seed(9)
-    shape, cout = NETWORK_SHAPES[layer]
-    for config in tma_configs(1):
-        _float_case("cuda", precision, shape, cout, floats.EPILOGUES["resnet-add-relu"], config=config)
-    assert launches == [None] * len(tma_configs(1))
+    shape, cout, kernel, attributes = NETWORK_SHAPES[layer]
+    configs = tma_configs(0 if precision == "tf32" else 1)
+    for config in configs:
+        epilogue = floats.EPILOGUES["resnet-add-relu"]
+        _float_case("cuda", precision, shape, cout, epilogue, config=config, kernel=kernel, attrs=attributes)
+    assert launches == [None] * len(configs)
 
 
 @pytest.mark.gpu
@@ -247,10 +312,9 @@ def test_network_shapes_every_float_config_on_the_gpu(precision, layer, launches
 @pytest.mark.parametrize("layer", sorted(NETWORK_SHAPES))
 def test_network_shapes_every_int8_config_on_the_gpu(x_type, layer, launches):
     torch.manual_seed(10)
-    shape, cout = NETWORK_SHAPES[layer]
     for config in tma_configs(1, quantized=True):
         quantized._check_case(
-            "cuda", "int8", x_type, torch.float16, (shape, cout, 1, {}), quantized.EPILOGUES["resnet-add-relu"],
+            "cuda", "int8", x_type, torch.float16, NETWORK_SHAPES[layer], quantized.EPILOGUES["resnet-add-relu"],
             config=config,
         )  # fmt: skip
     assert launches == [None] * len(tma_configs(1, quantized=True))

@@ -280,9 +280,9 @@ def _split_k_epilogue(
 @dataclass(frozen=True)
 class ConvConfig:
     """One tuning point of the kernel. `split_k`: how many K ranges (1: none), or "auto" to split only when
-    the output tiles would fill less than one wave of the device (see `split_k_for`). `tma`: a 1×1 stride-1
-    call whose operands allow it runs `conv_tma`'s kernel with these tiles (split-K aside), any other call the
-    gathering kernel."""
+    the output tiles would fill less than one wave of the device (see `split_k_for`). `tma`: a stride-1 call of
+    one group whose operands allow it runs `conv_tma`'s kernel with these tiles (split-K aside), any other call
+    the gathering kernel."""
 
     block_m: int = 64
     block_n: int = 64
@@ -392,7 +392,7 @@ _QUANTIZED_EFFORT_2 = [
 ]
 _QUANTIZED_MIN_BLOCK_K = 32
 
-# Tiles of `conv_tma`'s kernel, for 1×1 stride-1 layers of one group, by effort (16- and 32-bit products, then
+# Tiles of `conv_tma`'s kernel, for stride-1 layers of one group, by effort (16- and 32-bit products, then
 # 8-bit ones): 128-byte K rows, the widest swizzle of a TMA copy; effort 1 adds the usual best Hopper GEMM tiles.
 _TMA_EFFORT = [
     [_config(128, 128, 64, 8, 3, tma=True), _config(128, 64, 64, 4, 4, tma=True)],
@@ -405,7 +405,7 @@ _QUANTIZED_TMA_EFFORT = [
 
 
 def tma_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
-    """The `tma` configurations worth timing at `effort` for a 1×1 stride-1 layer of one group: 2 at 0, 4 from 1."""
+    """The `tma` configurations worth timing at `effort` for a stride-1 layer of one group: 2 at 0, 4 from 1."""
     levels = _QUANTIZED_TMA_EFFORT if quantized else _TMA_EFFORT
     return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 1)) + 1])]
 
@@ -691,7 +691,7 @@ def _launch(
     _check_shared_memory(cfg, x.element_size(), weight.element_size(), x.device, name)
     if cfg.tma and x_inv_channels is None:  # per-channel input scales: the gathering kernel's alone
         problem = conv_tma.launch(
-            x, weight, _k_major(name, weight), bias, residual, y, (strides, pads_begin, (oh, ow)), pre, post, cfg,
+            x, weight, _k_major(name, weight), bias, residual, y, (strides, pads_begin, dilations), pre, post, cfg,
             dot_precision=dot_precision, quant=quant, weight_scale=weight_scale, x_scale=x_scale, y_scale=y_scale,
             z_scale=z_scale,
         )  # fmt: skip

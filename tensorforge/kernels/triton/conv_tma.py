@@ -1,28 +1,37 @@
-"""1×1 stride-1 convolutions as a GEMM whose operands the Tensor Memory Accelerator moves (Hopper's TMA).
+"""Stride-1 convolutions of one group as GEMMs whose operands the Tensor Memory Accelerator moves (Hopper's TMA).
 
-An unpadded 1×1 convolution of one group with stride 1 over channels_last tensors is the product of two
-matrices with no gather at all: the input's pixels are the rows of X [M, Cin] (M = N·H·W), the output's the
-rows of Y [M, Cout]. When those rows sit at one stride from each other (a dense NHWC tensor, or a channel slice
-of a wider one, as a concatenation's input) each operand is one 2-D tensor descriptor: a K tile arrives in
-shared memory as one bulk copy, already in the swizzled layout the tensor cores read, with no address
-arithmetic or per-element masks in the loop (rows and channels past the end read as zeros), and the result
-leaves through shared memory in whole rows. The pointer-gathering kernel of `kernels.triton.conv` spends its
-issue slots on addresses and masks and stores each thread's few scattered elements; on the memory-bound 1×1
-layers of ResNet-style blocks (few input channels, many pixels) that, not the arithmetic, sets the time.
+A stride-1 convolution over channels_last tensors needs no gather: for filter tap (kh, kw), the input pixels
+that output pixels (n, oh, ow) read are X[n, oh + kh − PH, ow + kw − PW, :], the same box of the input shifted.
+So each operand is a tensor descriptor, and a K tile (one tap, BLOCK_K channels) arrives in shared memory as one
+bulk copy, already in the swizzled layout the tensor cores read, with no address arithmetic or per-element
+masks in the loop: coordinates outside the tensor (the padding, ragged tiles, channels past Cin) read as zeros,
+and stores outside it are dropped. The result leaves through shared memory in whole rows. The pointer-gathering
+kernel of `kernels.triton.conv` spends its issue slots on addresses and masks and stores each thread's few
+scattered elements of the MMA layout.
 
-The epilogue is `kernels.triton.conv`'s: dequantization (`acc · x_scale · w_scale[n]` for int8 / E4M3),
-bias, pre-activation, residual (read with its own descriptor, dequantized by z_scale when quantized), post-
-activation, then a cast or a requantization (`y_scale`) as it is stored.
+Two tilings, by geometry:
+- rows (an unpadded 1×1 layer whose operands' pixels sit at one stride: a dense NHWC tensor or a channel slice
+  of one): a plain GEMM, X [M, Cin] · W [Cin, Cout] with M = N·H·W; BLOCK_M consecutive pixels per tile, no waste.
+- boxes (any filter, any padding): 4-D descriptors over (N, H, W, C); a tile is a box of BI images × BH rows ×
+  BW columns of output pixels (BLOCK_M of them, powers of two fitted to the output, `spatial_box`), and the K loop
+  walks taps × channel blocks, loading the input box shifted by each tap. A box larger than the map wastes its
+  lanes past the edge (a 7×7 map in 8×8 boxes: 77% busy).
 
-`launch` runs it when the geometry (`tma_problem`) and every operand allow: rows 16-byte aligned at one stride,
-channels innermost, a K-major or contiguous packed weight, a residual of the output's shape in the same row
-layout (`launch` says which operand does not); `conv`'s launcher falls back to the gathering kernel with the
-same tiles otherwise, so a `tma` configuration is valid for every call.
+K order: tap-major, channels inside, as the packed weight (`conv.pack_weight`) stores K. When Cin is not a
+multiple of BLOCK_K a tile's last channels are zeros read past Cin, so the weight rows they meet (the next tap's)
+add nothing.
+
+The epilogue is `kernels.triton.conv`'s: dequantization (`acc · x_scale · w_scale[n]` for int8 / E4M3), bias,
+pre-activation, residual (read with its own descriptor, dequantized by z_scale when quantized), post-activation,
+then a cast or a requantization (`y_scale`) as it is stored.
+
+`launch` runs it when the geometry (`tma_problem`) and every operand allow: channels innermost, the other
+strides and the base 16-byte aligned, a residual of the output's shape (`launch` says what does not);
+`conv`'s launcher falls back to the gathering kernel with the same tiles otherwise, so a `tma` configuration is
+valid for every call.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import triton
@@ -32,39 +41,62 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .epilogue import activate, quantize
 
 _ALIGN_BYTES = 16  # TMA: global addresses and every stride but the last in multiples of 16 bytes
+_MAX_BOX = 256  # TMA: at most 256 elements along each box dimension
 
 
 @triton.jit
-def _conv1x1_tma(
+def _conv_tma(
     a_desc, b_desc, z_desc, y_desc, bias, w_scale,
-    M, N, K,
+    M, IMAGES, OH, OW, N, CIN,
     pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale,
+    KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """One [BLOCK_M, BLOCK_N] tile of Y = epilogue(X · W): X rows through a_desc, W through b_desc ([N, K] when
-    W_K_MAJOR, else [K, N]), the residual through z_desc, Y through y_desc. Programs are swizzled as in
-    `conv._conv2d_igemm` (GROUP_M row tiles sweep the column tiles together, sharing weight columns in L2)."""
+    """One [BLOCK_M, BLOCK_N] output tile: BLOCK_M pixels (M of them with rows, BI·BH·BW boxes of the
+    (IMAGES, OH, OW) output with BOXES) × BLOCK_N of the N output channels; K = KH·KW·CIN. The weight through
+    b_desc ([N, K] when W_K_MAJOR, else [K, N]). Programs are swizzled as in `conv._conv2d_igemm` (GROUP_M row
+    tiles sweep the column tiles together, sharing weight columns in L2)."""
     pid = tl.program_id(0)
-    m_tiles = tl.cdiv(M, BLOCK_M)
+    if BOXES:
+        h_tiles = tl.cdiv(OH, BH)
+        w_tiles = tl.cdiv(OW, BW)
+        m_tiles = tl.cdiv(IMAGES, BI) * h_tiles * w_tiles
+    else:
+        m_tiles = tl.cdiv(M, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles
     first_m = (pid // per_group) * GROUP_M
     group_rows = tl.minimum(m_tiles - first_m, GROUP_M)
-    off_m = (first_m + (pid % per_group) % group_rows) * BLOCK_M
+    pid_m = first_m + (pid % per_group) % group_rows
     off_n = ((pid % per_group) // group_rows) * BLOCK_N
+    if BOXES:
+        i0 = (pid_m // (h_tiles * w_tiles)) * BI
+        oh0 = ((pid_m // w_tiles) % h_tiles) * BH
+        ow0 = (pid_m % w_tiles) * BW
+    else:
+        off_m = pid_m * BLOCK_M
 
     if QUANT == 1:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K, BLOCK_K)):
-        k = kt * BLOCK_K
-        a = a_desc.load([off_m, k])  # zeros past M and K: they add nothing (and quantize to 0)
+    c_tiles = tl.cdiv(CIN, BLOCK_K)
+    for kt in range(0, KH * KW * c_tiles):
+        tap = kt // c_tiles
+        c0 = (kt - tap * c_tiles) * BLOCK_K
+        if BOXES:
+            kh = tap // KW
+            a = a_desc.load([i0, oh0 + kh - PH, ow0 + (tap - kh * KW) - PW, c0])  # zeros outside: the padding
+            a = tl.reshape(a, [BLOCK_M, BLOCK_K])
+        else:
+            a = a_desc.load([off_m, c0])
         if QUANTIZE_X:
-            a = quantize(a, x_inv_scale, QUANT)
+            a = quantize(a, x_inv_scale, QUANT)  # zeros quantize to 0
+        k = tap * CIN + c0
         if W_K_MAJOR:
             b = b_desc.load([off_n, k]).T
         else:
@@ -84,13 +116,29 @@ def _conv1x1_tma(
         acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     acc = activate(acc, PRE, pre0, pre1)
     if HAS_RES:
-        acc += z_desc.load([off_m, off_n]).to(tl.float32) * z_scale
+        if BOXES:
+            z = tl.reshape(z_desc.load([i0, oh0, ow0, off_n]), [BLOCK_M, BLOCK_N])
+        else:
+            z = z_desc.load([off_m, off_n])
+        acc += z.to(tl.float32) * z_scale
     acc = activate(acc, POST, post0, post1)
     if QUANT_Y != 0:
         out = quantize(acc, y_inv_scale, QUANT_Y)
     else:
         out = acc.to(y_desc.dtype)
-    y_desc.store([off_m, off_n], out)  # rows and channels past the end are not written
+    if BOXES:  # pixels and channels outside the output are not written
+        y_desc.store([i0, oh0, ow0, off_n], tl.reshape(out, [BI, BH, BW, BLOCK_N]))
+    else:
+        y_desc.store([off_m, off_n], out)
+
+
+def spatial_box(block_m: int, out_hw: tuple[int, int]) -> tuple[int, int, int]:
+    """(BI, BH, BW): images × rows × columns of output pixels in a tile of `block_m` (a power of two), the columns
+    and rows the powers of two that hold the map's (or fill the tile), images taking what is left."""
+    oh, ow = out_hw
+    bw = min(triton.next_power_of_2(max(ow, 1)), block_m, _MAX_BOX)
+    bh = min(triton.next_power_of_2(max(oh, 1)), block_m // bw, _MAX_BOX)
+    return block_m // (bw * bh), bh, bw
 
 
 def _rows(t: torch.Tensor) -> tuple[int, int, int] | None:
@@ -106,42 +154,50 @@ def _rows(t: torch.Tensor) -> tuple[int, int, int] | None:
     return n * h * w, c, row
 
 
-def _aligned(t: torch.Tensor, row: int) -> bool:
-    return t.data_ptr() % _ALIGN_BYTES == 0 and (row * t.element_size()) % _ALIGN_BYTES == 0
-
-
-def _matrix(t: torch.Tensor, block: list[int]) -> TensorDescriptor | str:
-    """The descriptor of a 4-D channels_last-rows tensor as its [rows, channels] matrix, or why there is none."""
-    rows = _rows(t)
-    if rows is None:
-        return f"its strides {list(t.stride())} are not rows of contiguous channels at one stride"
-    m, c, row = rows
-    if not _aligned(t, row):
-        return f"its rows ({row} elements of {t.element_size()} bytes from {t.data_ptr():#x}) are not 16-byte aligned"
-    return TensorDescriptor(t, [m, c], [row, 1], block)
+def _descriptor(t: torch.Tensor, pixels: list[int], block_c: int) -> TensorDescriptor | str:
+    """The descriptor of a 4-D (N, C, H, W) operand in boxes of `pixels` × `block_c` channels: with one pixel
+    extent (rows mode) over its [pixels, channels] matrix, with three (BI, BH, BW) over its (N, H, W, C) view;
+    or why there is none."""
+    size = t.element_size()
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        return f"its channels are not contiguous (strides {list(t.stride())})"
+    if t.data_ptr() % _ALIGN_BYTES:
+        return f"its data at {t.data_ptr():#x} is not 16-byte aligned"
+    if len(pixels) == 1:
+        rows = _rows(t)
+        if rows is None:
+            return f"its pixels are not rows at one stride (strides {list(t.stride())})"
+        m, c, row = rows
+        shape, strides = [m, c], [row, 1]
+    else:
+        n, c, h, w = t.shape
+        shape, strides = [n, h, w, c], [t.stride(0), t.stride(2), t.stride(3), 1]
+    if any((s * size) % _ALIGN_BYTES for s, extent in zip(strides[:-1], shape[:-1], strict=True) if extent > 1):
+        return f"its strides {list(t.stride())} of {size}-byte elements are not multiples of 16 bytes"
+    return TensorDescriptor(t, shape, strides, [*pixels, block_c])
 
 
 def _weight_matrix(weight: torch.Tensor, k_major: bool, block_n: int, block_k: int) -> TensorDescriptor | str:
-    """The packed (1, 1, 1, Cin, Cout) weight as an [N, K] (K-major) or [K, N] matrix descriptor."""
-    _, _, _, cin, cout = weight.shape
+    """The packed (1, KH, KW, Cin, Cout) weight as an [N, K] (K-major) or [K, N] matrix descriptor."""
+    _, kh, kw, cin, cout = weight.shape
+    k_total = kh * kw * cin
     if k_major:
-        shape, strides, block = [cout, cin], [weight.stride(4), 1], [block_n, block_k]
+        shape, strides, block = [cout, k_total], [weight.stride(4), 1], [block_n, block_k]
     else:
-        shape, strides, block = [cin, cout], [weight.stride(3), 1], [block_k, block_n]
-    if not _aligned(weight, strides[0]):
-        return "the packed weight's rows are not 16-byte aligned (channels × element size a multiple of 16)"
+        shape, strides, block = [k_total, cout], [weight.stride(3), 1], [block_k, block_n]
+    if weight.data_ptr() % _ALIGN_BYTES or (strides[0] * weight.element_size()) % _ALIGN_BYTES:
+        return "the packed weight's rows are not 16-byte aligned (K or Cout × element size a multiple of 16)"
     return TensorDescriptor(weight, shape, strides, block)
 
 
 def tma_problem(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, geometry: tuple) -> str | None:
-    """Why the call's geometry rules the TMA kernel out; None when only the operands' rows remain to check.
-    `geometry`: (strides, pads_begin, out_hw) as `conv._launch` has them."""
-    strides, pads_begin, out_hw = geometry
-    groups, kh, kw, _, _ = weight.shape
-    if (groups, kh, kw) != (1, 1, 1):
-        return f"1×1 convolutions of one group only (weight {groups} groups of {kh}×{kw})"
-    if tuple(strides) != (1, 1) or any(pads_begin) or tuple(out_hw) != tuple(x.shape[2:]):
-        return "stride 1 and no padding only"
+    """Why the call's geometry rules the TMA kernel out; None when only the operands' strides remain to check.
+    `geometry`: (strides, pads_begin, dilations) as `conv._launch` has them."""
+    strides, _, dilations = geometry
+    if weight.shape[0] != 1:
+        return f"one group only (weight of {weight.shape[0]} groups)"
+    if tuple(strides) != (1, 1) or tuple(dilations) != (1, 1):
+        return "stride 1 and dilation 1 only"
     if residual is not None and any(s == 0 for s, n in zip(residual.stride(), residual.shape, strict=True) if n > 1):
         return "the residual is broadcast"
     if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (9, 0):
@@ -155,30 +211,42 @@ def launch(
     weight_scale: torch.Tensor | None, x_scale: float, y_scale: float, z_scale: float,
 ) -> str | None:  # fmt: skip
     """Run the TMA kernel into `y` (operands checked by `conv`'s callers; `geometry` as `tma_problem` takes it);
-    returns why it did not run (`tma_problem`'s reason, an operand's rows not at one stride or not 16-byte
-    aligned), None when it ran."""
+    returns why it did not run (`tma_problem`'s reason, or which operand's strides or address TMA cannot
+    take), None when it ran."""
     problem = tma_problem(x, weight, residual, geometry)
     if problem:
         return problem
+    _, pads_begin, _ = geometry
+    _, kh, kw, cin, cout = weight.shape
+    n, _, oh, ow = y.shape
+    operands = {"x": x, "residual": residual, "y": y}
+    plain = (
+        (kh, kw) == (1, 1)
+        and not any(pads_begin)
+        and all(_rows(t) is not None for t in operands.values() if t is not None)
+    )
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    descriptors: list[Any] = [
-        _matrix(x, [bm, bk]),
-        _weight_matrix(weight, k_major, bn, bk),
-        _matrix(residual, [bm, bn]) if residual is not None else None,
-        _matrix(y, [bm, bn]),
-    ]
-    for problem in descriptors:
-        if isinstance(problem, str):
-            return problem
-    a_desc, b_desc, z_desc, y_desc = descriptors
-    m, k = a_desc.shape
-    n = y_desc.shape[1]
+    box = None if plain else spatial_box(bm, (oh, ow))
+    pixels = [bm] if box is None else list(box)
+    descriptors = {
+        name: _descriptor(t, pixels, bk if name == "x" else bn) for name, t in operands.items() if t is not None
+    }
+    descriptors["weight"] = _weight_matrix(weight, k_major, bn, bk)
+    for name, descriptor in descriptors.items():
+        if isinstance(descriptor, str):
+            return f"{name}: {descriptor}"
+    if box is None:
+        m_tiles = triton.cdiv(n * oh * ow, bm)
+    else:
+        m_tiles = triton.cdiv(n, box[0]) * triton.cdiv(oh, box[1]) * triton.cdiv(ow, box[2])
+    bi, bh, bw = box or (1, 1, 1)
     scales = weight_scale if weight_scale is not None else y
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _conv1x1_tma[grid](
-        a_desc, b_desc, z_desc if z_desc is not None else y_desc, y_desc, bias if bias is not None else y, scales,
-        m, n, k, *pre[1:], *post[1:], x_scale, 1.0 / x_scale, 1.0 / y_scale if y_scale else 1.0,
-        z_scale if z_scale else 1.0,
+    _conv_tma[(m_tiles * triton.cdiv(cout, bn),)](
+        descriptors["x"], descriptors["weight"], descriptors.get("residual", descriptors["y"]), descriptors["y"],
+        bias if bias is not None else y, scales,
+        n * oh * ow, n, oh, ow, cout, cin, *pre[1:], *post[1:], x_scale, 1.0 / x_scale,
+        1.0 / y_scale if y_scale else 1.0, z_scale if z_scale else 1.0,
+        KH=kh, KW=kw, PH=pads_begin[0], PW=pads_begin[1], BOXES=box is not None, BI=bi, BH=bh, BW=bw,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0], QUANT=quant,
         QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major,
         DOT_PRECISION=dot_precision, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
