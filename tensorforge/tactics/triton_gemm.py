@@ -8,7 +8,7 @@ import torch
 
 from ..ir import DType, Node, qualified_op
 from ..kernels.triton.epilogue import ACTIVATION_CODES
-from ..kernels.triton.gemm import gemm, gemm_configs
+from ..kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
 from ..ops.fused import DOMAIN
 from .base import Kernel, Tactic, allocate, register_tactic
 
@@ -19,7 +19,8 @@ _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 @register_tactic
 class TritonGemmTactic(Tactic):
     """`Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`; float32 layers use TF32 dot products only in
-    the tf32 variant (the flag its kernel runs under), IEEE float32 otherwise."""
+    the tf32 variant (the flag its kernel runs under), IEEE float32 otherwise. Products by a constant 2-D weight
+    also try TMA-fed tiles (`gemm_tma_configs`, on Hopper)."""
 
     family = "triton"
     name = "gemm"
@@ -44,6 +45,13 @@ class TritonGemmTactic(Tactic):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_configs(effort)
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        """The space, and for a product by a constant 2-D weight (a linear layer: every batch folds into M)
+        the TMA kernel's tiles."""
+        weight = node.inputs[1]
+        linear = weight.is_const and weight.rank == 2 and node.inputs[0].rank is not None
+        return self.space(effort) + (gemm_tma_configs(effort) if linear else [])
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         attributes = node.attributes

@@ -172,9 +172,20 @@ def _descriptor(t: torch.Tensor, pixels: list[int], block_c: int) -> TensorDescr
     else:
         n, c, h, w = t.shape
         shape, strides = [n, h, w, c], [t.stride(0), t.stride(2), t.stride(3), 1]
-    if any((s * size) % _ALIGN_BYTES for s, extent in zip(strides[:-1], shape[:-1], strict=True) if extent > 1):
+    strides = _settled(shape, strides)
+    if any((s * size) % _ALIGN_BYTES for s in strides[:-1]):
         return f"its strides {list(t.stride())} of {size}-byte elements are not multiples of 16 bytes"
     return TensorDescriptor(t, shape, strides, [*pixels, block_c])
+
+
+def _settled(shape: list[int], strides: list[int]) -> list[int]:
+    """`strides` with each extent-1 axis's (never used to address, but checked by TMA like the others) replaced
+    by the one a contiguous tensor would have there."""
+    settled = list(strides)
+    for axis in range(len(shape) - 2, -1, -1):
+        if shape[axis] == 1:
+            settled[axis] = settled[axis + 1] * shape[axis + 1]
+    return settled
 
 
 def _weight_matrix(weight: torch.Tensor, k_major: bool, block_n: int, block_k: int) -> TensorDescriptor | str:
@@ -240,16 +251,73 @@ def launch(
     else:
         m_tiles = triton.cdiv(n, box[0]) * triton.cdiv(oh, box[1]) * triton.cdiv(ow, box[2])
     bi, bh, bw = box or (1, 1, 1)
-    scales = weight_scale if weight_scale is not None else y
-    _conv_tma[(m_tiles * triton.cdiv(cout, bn),)](
-        descriptors["x"], descriptors["weight"], descriptors.get("residual", descriptors["y"]), descriptors["y"],
-        bias if bias is not None else y, scales,
-        n * oh * ow, n, oh, ow, cout, cin, *pre[1:], *post[1:], x_scale, 1.0 / x_scale,
-        1.0 / y_scale if y_scale else 1.0, z_scale if z_scale else 1.0,
+    _run(
+        descriptors["x"], descriptors["weight"], descriptors.get("residual"), descriptors["y"], bias,
+        weight_scale, y, (n * oh * ow, n, oh, ow, cout, cin), (*pre[1:], *post[1:]), (x_scale, y_scale, z_scale),
+        (m_tiles, bm, bn), cfg.group_m, cfg.num_warps, cfg.num_stages,
         KH=kh, KW=kw, PH=pads_begin[0], PW=pads_begin[1], BOXES=box is not None, BI=bi, BH=bh, BW=bw,
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0], QUANT=quant,
-        QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major,
-        DOT_PRECISION=dot_precision, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRE=pre[0], POST=post[0], QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype,
+        QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, BLOCK_K=bk,
     )  # fmt: skip
     return None
+
+
+def _run(
+    a_desc, b_desc, z_desc, y_desc, bias, weight_scale, y, sizes, activations, scales, tiles, group_m, warps,
+    stages, **constants,
+) -> None:  # fmt: skip
+    """Launch `_conv_tma`: `sizes` (M, IMAGES, OH, OW, N, CIN), `activations` (pre0, pre1, post0, post1),
+    `scales` (x_scale, y_scale, z_scale; 0 for none), `tiles` (row tiles, BLOCK_M, BLOCK_N)."""
+    x_scale, y_scale, z_scale = scales
+    m_tiles, block_m, block_n = tiles
+    _conv_tma[(m_tiles * triton.cdiv(sizes[4], block_n),)](
+        a_desc, b_desc, z_desc if z_desc is not None else y_desc, y_desc, bias if bias is not None else y,
+        weight_scale if weight_scale is not None else y, *sizes, *activations, x_scale, 1.0 / x_scale,
+        1.0 / y_scale if y_scale else 1.0, z_scale if z_scale else 1.0,
+        HAS_BIAS=bias is not None, HAS_RES=z_desc is not None, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=group_m,
+        num_warps=warps, num_stages=stages, **constants,
+    )  # fmt: skip
+
+
+def gemm_rows(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, y: torch.Tensor,
+    pre, post, tile: tuple[int, int, int, int, int, int], dot_precision: str,
+) -> str | None:  # fmt: skip
+    """`Y = post(pre(A · B + bias) + residual)` for 2-D A [M, K], B [K, N] (either of its axes contiguous: a
+    weight stored [N, K] is read K-major), bias [N] (contiguous) and residual, Y [M, N] rows, through the rows
+    kernel; `tile` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages). Returns why TMA cannot take the
+    operands, None when it ran."""
+    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device) < (9, 0):
+        return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
+    block_m, block_n, block_k, group_m, warps, stages = tile
+    k_major = b.stride(0) == 1 and b.shape[0] > 1
+    operands = {
+        "a": (a, [block_m, block_k]),
+        "b": (b.T, [block_n, block_k]) if k_major else (b, [block_k, block_n]),
+        "residual": (residual, [block_m, block_n]),
+        "y": (y, [block_m, block_n]),
+    }
+    descriptors = {name: _matrix(t, block) for name, (t, block) in operands.items() if t is not None}
+    for name, descriptor in descriptors.items():
+        if isinstance(descriptor, str):
+            return f"{name}: {descriptor}"
+    if bias is not None and bias.stride(-1) != 1:
+        return "bias: not a contiguous row"
+    (m, k), n = a.shape, y.shape[1]
+    _run(
+        descriptors["a"], descriptors["b"], descriptors.get("residual"), descriptors["y"], bias, None, y,
+        (m, 1, 1, 1, n, k), (*pre[1:], *post[1:]), (1.0, 0.0, 0.0), (triton.cdiv(m, block_m), block_m, block_n),
+        group_m, warps, stages, KH=1, KW=1, PH=0, PW=0, BOXES=False, BI=1, BH=1, BW=1, PRE=pre[0], POST=post[0],
+        QUANT=0, QUANTIZE_X=False, QUANT_Y=0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, BLOCK_K=block_k,
+    )  # fmt: skip
+    return None
+
+
+def _matrix(t: torch.Tensor, block: list[int]) -> TensorDescriptor | str:
+    """The descriptor of a 2-D tensor with a contiguous last axis, or why TMA cannot take it."""
+    if t.stride(1) != 1 and t.shape[1] > 1:
+        return f"its last axis is not contiguous (strides {list(t.stride())})"
+    strides = _settled(list(t.shape), [t.stride(0), 1])
+    if t.data_ptr() % _ALIGN_BYTES or (strides[0] * t.element_size()) % _ALIGN_BYTES:
+        return f"its rows (stride {t.stride(0)} of {t.element_size()}-byte elements) are not 16-byte aligned"
+    return TensorDescriptor(t, list(t.shape), strides, block)

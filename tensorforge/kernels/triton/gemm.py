@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import conv_tma
 from .epilogue import activate, activation_args
 
 _GPU_BATCH_DIMS = 2  # batch dims handled inside one launch; more are looped by the launcher
@@ -50,6 +51,21 @@ _CONFIGS_BY_EFFORT: tuple[tuple[tuple[int, int, int, int, int, int], ...], ...] 
         (256, 64, 64, 8, 8, 4),
     ),
 )
+
+
+# Tiles of `conv_tma.gemm_rows` (operands moved by TMA; a config with "TMA" runs it when the product is one 2-D
+# GEMM whose operands TMA can take, else the kernel here with the same tiles): the usual best Hopper tiles.
+_TMA_CONFIGS_BY_EFFORT = (
+    ((128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4)),
+    ((256, 128, 64, 8, 8, 3), (64, 128, 64, 8, 4, 4)),
+)
+
+
+def gemm_tma_configs(effort: int) -> list[dict[str, int]]:
+    """The "TMA" configurations worth timing at `effort` for a product by a 2-D weight: 2 at 0, 4 from 1."""
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+    levels = _TMA_CONFIGS_BY_EFFORT[: max(0, min(effort, len(_TMA_CONFIGS_BY_EFFORT) - 1)) + 1]
+    return [{**dict(zip(keys, values, strict=True)), "TMA": True} for level in levels for values in level]
 
 
 def gemm_configs(effort: int) -> list[dict[str, int]]:
@@ -303,6 +319,8 @@ def _launch(views, k, alpha, beta, pre_args, post_args, input_precision, config)
     wide = any(_max_offset(t) >= _INT32_LIMIT for t in (a, b, c, z, y) if t is not None)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), batch0 * batch1)
     precision = input_precision if a.dtype == torch.float32 else "ieee"
+    if config.get("TMA") and _tma_gemm(views, alpha, beta, pre_args, post_args, precision, config):
+        return
     _gemm_kernel[grid](
         a, b, c if c is not None else y, z if z is not None else y, y,
         m, n, k, batch1,
@@ -316,6 +334,20 @@ def _launch(views, k, alpha, beta, pre_args, post_args, input_precision, config)
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=config["GROUP_M"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )  # fmt: skip
+
+
+def _tma_gemm(views, alpha, beta, pre_args, post_args, precision, config) -> bool:
+    """Run one launch's product through `conv_tma.gemm_rows` when it is one 2-D GEMM (every batch folded into
+    M), alpha 1 and C absent or a bias row added with beta 1; whether it ran."""
+    a, b, c, z, y = (views[name] for name in ("a", "b", "c", "z", "y"))
+    if y.shape[0] * y.shape[1] != 1 or alpha != 1.0:
+        return False
+    if c is not None and (beta != 1.0 or (c.stride(-2) != 0 and c.shape[-2] > 1)):
+        return False
+    tile = tuple(config[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"))
+    bias = c[0, 0, 0] if c is not None else None
+    rows = z[0, 0] if z is not None else None
+    return conv_tma.gemm_rows(a[0, 0], b[0, 0], bias, rows, y[0, 0], pre_args, post_args, tile, precision) is None
 
 
 def _max_offset(t: torch.Tensor) -> int:
