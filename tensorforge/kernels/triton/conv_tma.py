@@ -25,6 +25,9 @@ The epilogue is `kernels.triton.conv`'s: dequantization (`acc · x_scale · w_sc
 pre-activation, residual (read with its own descriptor, dequantized by z_scale when quantized), post-activation,
 then a cast or a requantization (`y_scale`) as it is stored.
 
+`gemm_rows` runs the rows tiling for a plain 2-D product with a bias row (`kernels.triton.gemm`'s "TMA"
+configurations: a linear layer is a 1×1 convolution over its rows).
+
 `launch` runs it when the geometry (`tma_problem`) and every operand allow: channels innermost, the other
 strides and the base 16-byte aligned, a residual of the output's shape (`launch` says what does not);
 `conv`'s launcher falls back to the gathering kernel with the same tiles otherwise, so a `tma` configuration is
