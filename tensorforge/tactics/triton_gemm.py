@@ -1,4 +1,6 @@
-"""The Triton GEMM tactic: MatMul, Gemm and FusedGemm as one tiled kernel with the epilogue inside (CUDA)."""
+"""The Triton GEMM tactics (CUDA): `triton.gemm`, MatMul, Gemm and FusedGemm as one tiled kernel with the
+epilogue inside; `triton.gemm-quantized`, an int8 / E4M3 QuantizedGemm as one TMA-fed kernel (Hopper) with the
+activation quantized on load and the dequantizing epilogue inside."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, qualified_op
-from ..kernels.triton.epilogue import ACTIVATION_CODES
+from ..kernels.triton import conv_tma
+from ..kernels.triton.epilogue import ACTIVATION_CODES, activation_args
 from ..kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
-from ..ops.fused import DOMAIN
-from .base import Kernel, Tactic, allocate, register_tactic
+from ..ops.fused import DOMAIN, QUANT_TYPES, output_dtype
+from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 
 _FUSED_GEMM = f"{DOMAIN}::FusedGemm"
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -77,5 +80,76 @@ class TritonGemmTactic(Tactic):
             shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), m, n)
             out = allocate(alloc, 0, shape, a.dtype, a.device)
             return (gemm(a, b, c, z, **options, input_precision=precision, config=tile, out=out),)
+
+        return kernel
+
+
+_QUANT_CODES = {"int8": 1, "fp8e4m3": 2}
+
+
+@register_tactic
+class TritonQuantizedGemmTactic(Tactic):
+    """QuantizedGemm `Y = post(pre(Σ q_a·q_b · x_scale · Bs[n] + C) + Z)` as `conv_tma.gemm_rows`: the rows
+    kernel with TMA-fed operands, int8 products summed exactly in int32 (E4M3 ones in float32), a float A
+    quantized as it is loaded (an A of the layer's type read as it is), the epilogue and, with `y_scale`, the
+    output's requantization inside: one kernel where `vendor.cublas-int8` runs a quantization, the product and a
+    torch epilogue. The weight is stored K-major once. Hopper or newer; C a bias row or absent, Z of Y's shape."""
+
+    family = "triton"
+    name = "gemm-quantized"
+    op_types = (f"{DOMAIN}::QuantizedGemm",)
+    precisions = ("fp16", "bf16")  # A float32 quantized on load needs more shared memory than these tiles have
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA"
+        if torch.cuda.get_device_capability(device) < (9, 0):
+            return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
+        _, b, c, z = (list(node.inputs) + [None] * 4)[:4]
+        if not b.is_const or b.rank != 2:
+            return "a constant 2-D weight only"
+        k, n = b.shape
+        if k % 16 or n % 16:
+            return f"TMA moves rows in multiples of 16 bytes: K and N multiples of 16 (8-bit rows), not {k} and {n}"
+        if c is not None and c.name and tuple(c.shape or ()) != (n,):
+            return f"C must be a bias row [{n}], got {list(c.shape or ())}"
+        if z is not None and z.name and tuple(z.shape or ()) != tuple(node.outputs[0].shape or ()):
+            return "the residual must have the output's shape"
+        for key in ("pre", "post"):
+            name = node.attributes.get(key, "")
+            if name not in ACTIVATION_CODES:
+                return f"no Triton epilogue for {key} activation {name!r}"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_tma_configs(effort, quantized=True)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        quant = _QUANT_CODES[a.get("quant", "int8")]
+        x_scale, y_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0))
+        pre = activation_args(a.get("pre", ""), a.get("pre_params", ()))
+        post = activation_args(a.get("post", ""), a.get("post_params", ()))
+        tile = dict(config) if config else gemm_tma_configs(0, quantized=True)[0]
+        sizes = tuple(tile[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"))
+        k_major = PerWeight(lambda w: w.t().contiguous().t())  # [K, N] with K contiguous
+        quant_type = QUANT_TYPES[a.get("quant", "int8")].torch
+
+        def kernel(inputs, alloc=None):
+            x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            rows = x.reshape(-1, x.shape[-1])
+            dtype = quant_type if y_scale else output_dtype(x)
+            out = allocate(alloc, 0, (*x.shape[:-1], w.shape[1]), dtype, x.device)
+            y = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+            problem = conv_tma.gemm_rows(
+                rows, k_major(w), c, z.reshape(-1, z.shape[-1]) if z is not None else None, y.view(-1, w.shape[1]),
+                pre, post, sizes, quant=quant, weight_scale=w_scale.float().contiguous(), x_scale=x_scale,
+                y_scale=y_scale,
+            )  # fmt: skip
+            if problem:
+                raise ValueError(f"triton.gemm-quantized: {problem}")
+            if y is not out:
+                out.copy_(y)
+            return (out,)
 
         return kernel

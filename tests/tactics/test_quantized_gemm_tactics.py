@@ -22,8 +22,8 @@ CASES = [
 ]
 
 
-def _quantized(x_shape, activation, trans_b, residual, matmul):
-    node, feeds = _gemm_layer(x_shape, activation, trans_b, residual, matmul)
+def _quantized(x_shape, activation, trans_b, residual, matmul, n=24):
+    node, feeds = _gemm_layer(x_shape, activation, trans_b, residual, matmul, n)
     model = Model(node.graph, {"": 17, "tensorforge": 1})
     names = [v.name for v in model.graph.inputs]
     batches = [{name: f.numpy() for name, f in zip(names, feeds, strict=True)}]

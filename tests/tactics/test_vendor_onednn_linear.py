@@ -18,10 +18,11 @@ TACTIC = "vendor.onednn-linear"
 CPU = torch.device("cpu")
 
 
-def _gemm_layer(x_shape, activation="", trans_b=False, residual=False, matmul=True):
-    """MatMul (or Gemm) + bias (+ residual) (+ activation), optimized into one FusedGemm, and its feeds."""
+def _gemm_layer(x_shape, activation="", trans_b=False, residual=False, matmul=True, n=24):
+    """MatMul (or Gemm) + bias (+ residual) (+ activation) with `n` outputs, optimized into one FusedGemm, and its
+    feeds."""
     rng = np.random.default_rng(0)
-    k, n = x_shape[-1], 24
+    k = x_shape[-1]
     w = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32) / k**0.5
     b = rng.standard_normal(n).astype(np.float32)
     if matmul:

@@ -61,11 +61,13 @@ _TMA_CONFIGS_BY_EFFORT = (
 )
 
 
-def gemm_tma_configs(effort: int) -> list[dict[str, int]]:
-    """The "TMA" configurations worth timing at `effort` for a product by a 2-D weight: 2 at 0, 4 from 1."""
+def gemm_tma_configs(effort: int, quantized: bool = False) -> list[dict[str, int]]:
+    """The "TMA" configurations worth timing at `effort` for a product by a 2-D weight: 2 at 0, 4 from 1 (8-bit
+    operands: K tiles of 128, the same 128-byte rows)."""
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
     levels = _TMA_CONFIGS_BY_EFFORT[: max(0, min(effort, len(_TMA_CONFIGS_BY_EFFORT) - 1)) + 1]
-    return [{**dict(zip(keys, values, strict=True)), "TMA": True} for level in levels for values in level]
+    configs = [{**dict(zip(keys, values, strict=True)), "TMA": True} for level in levels for values in level]
+    return [{**c, "BLOCK_K": 2 * c["BLOCK_K"]} for c in configs] if quantized else configs
 
 
 def gemm_configs(effort: int) -> list[dict[str, int]]:
