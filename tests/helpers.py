@@ -93,3 +93,16 @@ def compile_for_hopper(script: str) -> list[list[str]]:
         pytest.skip(f"no working ptxas here: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stderr[-2000:]
     return [line.split() for line in done.stdout.splitlines()]
+
+
+def record_returns(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list:
+    """What each call of `owner.name` returns from now on, in order (the function still runs)."""
+    seen: list = []
+    real = getattr(owner, name)
+
+    def recording(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(owner, name, recording)
+    return seen

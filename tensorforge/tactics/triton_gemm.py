@@ -19,6 +19,15 @@ _FUSED_GEMM = f"{DOMAIN}::FusedGemm"
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
 
+def _activation_problem(node: Node) -> str | None:
+    """Why the node's pre or post activation has no Triton epilogue (None when both have one)."""
+    for key in ("pre", "post"):
+        name = node.attributes.get(key, "")
+        if name not in ACTIVATION_CODES:
+            return f"no Triton epilogue for {key} activation {name!r}"
+    return None
+
+
 @register_tactic
 class TritonGemmTactic(Tactic):
     """`Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`; float32 layers use TF32 dot products only in
@@ -40,11 +49,7 @@ class TritonGemmTactic(Tactic):
             return f"matrix operands only (ranks {a.rank} and {b.rank}); a vector operand runs elsewhere"
         if a.dtype not in _FLOATS or b.dtype != a.dtype:
             return f"float16/bfloat16/float32 operands of one type only, got {a.dtype} and {b.dtype}"
-        for key in ("pre", "post"):
-            name = node.attributes.get(key, "")
-            if name not in ACTIVATION_CODES:
-                return f"no Triton epilogue for {key} activation {name!r}"
-        return None
+        return _activation_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_configs(effort)
@@ -115,11 +120,7 @@ class TritonQuantizedGemmTactic(Tactic):
             return f"C must be a bias row [{n}], got {list(c.shape or ())}"
         if z is not None and z.name and tuple(z.shape or ()) != tuple(node.outputs[0].shape or ()):
             return "the residual must have the output's shape"
-        for key in ("pre", "post"):
-            name = node.attributes.get(key, "")
-            if name not in ACTIVATION_CODES:
-                return f"no Triton epilogue for {key} activation {name!r}"
-        return None
+        return _activation_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_tma_configs(effort, quantized=True)

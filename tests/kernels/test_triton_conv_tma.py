@@ -24,7 +24,7 @@ from tensorforge.kernels.triton.epilogue import activation_args
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.tactics.autotune import quantized_mismatch
 from tensorforge.tactics.triton_conv import TritonConvTactic, TritonQuantizedConvTactic
-from tests.helpers import DEVICES, compile_for_hopper
+from tests.helpers import DEVICES, compile_for_hopper, record_returns
 from tests.kernels import test_triton_conv as floats
 from tests.kernels import test_triton_conv_quantized as quantized
 
@@ -35,15 +35,7 @@ QUANTIZED_TMA = {**quantized.TINY, "tma": True}
 @pytest.fixture
 def launches(monkeypatch) -> list[str | None]:
     """What each `conv_tma.launch` call returned: None where the TMA kernel ran, else why not."""
-    seen: list[str | None] = []
-    real = conv_tma.launch
-
-    def recording(*args, **kwargs):
-        seen.append(real(*args, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(conv_tma, "launch", recording)
-    return seen
+    return record_returns(monkeypatch, conv_tma, "launch")
 
 
 def _float_case(device, precision, shape, cout, epilogue, *, x=None, out=None, config=FLOAT_TMA, kernel=1, attrs=None):

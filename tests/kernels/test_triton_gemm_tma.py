@@ -12,7 +12,7 @@ from tensorforge.kernels.triton import conv_tma
 from tensorforge.kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.tactics.triton_gemm import TritonGemmTactic
-from tests.helpers import DEVICES
+from tests.helpers import DEVICES, record_returns
 from tests.kernels.test_triton_gemm import BOUND, TINY, _error, _reference
 
 TINY_TMA = {**TINY, "TMA": True}
@@ -21,15 +21,7 @@ TINY_TMA = {**TINY, "TMA": True}
 @pytest.fixture
 def launches(monkeypatch) -> list[str | None]:
     """What each `conv_tma.gemm_rows` call returned: None where the TMA kernel ran, else why not."""
-    seen: list[str | None] = []
-    real = conv_tma.gemm_rows
-
-    def recording(*args, **kwargs):
-        seen.append(real(*args, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(conv_tma, "gemm_rows", recording)
-    return seen
+    return record_returns(monkeypatch, conv_tma, "gemm_rows")
 
 
 def _case(device, dtype, a_shape, b_shape, c_shape, z_shape, *, trans_b=False, alpha=1.0, config=TINY_TMA):

@@ -44,6 +44,7 @@ import triton.language as tl
 
 from . import conv_tma
 from .epilogue import activate, activation_args, quantize
+from .tiles import swizzle
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
 NO_ACTIVATION: Activation = activation_args("")
@@ -132,13 +133,7 @@ def _conv2d_igemm(
     pid = tl.program_id(0)
     split = tl.program_id(1)
     g = tl.program_id(2)
-    m_tiles = tl.cdiv(M, BLOCK_M)
-    n_tiles = tl.cdiv(KG, BLOCK_N)
-    per_group = GROUP_M * n_tiles
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(m_tiles - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = swizzle(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(KG, BLOCK_N), GROUP_M)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -42,6 +42,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .epilogue import activate, quantize
+from .tiles import swizzle
 
 _ALIGN_BYTES = 16  # TMA: global addresses and every stride but the last in multiples of 16 bytes
 _MAX_BOX = 256  # TMA: at most 256 elements along each box dimension
@@ -61,8 +62,7 @@ def _conv_tma(
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] output tile: BLOCK_M pixels (M of them with rows, BI·BH·BW boxes of the
     (IMAGES, OH, OW) output with BOXES) × BLOCK_N of the N output channels; K = KH·KW·CIN. The weight through
-    b_desc ([N, K] when W_K_MAJOR, else [K, N]). Programs are swizzled as in `conv._conv2d_igemm` (GROUP_M row
-    tiles sweep the column tiles together, sharing weight columns in L2)."""
+    b_desc ([N, K] when W_K_MAJOR, else [K, N]). Programs are swizzled (`tiles.swizzle`)."""
     pid = tl.program_id(0)
     if BOXES:
         h_tiles = tl.cdiv(OH, BH)
@@ -70,12 +70,8 @@ def _conv_tma(
         m_tiles = tl.cdiv(IMAGES, BI) * h_tiles * w_tiles
     else:
         m_tiles = tl.cdiv(M, BLOCK_M)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * n_tiles
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(m_tiles - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    off_n = ((pid % per_group) // group_rows) * BLOCK_N
+    pid_m, pid_n = swizzle(pid, m_tiles, tl.cdiv(N, BLOCK_N), GROUP_M)
+    off_n = pid_n * BLOCK_N
     if BOXES:
         i0 = (pid_m // (h_tiles * w_tiles)) * BI
         oh0 = ((pid_m // w_tiles) % h_tiles) * BH

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from . import conv_tma
 from .epilogue import activate, activation_args
+from .tiles import swizzle
 
 _GPU_BATCH_DIMS = 2  # batch dims handled inside one launch; more are looped by the launcher
 _INT32_LIMIT = 2**31
@@ -96,14 +97,7 @@ def _gemm_kernel(
     batch = tl.program_id(1)
     b0 = (batch // BATCH1).to(tl.int64)
     b1 = (batch % BATCH1).to(tl.int64)
-    # Super-grouped tile order: GROUP_M tile rows are swept column by column.
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = swizzle(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
