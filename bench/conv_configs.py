@@ -166,8 +166,9 @@ def main() -> None:
     parser.add_argument("--layers", nargs="+", help="layer names (default: all)")
     parser.add_argument("--effort0", action="store_true", help="only the effort-0 configurations (a smoke run)")
     parser.add_argument(
-        "--kernel", choices=("gather", "tma"), default="gather", help="tma: conv_tma's kernel"
-    )
+        "--kernel", nargs="+", choices=("gather", "tma"), default=["gather"],
+        help="gather: conv's implicit GEMM; tma: conv_tma's kernel; both: side by side",
+    )  # fmt: skip
     parser.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke run)")
     parser.add_argument("--seconds", type=float, default=300, help="stop starting new layers after this")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -177,13 +178,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     peak = copy_gbps(2 << 30 if device.type == "cuda" else 1 << 24, device)
     print(f"device copy {peak:.0f} GB/s", flush=True)
-    tma = args.kernel == "tma"
-    if tma:
-        effort0 = tma_configs(0, quantized=args.precision == "int8")
-    else:
-        effort0 = quantized_conv_configs(0) if args.precision == "int8" else conv_configs(0)
-    effort0_tilings = {_tiling(c) for c in effort0}
-    configs = effort0 if args.effort0 else grid(tma)
+    quantized = args.precision == "int8"
+    effort0 = {"gather": quantized_conv_configs(0) if quantized else conv_configs(0), "tma": tma_configs(0, quantized)}
+    effort0_tilings = {kernel: {_tiling(c) for c in configs} for kernel, configs in effort0.items()}
+    configs = [c for kernel in args.kernel for c in (effort0[kernel] if args.effort0 else grid(kernel == "tma"))]
     results = []
     for name, cin, cout, k, side, residual in LAYERS:
         if args.layers and name not in args.layers:
@@ -194,16 +192,25 @@ def main() -> None:
         case = make_case(args.precision, args.batch, cin, cout, k, side, residual, device)
         peer_ms = measure(case.peer, device=device, warmup=3, repeats=20).median if device.type == "cuda" else math.nan
         rows = sweep(case, configs, device)
-        timed = [r for r in rows if "ms" in r]
-        best = min(timed, key=lambda r: r["ms"])
-        best0 = min((r for r in timed if _tiling(r) in effort0_tilings), key=lambda r: r["ms"], default=None)
+        by_kernel = {}
+        for kernel in args.kernel:
+            timed = [r for r in rows if "ms" in r and bool(r.get("tma")) == (kernel == "tma")]
+            best = min(timed, key=lambda r: r["ms"], default=None)
+            best0 = min(
+                (r for r in timed if _tiling(r) in effort0_tilings[kernel]), key=lambda r: r["ms"], default=None
+            )
+            by_kernel[kernel] = dict(best=best, best_effort0=best0, ran=len(timed))
+            if best is None:
+                print(f"{name:<14} {kernel}: no configuration ran", flush=True)
+                continue
+            gbps = case.nbytes / best["ms"] / 1e6
+            print(f"{name:<14} {kernel:<6} best {best['ms']:.4f} ms ({describe(best)}, {gbps:.0f} GB/s = "
+                  f"{gbps / peak:.0%} of copy) effort-0 {best0['ms'] if best0 else math.nan:.4f} ms  "
+                  f"cuDNN fp16 {peer_ms:.4f} ms  [{len(timed)} ran]", flush=True)  # fmt: skip
         results.append(dict(layer=name, cin=cin, cout=cout, kernel=k, side=side, residual=residual, bytes=case.nbytes,
-                            best=best, best_effort0=best0, cudnn_fp16_ms=peer_ms, configs=rows))  # fmt: skip
-        gbps = case.nbytes / best["ms"] / 1e6
-        print(f"{name:<14} best {best['ms']:.4f} ms ({describe(best)}, {gbps:.0f} GB/s = {gbps / peak:.0%} of copy) "
-              f"effort-0 {best0['ms'] if best0 else math.nan:.4f} ms  cuDNN fp16 {peer_ms:.4f} ms  "
-              f"[{len(timed)}/{len(rows)} ran]", flush=True)  # fmt: skip
-        (args.out / f"conv-configs-{args.precision}{'-tma' if tma else ''}-b{args.batch}.json").write_text(
+                            by_kernel=by_kernel, cudnn_fp16_ms=peer_ms, configs=rows))  # fmt: skip
+        kernels = "" if args.kernel == ["gather"] else "-" + "-".join(args.kernel)
+        (args.out / f"conv-configs-{args.precision}{kernels}-b{args.batch}.json").write_text(
             json.dumps(dict(copy_gbps=peak, batch=args.batch, precision=args.precision, layers=results), indent=1)
         )
 
