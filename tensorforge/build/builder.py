@@ -123,7 +123,7 @@ class Builder:
         cached_keys = len(cache)
         constants: ConstantCache = {}
         tuning_started = time.perf_counter()
-        tuning = {"prepare_s": 0.0, "timing_s": 0.0, "skipped": 0}
+        tuning = {"prepare_s": 0.0, "timing_s": 0.0, "skipped": 0, "candidate_s": 0.0, "first_run_s": 0.0}
         plans, selections = self._plan_profiles(model, profiles, precisions, cache, constants, tuning)
         if chain == "auto" and chaining is not None:
             model, plans, selections, chaining = self._chain_if_faster(
@@ -281,6 +281,8 @@ class Builder:
             tuning["prepare_s"] += choice.prepare_s
             tuning["timing_s"] += choice.timing_s
             tuning["skipped"] += choice.skipped
+            tuning["candidate_s"] += choice.candidate_s
+            tuning["first_run_s"] += choice.first_run_s
             candidates = tuple(choice.candidates)
             layers.append(Layer(index, choice.tactic, choice.config, choice.median_ms, candidates, choice.from_cache))
             if self.on_layer is not None:

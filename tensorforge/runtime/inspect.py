@@ -163,6 +163,11 @@ def build_time_line(report: dict[str, Any]) -> str:
             f" ({tuning['prepare_s']:.1f} s building, compiling and checking candidates, {tuning['timing_s']:.1f} s"
             f" timing them; {tuning['skipped']} configurations of slower tactics not tried)"
         )
+        if tuning.get("candidate_s"):  # engines built before these were recorded lack them
+            line += (
+                f"; the candidates' own preparation {tuning['candidate_s']:.1f} s in all, first runs (compiles)"
+                f" {tuning['first_run_s']:.1f} s of it"
+            )
     cache = report.get("timing_cache", {})
     if cache.get("path"):
         line += f"; timing cache {cache['path']}: {cache['entries_before']} -> {cache['entries']} entries"

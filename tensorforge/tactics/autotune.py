@@ -102,6 +102,8 @@ class Choice:
     skipped: int = 0  # configurations not tried: their tactic and variant were slow in its first one
     prepare_s: float = 0.0  # wall time building, compiling and checking candidates
     timing_s: float = 0.0  # wall time timing them
+    candidate_s: float = 0.0  # the candidates' own preparation times, summed (over prepare_s: the overlap won)
+    first_run_s: float = 0.0  # of which their first runs, where kernels compile
 
     def table(self, layer: str) -> str:
         """The build-log table: each candidate's time and % of the best, the winner marked."""
@@ -213,7 +215,8 @@ def autotune(
         raise RuntimeError(f"{node.label}: no tactic ran correctly ({notes})")
     return Choice(
         best.tactic, best.config, best.median_ms, candidates, from_cache,
-        skipped=skipped, prepare_s=search.prepare_s, timing_s=search.timing_s,
+        skipped=skipped, prepare_s=search.prepare_s, timing_s=search.timing_s, candidate_s=search.candidate_s,
+        first_run_s=search.first_run_s,
     )  # fmt: skip
 
 
@@ -319,6 +322,9 @@ class _Search:
         self.trials = 0
         self.prepare_s = 0.0
         self.timing_s = 0.0
+        self.candidate_s = 0.0
+        self.first_run_s = 0.0
+        self._clock = threading.Lock()  # worker threads add their candidates' times
 
     def score(self, items: Sequence[tuple[Tactic, dict[str, Any]]]) -> list[Candidate]:
         """The candidates of `items`, in order; they are also added to `candidates`."""
@@ -386,17 +392,25 @@ class _Search:
         """The candidate's kernel and "" when it runs correctly; else None or the kernel, and what went wrong."""
         variant = Variant.of(config)
         device_guard = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        started = time.perf_counter()
+        first_run = 0.0
         try:
             with device_guard:
                 kernel = build_layer_kernel(tactic, self.node, self.opset, self.device, config, self.constants)
                 with torch.inference_mode(), full_float32():
+                    run_started = time.perf_counter()
                     outputs = kernel(self.args)
+                    first_run = time.perf_counter() - run_started
                     if tactic.family == "reference" and variant.precision == "fp32":
                         return kernel, ""
                     reference = self._reference_of(tactic, variant.precision)
                     problem = _mismatch(outputs, reference, kernel.out_dtypes, variant, self.quantized)
         except Exception as err:  # a failing candidate scores inf; the build goes on
             return None, f"failed: {type(err).__name__}: {err}"
+        finally:
+            with self._clock:
+                self.candidate_s += time.perf_counter() - started
+                self.first_run_s += first_run
         return kernel, f"wrong result: {problem}" if problem else ""
 
     def _reference_of(self, tactic: Tactic, precision: str) -> tuple[torch.Tensor, ...]:

@@ -177,6 +177,8 @@ def test_worker_threads_prepare_candidates_and_score_them_as_one_thread_does(tun
 
     assert scored(threaded) == scored(serial)
     assert threaded.prepare_s > 0 and threaded.timing_s > 0
+    # the candidates' own preparation times, and their first runs within them, summed across the threads
+    assert threaded.candidate_s >= threaded.first_run_s > 0 and serial.candidate_s >= serial.first_run_s > 0
 
 
 @pytest.mark.gpu
