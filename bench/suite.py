@@ -160,9 +160,11 @@ class Case:
         warmup: int,
         effort: int,
         engines: Path | None = None,
+        precompile: bool = True,
     ):
         self.name, self.batch, self.size, self.device = name, batch, size, device
         self.runs, self.warmup, self.effort, self.engines = runs, warmup, effort, engines
+        self.precompile = precompile
         self.feeds = zoo.example_inputs(name, batch, size, seed=1)
         self.proto = zoo.export(name, batch=batch, size=size, dynamic_batch=False)
         reference = zoo.build(name, size=size).double().to(device)
@@ -203,6 +205,7 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
             effort=case.effort,
             timing_cache=str(Path(scratch) / "timing.json"),
             quantization=QuantizationConfig(method="minmax", chain=chain) if calibration else None,
+            precompile=case.precompile,
         )
         started = time.perf_counter()
         engine = Builder(config, calibration_data=calibration).build(model)
@@ -495,7 +498,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     for name in args.models:
         size = sizes.get(name, sizes.get("*", BENCH_SIZES.get(name, zoo.MODELS[name].default_size)))
         for batch in args.batch or [1]:
-            case = Case(name, batch, size, device, args.runs, args.warmup, args.effort, args.engines)
+            case = Case(name, batch, size, device, args.runs, args.warmup, args.effort, args.engines, args.precompile)
             for precision in args.precision or ["fp32"]:
                 for system in args.systems:
                     reason = not_applicable(system, precision, device)
@@ -535,6 +538,10 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", action="append", metavar="[MODEL=]SIZE", help="image side / sequence length")
     parser.add_argument("--merge", action="store_true", help="add to DIR/results.json instead of overwriting it")
     parser.add_argument("--out", type=Path, default=Path("bench/results/suite"))
+    parser.add_argument(
+        "--no-precompile", dest="precompile", action="store_false",
+        help="tensorforge builds tune without compiling every layer's candidates first (build-time comparisons)",
+    )  # fmt: skip
     parser.add_argument("--engines", type=Path, metavar="DIR", help="keep each engine as DIR/MODEL-bBATCH-PREC.engine")
     return parser
 

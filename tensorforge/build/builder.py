@@ -49,8 +49,9 @@ from ..runtime.engine import Engine
 from ..runtime.environment import Environment
 from ..runtime.plan import Layer, Plan
 from ..runtime.schedule import Schedule
-from ..tactics.autotune import Choice, autotune, build_layer_kernel
+from ..tactics.autotune import Choice, autotune, build_layer_kernel, compile_workers
 from ..tactics.base import tactic_by_key
+from ..tactics.precompile import precompile
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
 from ..tactics.variant import ConstantCache
@@ -248,6 +249,13 @@ class Builder:
         graph = model.graph
         nodes = graph.nodes
         env: dict[Value, Any] = dict(_random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device))
+        if self.device.type == "cuda" and self.config.precompile:
+            seconds, submitted = precompile(
+                model, dict(env), self.device, effort=self.config.effort, precisions=precisions,
+                families=self.config.tactic_families, constants=constants, workers=compile_workers(self.device),
+            )  # fmt: skip
+            tuning["precompile_s"] = tuning.get("precompile_s", 0.0) + seconds
+            tuning["precompiled"] = tuning.get("precompiled", 0) + submitted
         last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
         kept = set(graph.outputs)
         layers = []

@@ -171,6 +171,7 @@ class BuildConfig:
     timing_cache: str | None = None
     tactic_families: tuple[str, ...] | None = None  # None: every family
     quantization: QuantizationConfig | None = None  # scales of int8 / fp8 layers
+    precompile: bool = True  # on CUDA, compile every layer's candidates in one pool first (tactics.precompile)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -198,6 +199,7 @@ class BuildConfig:
             "timing_cache": self.timing_cache,
             "tactic_families": None if self.tactic_families is None else list(self.tactic_families),
             "quantization": None if self.quantization is None else self.quantization.to_dict(),
+            "precompile": self.precompile,
         }
 
     @property
@@ -218,6 +220,7 @@ class BuildConfig:
             timing_cache=data.get("timing_cache"),
             tactic_families=None if families is None else tuple(families),
             quantization=None if quantization is None else QuantizationConfig.from_dict(quantization),
+            precompile=data.get("precompile", True),
         )
 
 

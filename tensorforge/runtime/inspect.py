@@ -163,6 +163,8 @@ def build_time_line(report: dict[str, Any]) -> str:
             f" ({tuning['prepare_s']:.1f} s building, compiling and checking candidates, {tuning['timing_s']:.1f} s"
             f" timing them; {tuning['skipped']} configurations of slower tactics not tried)"
         )
+        if tuning.get("precompiled"):
+            line += f"; first {tuning['precompiled']} candidates compiled in one pool in {tuning['precompile_s']:.1f} s"
         if tuning.get("candidate_s"):  # engines built before these were recorded lack them
             line += (
                 f"; the candidates' own preparation {tuning['candidate_s']:.1f} s in all, first runs (compiles)"

@@ -1,0 +1,113 @@
+"""Compiling every layer's candidates in one pool before the layers are tuned (CUDA).
+
+The autotuner prepares one layer's candidates at a time: its worker threads compile them together and the layer
+waits for the slowest before it is timed, so a build costs about one slowest compile per layer and round. What a
+kernel compiles to depends on its layer's shapes, types and strides, not on the values, so this pass walks the
+graph once with the reference kernels (from the same random inputs the tuning starts from) and hands each layer's
+compiling candidates (the Triton and NVRTC families: every variant and every configuration of their spaces at
+the build's effort) to one pool of threads, many layers at a time. The tuning that follows finds the kernels in
+Triton's and NVRTC's caches and only runs, checks and times them. Nothing here decides anything: a candidate that
+fails is left for the tuning to meet and report, and a layer the reference cannot run ends the pass early.
+
+TF32 variants are left out: TF32 is a process-wide switch, which would reach the float32 candidates compiling and
+running beside them (the tuning prepares them alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import torch
+
+from ..ir import Model, Node, Value
+from ..ops.math_flags import full_float32
+from .autotune import build_layer_kernel
+from .base import Tactic, tactic_by_key, tactics_for
+from .variant import ConstantCache, variants
+
+COMPILING_FAMILIES = ("triton", "cuda")
+_LAYERS_IN_FLIGHT = 24  # layers whose candidates may be queued at once (they hold their inputs until compiled)
+
+
+def precompile(
+    model: Model,
+    env: dict[Value, Any],
+    device: torch.device,
+    *,
+    effort: int,
+    precisions: Sequence[str],
+    families: Sequence[str] | None,
+    constants: ConstantCache,
+    workers: int,
+) -> tuple[float, int]:
+    """Compile the compiling candidates of every layer of `model` (its graph inputs in `env`, which this pass
+    consumes); (wall seconds, candidates submitted)."""
+    started = time.perf_counter()
+    nodes = model.graph.nodes
+    last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
+    kept = set(model.graph.outputs)
+    reference = tactic_by_key("reference.registry")
+    layers: deque[list[Future]] = deque()
+    submitted = 0
+    with ThreadPoolExecutor(workers, thread_name_prefix="tensorforge-precompile") as pool:
+        for index, node in enumerate(nodes):
+            opset = model.opset(node.domain)
+            args = [env[v] for v in node.inputs if v is not None and not v.is_const]
+            candidates = list(_compiling(node, opset, device, effort, precisions, families))
+            if candidates:
+                if len(layers) >= _LAYERS_IN_FLIGHT:
+                    wait(layers.popleft())
+                layers.append(
+                    [pool.submit(_compile, t, node, opset, device, c, constants, args) for t, c in candidates]
+                )
+                submitted += len(candidates)
+            try:
+                kernel = build_layer_kernel(reference, node, opset, device, {"precision": "fp32"}, constants)
+                with torch.inference_mode(), full_float32():
+                    outputs = kernel(args)
+            except Exception:  # the tuning runs this layer its own way; the later layers compile there
+                break
+            for value, output in zip(node.outputs, outputs, strict=False):
+                if value.name:
+                    env[value] = output
+            for value in [v for v in node.inputs if v is not None] + list(node.outputs):
+                if last_reader.get(value, index) <= index and value not in kept:
+                    env.pop(value, None)
+    env.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the candidates' outputs: the tuning starts with the memory it had
+    return time.perf_counter() - started, submitted
+
+
+def _compiling(
+    node: Node, opset: int, device: torch.device, effort: int, precisions: Sequence[str], families
+) -> Iterator[tuple[Tactic, dict[str, Any]]]:
+    """The (tactic, config) pairs of `node` whose kernels compile: the compiling families' supported tactics,
+    every non-TF32 variant, every configuration of their spaces at `effort`."""
+    for tactic in tactics_for(node, None):
+        if tactic.family not in COMPILING_FAMILIES or (families is not None and tactic.family not in families):
+            continue
+        if tactic.supports(node, opset, device) is not None:
+            continue
+        space = tactic.space_for(node, effort)
+        for variant in variants(tactic, node, precisions, device):
+            if variant.precision == "tf32":
+                continue
+            for config in space:
+                yield tactic, {"precision": variant.precision, "layout": variant.layout, **config}
+
+
+def _compile(tactic: Tactic, node: Node, opset: int, device: torch.device, config, constants, args) -> None:
+    """Build and run one candidate once, which compiles its kernels into the caches; its failures are the
+    tuning's to report."""
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    try:
+        with guard, torch.inference_mode(), full_float32():
+            build_layer_kernel(tactic, node, opset, device, config, constants)(args)
+    except Exception:  # met again, and reported, when the layer is tuned
+        pass

@@ -1,0 +1,124 @@
+"""The compile pass before tuning (`tactics.precompile`): every layer's compiling candidates, each variant but TF32
+and each configuration, run once on inputs of the layer's real shapes from a worker pool; failures left to the
+tuning; the pass ends early at a layer the reference cannot run. Run on the CPU with a stand-in compiling tactic
+(the real ones need CUDA, where the builder runs this pass)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+from tensorforge.build.config import BuildConfig
+from tensorforge.frontend import import_model
+from tensorforge.passes.pipeline import optimize
+from tensorforge.tactics import base
+from tensorforge.tactics.base import Tactic
+from tensorforge.tactics.precompile import precompile
+from tensorforge.tactics.vendor import ReferenceTactic
+from tests.helpers import make_model, tensor_info
+
+CPU = torch.device("cpu")
+
+
+class _CompilingTactic(Tactic):
+    """A Triton-family stand-in: records each (layer, tile, activation shape) it runs; its second config fails to
+    build."""
+
+    family, name, op_types = "triton", "stand-in", ("tensorforge::FusedConv",)
+    precisions = ("fp32", "tf32")
+    runs: ClassVar[list[tuple[str, int, tuple]]] = []
+
+    def space(self, effort):
+        return [{"tile": 1}, {"tile": "broken"}, {"tile": 3}][: 2 + effort]
+
+    def build(self, node, opset, device, config):
+        if config["tile"] == "broken":
+            raise RuntimeError("this configuration does not compile")
+
+        def kernel(inputs):
+            type(self).runs.append((node.name, config["tile"], tuple(inputs[0].shape)))
+            return (inputs[0],)  # what it computes does not matter here
+
+        return kernel
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    _CompilingTactic.runs = []
+    monkeypatch.setattr(base, "_TACTICS", [*base._TACTICS, _CompilingTactic()])
+    return _CompilingTactic
+
+
+def _two_convs():
+    """Conv 4→8 (3×3, padded) + ReLU, then Conv 8→6 (1×1, stride 2): two FusedConv layers of different shapes."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((6, 8, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="first"),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["y"], strides=[2, 2], name="second"),
+    ]
+    model, _ = optimize(
+        import_model(make_model(nodes, [tensor_info("x", [2, 4, 10, 10])], [tensor_info("y", None)], 17, inits))
+    )
+    assert [n.op_type for n in model.graph.nodes] == ["FusedConv", "FusedConv"]
+    return model
+
+
+def _env(model):
+    (x,) = model.graph.inputs
+    return {x: torch.randn(2, 4, 10, 10)}
+
+
+def test_every_layer_every_variant_but_tf32_every_config_runs_once_on_the_layers_shapes(compiling):
+    model = _two_convs()
+    seconds, submitted = precompile(
+        model, _env(model), CPU, effort=1, precisions=("fp32", "tf32"), families=None, constants={}, workers=4
+    )
+    first, second = (n.name for n in model.graph.nodes)
+    assert submitted == 2 * 3 and seconds > 0  # 2 layers × 3 configs × the fp32 variant (TF32 left out)
+    assert sorted(compiling.runs, key=str) == sorted(
+        [(first, tile, (2, 4, 10, 10)) for tile in (1, 3)] + [(second, tile, (2, 8, 10, 10)) for tile in (1, 3)],
+        key=str,
+    )  # the broken configuration failed quietly: the tuning meets and reports it
+
+
+def test_families_outside_the_build_are_not_compiled(compiling):
+    model = _two_convs()
+    _, submitted = precompile(
+        model, _env(model), CPU, effort=0, precisions=("fp32",), families=("vendor",), constants={}, workers=2
+    )
+    assert submitted == 0 and compiling.runs == []
+
+
+def test_a_layer_the_reference_cannot_run_ends_the_pass(compiling, monkeypatch):
+    model = _two_convs()
+    real = ReferenceTactic.build
+    calls = []
+
+    def failing_on_the_first(self, node, *args):
+        calls.append(node.name)
+        if len(calls) == 1:
+            raise RuntimeError("no reference here")
+        return real(self, node, *args)
+
+    monkeypatch.setattr(ReferenceTactic, "build", failing_on_the_first)
+    _, submitted = precompile(
+        model, _env(model), CPU, effort=0, precisions=("fp32",), families=None, constants={}, workers=2
+    )
+    assert submitted == 2  # the first layer's two configs; the second layer's inputs never existed
+    assert {run[0] for run in compiling.runs} == {model.graph.nodes[0].name}
+
+
+def test_the_build_config_keeps_the_switch():
+    assert BuildConfig().precompile
+    off = BuildConfig(device="cpu", precompile=False)
+    assert BuildConfig.from_dict(off.to_dict()) == off
+    assert BuildConfig.from_dict({k: v for k, v in off.to_dict().items() if k != "precompile"}).precompile
