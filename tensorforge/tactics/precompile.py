@@ -4,10 +4,11 @@ The autotuner prepares one layer's candidates at a time: its worker threads comp
 waits for the slowest before it is timed, so a build costs about one slowest compile per layer and round. What a
 kernel compiles to depends on its layer's shapes, types and strides, not on the values, so this pass walks the
 graph once with the reference kernels (from the same random inputs the tuning starts from) and hands each layer's
-compiling candidates (the Triton and NVRTC families: every variant and every configuration of their spaces at
-the build's effort) to one pool of threads, many layers at a time. The tuning that follows finds the kernels in
-Triton's and NVRTC's caches and only runs, checks and times them. Nothing here decides anything: a candidate that
-fails is left for the tuning to meet and report, and a layer the reference cannot run ends the pass early.
+compiling candidates (the Triton and NVRTC families: every variant, every configuration of their spaces at the
+build's effort, but only the first in float32) to one pool of threads, many layers at a time. The tuning that
+follows finds the kernels in Triton's and NVRTC's caches and only runs, checks and times them. Nothing here
+decides anything: a candidate that fails is left for the tuning to meet and report, and a layer the reference
+cannot run ends the pass early.
 
 TF32 variants are left out: TF32 is a process-wide switch, which would reach the float32 candidates compiling and
 running beside them (the tuning prepares them alone).
@@ -88,7 +89,9 @@ def _compiling(
     node: Node, opset: int, device: torch.device, effort: int, precisions: Sequence[str], families
 ) -> Iterator[tuple[Tactic, dict[str, Any]]]:
     """The (tactic, config) pairs of `node` whose kernels compile: the compiling families' supported tactics,
-    every non-TF32 variant, every configuration of their spaces at `effort`."""
+    every non-TF32 variant, every configuration of their spaces at `effort`, but only the first of a float32
+    variant's (the tuning's first round runs it; on a GPU float32 is rarely within reach of 16 bits for its
+    second round, and when it is, the tuning compiles the rest itself)."""
     for tactic in tactics_for(node, None):
         if tactic.family not in COMPILING_FAMILIES or (families is not None and tactic.family not in families):
             continue
@@ -98,7 +101,7 @@ def _compiling(
         for variant in variants(tactic, node, precisions, device):
             if variant.precision == "tf32":
                 continue
-            for config in space:
+            for config in space[:1] if variant.precision == "fp32" else space:
                 yield tactic, {"precision": variant.precision, "layout": variant.layout, **config}
 
 

@@ -77,15 +77,22 @@ def _env(model):
     return {x: torch.randn(2, 4, 10, 10)}
 
 
-def test_every_layer_every_variant_but_tf32_every_config_runs_once_on_the_layers_shapes(compiling):
+def test_every_layer_every_variant_but_tf32_every_config_runs_once_on_the_layers_shapes(compiling, monkeypatch):
+    monkeypatch.setattr(compiling, "precisions", ("fp16", "tf32", "fp32"))
     model = _two_convs()
     seconds, submitted = precompile(
-        model, _env(model), CPU, effort=1, precisions=("fp32", "tf32"), families=None, constants={}, workers=4
-    )
+        model, _env(model), CPU, effort=1, precisions=("fp32", "tf32", "fp16"), families=None, constants={},
+        workers=4,
+    )  # fmt: skip
     first, second = (n.name for n in model.graph.nodes)
-    assert submitted == 2 * 3 and seconds > 0  # 2 layers × 3 configs × the fp32 variant (TF32 left out)
+    # per layer: fp16's 3 configs, fp32's first one, TF32 left out
+    assert submitted == 2 * (3 + 1) and seconds > 0
     assert sorted(compiling.runs, key=str) == sorted(
-        [(first, tile, (2, 4, 10, 10)) for tile in (1, 3)] + [(second, tile, (2, 8, 10, 10)) for tile in (1, 3)],
+        [
+            (name, tile, shape)
+            for name, shape in ((first, (2, 4, 10, 10)), (second, (2, 8, 10, 10)))
+            for tile in (1, 3, 1)
+        ],
         key=str,
     )  # the broken configuration failed quietly: the tuning meets and reports it
 
@@ -113,7 +120,7 @@ def test_a_layer_the_reference_cannot_run_ends_the_pass(compiling, monkeypatch):
     _, submitted = precompile(
         model, _env(model), CPU, effort=0, precisions=("fp32",), families=None, constants={}, workers=2
     )
-    assert submitted == 2  # the first layer's two configs; the second layer's inputs never existed
+    assert submitted == 1  # the first layer's float32 first config; the second layer's inputs never existed
     assert {run[0] for run in compiling.runs} == {model.graph.nodes[0].name}
 
 
