@@ -250,12 +250,14 @@ class Builder:
         nodes = graph.nodes
         env: dict[Value, Any] = dict(_random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device))
         if self.device.type == "cuda" and self.config.precompile:
-            seconds, submitted = precompile(
+            done = precompile(
                 model, dict(env), self.device, effort=self.config.effort, precisions=precisions,
                 families=self.config.tactic_families, constants=constants, workers=compile_workers(self.device),
             )  # fmt: skip
-            tuning["precompile_s"] = tuning.get("precompile_s", 0.0) + seconds
-            tuning["precompiled"] = tuning.get("precompiled", 0) + submitted
+            tuning["precompile_s"] = tuning.get("precompile_s", 0.0) + done.seconds
+            tuning["precompiled"] = tuning.get("precompiled", 0) + done.submitted
+            if done.stopped:
+                tuning["precompile_stopped"] = done.stopped
         last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
         kept = set(graph.outputs)
         layers = []

@@ -165,6 +165,8 @@ def build_time_line(report: dict[str, Any]) -> str:
         )
         if tuning.get("precompiled"):
             line += f"; first {tuning['precompiled']} candidates compiled in one pool in {tuning['precompile_s']:.1f} s"
+        if tuning.get("precompile_stopped"):
+            line += f" (that pass stopped early at {tuning['precompile_stopped']})"
         if tuning.get("candidate_s"):  # engines built before these were recorded lack them
             line += (
                 f"; the candidates' own preparation {tuning['candidate_s']:.1f} s in all, first runs (compiles)"

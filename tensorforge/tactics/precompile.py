@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +36,15 @@ COMPILING_FAMILIES = ("triton", "cuda")
 _LAYERS_IN_FLIGHT = 24  # layers whose candidates may be queued at once (they hold their inputs until compiled)
 
 
+@dataclass(frozen=True)
+class Precompiled:
+    """What the pass did: its wall time, the candidates it compiled, and where it stopped early ("" if not)."""
+
+    seconds: float
+    submitted: int
+    stopped: str = ""
+
+
 def precompile(
     model: Model,
     env: dict[Value, Any],
@@ -45,33 +55,34 @@ def precompile(
     families: Sequence[str] | None,
     constants: ConstantCache,
     workers: int,
-) -> tuple[float, int]:
+) -> Precompiled:
     """Compile the compiling candidates of every layer of `model` (its graph inputs in `env`, which this pass
-    consumes); (wall seconds, candidates submitted)."""
+    consumes)."""
     started = time.perf_counter()
     nodes = model.graph.nodes
     last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
     kept = set(model.graph.outputs)
     reference = tactic_by_key("reference.registry")
     layers: deque[list[Future]] = deque()
-    submitted = 0
+    submitted, stopped = 0, ""
     with ThreadPoolExecutor(workers, thread_name_prefix="tensorforge-precompile") as pool:
         for index, node in enumerate(nodes):
             opset = model.opset(node.domain)
-            args = [env[v] for v in node.inputs if v is not None and not v.is_const]
-            candidates = list(_compiling(node, opset, device, effort, precisions, families))
-            if candidates:
-                if len(layers) >= _LAYERS_IN_FLIGHT:
-                    wait(layers.popleft())
-                layers.append(
-                    [pool.submit(_compile, t, node, opset, device, c, constants, args) for t, c in candidates]
-                )
-                submitted += len(candidates)
             try:
+                args = [env[v] for v in node.inputs if v is not None and not v.is_const]
+                candidates = list(_compiling(node, opset, device, effort, precisions, families))
+                if candidates:
+                    if len(layers) >= _LAYERS_IN_FLIGHT:
+                        wait(layers.popleft())
+                    layers.append(
+                        [pool.submit(_compile, t, node, opset, device, c, constants, args) for t, c in candidates]
+                    )
+                    submitted += len(candidates)
                 kernel = build_layer_kernel(reference, node, opset, device, {"precision": "fp32"}, constants)
                 with torch.inference_mode(), full_float32():
                     outputs = kernel(args)
-            except Exception:  # the tuning runs this layer its own way; the later layers compile there
+            except Exception as err:  # the tuning runs this layer its own way; the later layers compile there
+                stopped = f"{node.label}: {type(err).__name__}: {err}"
                 break
             for value, output in zip(node.outputs, outputs, strict=False):
                 if value.name:
@@ -82,7 +93,7 @@ def precompile(
     env.clear()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the candidates' outputs: the tuning starts with the memory it had
-    return time.perf_counter() - started, submitted
+    return Precompiled(time.perf_counter() - started, submitted, stopped)
 
 
 def _compiling(

@@ -80,13 +80,13 @@ def _env(model):
 def test_every_layer_every_variant_but_tf32_every_config_runs_once_on_the_layers_shapes(compiling, monkeypatch):
     monkeypatch.setattr(compiling, "precisions", ("fp16", "tf32", "fp32"))
     model = _two_convs()
-    seconds, submitted = precompile(
+    done = precompile(
         model, _env(model), CPU, effort=1, precisions=("fp32", "tf32", "fp16"), families=None, constants={},
         workers=4,
     )  # fmt: skip
     first, second = (n.name for n in model.graph.nodes)
     # per layer: fp16's 3 configs, fp32's first one, TF32 left out
-    assert submitted == 2 * (3 + 1) and seconds > 0
+    assert done.submitted == 2 * (3 + 1) and done.seconds > 0 and done.stopped == ""
     assert sorted(compiling.runs, key=str) == sorted(
         [
             (name, tile, shape)
@@ -99,10 +99,10 @@ def test_every_layer_every_variant_but_tf32_every_config_runs_once_on_the_layers
 
 def test_families_outside_the_build_are_not_compiled(compiling):
     model = _two_convs()
-    _, submitted = precompile(
+    done = precompile(
         model, _env(model), CPU, effort=0, precisions=("fp32",), families=("vendor",), constants={}, workers=2
     )
-    assert submitted == 0 and compiling.runs == []
+    assert done.submitted == 0 and compiling.runs == []
 
 
 def test_a_layer_the_reference_cannot_run_ends_the_pass(compiling, monkeypatch):
@@ -117,10 +117,9 @@ def test_a_layer_the_reference_cannot_run_ends_the_pass(compiling, monkeypatch):
         return real(self, node, *args)
 
     monkeypatch.setattr(ReferenceTactic, "build", failing_on_the_first)
-    _, submitted = precompile(
-        model, _env(model), CPU, effort=0, precisions=("fp32",), families=None, constants={}, workers=2
-    )
-    assert submitted == 1  # the first layer's float32 first config; the second layer's inputs never existed
+    done = precompile(model, _env(model), CPU, effort=0, precisions=("fp32",), families=None, constants={}, workers=2)
+    assert "no reference here" in done.stopped and model.graph.nodes[0].label in done.stopped
+    assert done.submitted == 1  # the first layer's float32 first config; the second layer's inputs never existed
     assert {run[0] for run in compiling.runs} == {model.graph.nodes[0].name}
 
 
