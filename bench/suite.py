@@ -462,10 +462,11 @@ def plot(data: Mapping[str, Any], path: Path) -> None:
 
 
 def write_reports(out: Path) -> None:
-    """`results.md` and `results.png` in `out`, from its `results.json`."""
+    """`results.md` and `results.png` (when something was measured) in `out`, from its `results.json`."""
     data = json.loads((out / RESULTS_JSON).read_text())
     (out / RESULTS_MD).write_text(markdown(data))
-    plot(data, out / RESULTS_PNG)
+    if data["results"]:
+        plot(data, out / RESULTS_PNG)
 
 
 # -- command line ------------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@
 #             PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_S=400)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
 #             (COPIES_BATCH=64, COPIES_S=120)
+#   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches
+#             (BUILD_MODEL=yolo, BUILD_BATCH=64, BUILDTIME_S=500 for both)
 set -uo pipefail
 out=${1:?output directory}
 shift
@@ -126,8 +128,19 @@ for stage in $stages; do
     copies)
       timeout "${COPIES_S:-120}" python3 bench/copies.py --batch "${COPIES_BATCH:-64}" --out "$out" 2>&1 | tail -14
       ;;
+    buildtime)
+      # The same engine built twice in fresh processes with empty compile caches: without, then with the compile
+      # pass before tuning (tactics/precompile.py).
+      for mode in --no-precompile ""; do
+        # shellcheck disable=SC2086 - an empty mode is no argument
+        TRITON_CACHE_DIR=$(mktemp -d) TENSORFORGE_CACHE=$(mktemp -d) timeout "$(( ${BUILDTIME_S:-500} / 2 ))" \
+          python3 bench/suite.py --models "${BUILD_MODEL:-yolo}" --batch "${BUILD_BATCH:-64}" --systems tensorforge \
+          --precision fp16 --effort 0 --runs 10 $mode --out "$out/buildtime${mode:+-without}" >> "$out/buildtime.txt" 2>&1
+      done
+      grep -E "batch [0-9]+ " "$out/buildtime.txt" | cut -c1-400
+      ;;
     *)
-      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile, copies)" >&2
+      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile, copies, buildtime)" >&2
       ;;
   esac
   echo "== $stage: $(($(date +%s) - started)) s"
