@@ -39,6 +39,7 @@ from ..frontend import load_onnx
 from ..ir import DType, Model, Node, Value, format_type
 from ..ir.clone import clone_model
 from ..ir.serialize import model_to_dict
+from ..ir.walk import Walk
 from ..ops.cuda_graphs import capture
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
@@ -258,8 +259,7 @@ class Builder:
             tuning["precompiled"] = tuning.get("precompiled", 0) + done.submitted
             if done.stopped:
                 tuning["precompile_stopped"] = done.stopped
-        last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
-        kept = set(graph.outputs)
+        walk = Walk(nodes, env, set(graph.outputs))
         layers = []
         for index, node in enumerate(nodes):
             inputs = [None if v is None or v.is_const else env[v] for v in node.inputs]
@@ -282,12 +282,7 @@ class Builder:
                 outputs = kernel(
                     [t for v, t in zip(node.inputs, inputs, strict=True) if v is not None and not v.is_const]
                 )
-            for value, output in zip(node.outputs, outputs, strict=False):
-                if value.name:
-                    env[value] = output
-            for value in [v for v in node.inputs if v is not None] + list(node.outputs):
-                if last_reader.get(value, index) <= index and value not in kept:
-                    env.pop(value, None)
+            walk.after(index, outputs)
             tuning["prepare_s"] += choice.prepare_s
             tuning["timing_s"] += choice.timing_s
             tuning["skipped"] += choice.skipped

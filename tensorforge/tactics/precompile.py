@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..ir import Model, Node, Value
+from ..ir.walk import Walk
 from ..ops.math_flags import full_float32
 from .autotune import build_layer_kernel
 from .base import Tactic, tactic_by_key, tactics_for
@@ -60,8 +61,7 @@ def precompile(
     consumes)."""
     started = time.perf_counter()
     nodes = model.graph.nodes
-    last_reader = {v: i for i, node in enumerate(nodes) for v in node.inputs if v is not None}
-    kept = set(model.graph.outputs)
+    walk = Walk(nodes, env, set(model.graph.outputs))
     reference = tactic_by_key("reference.registry")
     layers: deque[list[Future]] = deque()
     submitted, stopped = 0, ""
@@ -84,12 +84,7 @@ def precompile(
             except Exception as err:  # the tuning runs this layer its own way; the later layers compile there
                 stopped = f"{node.label}: {type(err).__name__}: {err}"
                 break
-            for value, output in zip(node.outputs, outputs, strict=False):
-                if value.name:
-                    env[value] = output
-            for value in [v for v in node.inputs if v is not None] + list(node.outputs):
-                if last_reader.get(value, index) <= index and value not in kept:
-                    env.pop(value, None)
+            walk.after(index, outputs)
     env.clear()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the candidates' outputs: the tuning starts with the memory it had
