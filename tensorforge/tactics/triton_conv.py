@@ -1,8 +1,9 @@
 """The Triton convolution tactics: `kernels.triton.conv`'s implicit GEMM with the whole epilogue inside, on NHWC:
 `triton.conv-igemm` for FusedConv, `triton.conv-igemm-quantized` for QuantizedConv (int8 / fp8 tensor cores,
-the activation quantized as it is loaded); `triton.conv-direct` (`kernels.triton.conv_direct`) for layers with
-few input channels, reading the input as it comes; and `triton.cudnn-epilogue`, cuDNN's convolution followed
-by the whole epilogue in one Triton pass."""
+the activation quantized as it is loaded), `triton.conv-tma` and `triton.conv-tma-quantized` for their stride-1
+layers on Hopper (`kernels.triton.conv_tma`, TMA-fed); `triton.conv-direct` (`kernels.triton.conv_direct`) for
+layers with few input channels, reading the input as it comes; and `triton.cudnn-epilogue`, cuDNN's convolution
+followed by the whole epilogue in one Triton pass."""
 
 from __future__ import annotations
 
@@ -66,15 +67,17 @@ def _fitted(node: Node, configs: list[dict[str, Any]], min_block_k: int = 16) ->
     return fit_configs(configs, shape[1], shape[0] // groups, min_block_k)
 
 
-def _tma_geometry(node: Node) -> bool:
-    """Whether the node is a convolution of one group with stride 1 and dilation 1 (`tma_configs` apply: a box
-    of output pixels reads a box of input pixels, shifted by each tap)."""
+def _tma_problem(node: Node, device: torch.device) -> str | None:
+    """Why `kernels.triton.conv_tma` cannot run the (CUDA) node: it takes convolutions of one group with stride 1
+    and dilation 1 (a box of output pixels reads a box of input pixels, shifted by each tap), on Hopper or newer."""
     a = node.attributes
-    return (
-        a.get("group", 1) == 1
-        and all(s == 1 for s in a.get("strides", (1, 1)))
-        and all(d == 1 for d in a.get("dilations", (1, 1)))
-    )
+    if a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", (1, 1))):
+        return "stride 1, dilation 1 and one group only (output boxes read shifted input boxes)"
+    if any(d != 1 for d in a.get("dilations", (1, 1))):
+        return "stride 1, dilation 1 and one group only (output boxes read shifted input boxes)"
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
+    return None
 
 
 @register_tactic
@@ -101,7 +104,7 @@ class TritonConvTactic(Tactic):
         return conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitted(node, self.space(effort) + (tma_configs(effort) if _tma_geometry(node) else []))
+        return _fitted(node, self.space(effort))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
@@ -153,8 +156,7 @@ class TritonQuantizedConvTactic(Tactic):
         return quantized_conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        tma = tma_configs(effort, quantized=True) if _tma_geometry(node) else []
-        return _fitted(node, self.space(effort) + tma, min_block_k=32)
+        return _fitted(node, self.space(effort), min_block_k=32)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
@@ -181,6 +183,36 @@ class TritonQuantizedConvTactic(Tactic):
             return (y,)
 
         return kernel
+
+
+@register_tactic
+class TritonTmaConvTactic(TritonConvTactic):
+    """`triton.conv-igemm` with `kernels.triton.conv_tma`'s TMA-fed kernel (`tma_configs`): stride-1 layers of one
+    group on Hopper. A call whose operands TMA cannot take (unaligned strides) runs the gathering kernel with the
+    same tiles. Its own tactic, so that the first tuning round times it beside the others and the build log
+    shows where it wins."""
+
+    name = "conv-tma"
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        return super().supports(node, opset, device) or _tma_problem(node, device)
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return tma_configs(effort)
+
+
+@register_tactic
+class TritonTmaQuantizedConvTactic(TritonQuantizedConvTactic):
+    """`triton.conv-igemm-quantized` with the TMA-fed kernel (`tma_configs`, 8-bit tiles): stride-1 layers of
+    one group on Hopper (per-channel input scales run the gathering kernel with the same tiles)."""
+
+    name = "conv-tma-quantized"
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        return super().supports(node, opset, device) or _tma_problem(node, device)
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return tma_configs(effort, quantized=True)
 
 
 @register_tactic

@@ -1,6 +1,7 @@
 """The Triton GEMM tactics (CUDA): `triton.gemm`, MatMul, Gemm and FusedGemm as one tiled kernel with the
-epilogue inside; `triton.gemm-quantized`, an int8 / E4M3 QuantizedGemm as one TMA-fed kernel (Hopper) with the
-activation quantized on load and the dequantizing epilogue inside."""
+epilogue inside (`triton.gemm-tma`: in TMA-fed tiles for linear layers on Hopper); `triton.gemm-quantized`, an
+int8 / E4M3 QuantizedGemm as one TMA-fed kernel (Hopper) with the activation quantized on load and the
+dequantizing epilogue inside."""
 
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ def _activation_problem(node: Node) -> str | None:
 @register_tactic
 class TritonGemmTactic(Tactic):
     """`Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`; float32 layers use TF32 dot products only in
-    the tf32 variant (the flag its kernel runs under), IEEE float32 otherwise. Products by a constant 2-D weight
-    also try TMA-fed tiles (`gemm_tma_configs`, on Hopper)."""
+    the tf32 variant (the flag its kernel runs under), IEEE float32 otherwise."""
 
     family = "triton"
     name = "gemm"
@@ -53,13 +53,6 @@ class TritonGemmTactic(Tactic):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_configs(effort)
-
-    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        """The space, and for a product by a constant 2-D weight (a linear layer: every batch folds into M)
-        the TMA kernel's tiles."""
-        weight = node.inputs[1]
-        linear = weight.is_const and weight.rank == 2 and node.inputs[0].rank is not None
-        return self.space(effort) + (gemm_tma_configs(effort) if linear else [])
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         attributes = node.attributes
@@ -87,6 +80,29 @@ class TritonGemmTactic(Tactic):
             return (gemm(a, b, c, z, **options, input_precision=precision, config=tile, out=out),)
 
         return kernel
+
+
+@register_tactic
+class TritonGemmTmaTactic(TritonGemmTactic):
+    """`triton.gemm` in TMA-fed tiles (`gemm_tma_configs`, `conv_tma.gemm_rows`) for a product by a constant 2-D
+    weight (a linear layer: every batch folds into M) on Hopper; a call the rows kernel cannot take (alpha, a full
+    C, unaligned rows) runs the pointer kernel with the same tiles."""
+
+    name = "gemm-tma"
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        problem = super().supports(node, opset, device)
+        if problem:
+            return problem
+        weight = node.inputs[1]
+        if not (weight.is_const and weight.rank == 2):
+            return "a product by a constant 2-D weight only (a linear layer)"
+        if torch.cuda.get_device_capability(device) < (9, 0):
+            return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_tma_configs(effort)
 
 
 _QUANT_CODES = {"int8": 1, "fp8e4m3": 2}

@@ -17,13 +17,18 @@ from tensorforge.kernels.triton.conv import (
     conv2d_nhwc,
     conv2d_nhwc_quantized,
     pack_weight,
-    quantized_conv_configs,
     tma_configs,
 )
 from tensorforge.kernels.triton.epilogue import activation_args
 from tensorforge.ops.fused import DOMAIN
+from tensorforge.tactics import triton_conv
 from tensorforge.tactics.autotune import quantized_mismatch
-from tensorforge.tactics.triton_conv import TritonConvTactic, TritonQuantizedConvTactic
+from tensorforge.tactics.triton_conv import (
+    TritonConvTactic,
+    TritonQuantizedConvTactic,
+    TritonTmaConvTactic,
+    TritonTmaQuantizedConvTactic,
+)
 from tests.helpers import DEVICES, compile_for_hopper, record_returns
 from tests.kernels import test_triton_conv as floats
 from tests.kernels import test_triton_conv_quantized as quantized
@@ -213,19 +218,22 @@ def _conv_node(op: str, kernel: int, **attributes) -> Node:
     return Node(op, [Value("x"), weight], [Value("y")], attributes, domain=DOMAIN)
 
 
-def test_tma_configs_join_the_spaces_of_stride_1_layers_of_one_group_only():
+def test_the_tma_tactics_time_their_own_configs_on_stride_1_layers_of_one_group():
     assert len(tma_configs(0)) == 2 and len(tma_configs(1)) == 4 and len(tma_configs(2)) == 4
     assert all(c["tma"] and c["block_k"] == 128 for c in tma_configs(1, quantized=True))
-    assert not any(c["tma"] for c in quantized_conv_configs(2))
-    for tactic, op in ((TritonConvTactic(), "FusedConv"), (TritonQuantizedConvTactic(), "QuantizedConv")):
-        for stride_1 in (_conv_node(op, 1), _conv_node(op, 3, pads=[1] * 4)):
-            assert sum(c["tma"] for c in tactic.space_for(stride_1, 0)) == 2
-        for other in (
-            _conv_node(op, 3, strides=[2, 2]),
-            _conv_node(op, 3, dilations=[2, 2]),
-            _conv_node(op, 1, group=2),
-        ):
-            assert not any(c["tma"] for c in tactic.space_for(other, 0))
+    pairs = [
+        (TritonConvTactic(), TritonTmaConvTactic(), "FusedConv", tma_configs(0)),
+        (TritonQuantizedConvTactic(), TritonTmaQuantizedConvTactic(), "QuantizedConv", tma_configs(0, True)),
+    ]
+    for gathering, tma, op, configs in pairs:
+        node = _conv_node(op, 3, pads=[1] * 4)
+        assert not any(c["tma"] for c in gathering.space_for(node, 2))
+        fitted = tma.space_for(node, 0)
+        assert tma.space(0) == configs and len(fitted) == len(configs) and all(c["tma"] for c in fitted)
+        assert tma.key.startswith("triton.conv-tma")
+    for other in (_conv_node("FusedConv", 3, strides=[2, 2]), _conv_node("FusedConv", 3, dilations=[2, 2])):
+        assert "stride 1" in triton_conv._tma_problem(other, torch.device("cuda"))
+    assert "one group" in triton_conv._tma_problem(_conv_node("FusedConv", 1, group=2), torch.device("cuda"))
 
 
 # -- compiled for Hopper; on the GPU ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ from tensorforge.ir import DType, Node, Value
 from tensorforge.kernels.triton import conv_tma
 from tensorforge.kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
 from tensorforge.ops.fused import DOMAIN
-from tensorforge.tactics.triton_gemm import TritonGemmTactic
+from tensorforge.tactics.triton_gemm import TritonGemmTmaTactic
 from tests.helpers import DEVICES, record_returns
 from tests.kernels.test_triton_gemm import BOUND, TINY, _error, _reference
 
@@ -77,15 +77,14 @@ def test_other_products_take_the_pointer_kernel(device, a_shape, b_shape, c_shap
         assert launches == [], why
 
 
-def test_tma_configs_join_the_space_of_products_by_a_constant_2d_weight():
+def test_the_tma_gemm_tactic_times_its_own_configs():
     assert len(gemm_tma_configs(0)) == 2 and len(gemm_tma_configs(1)) == 4 and len(gemm_tma_configs(2)) == 4
     assert not any(c.get("TMA") for c in gemm_configs(2))
-    tactic = TritonGemmTactic()
+    assert all(c["BLOCK_K"] == 128 for c in gemm_tma_configs(1, quantized=True))
+    assert TritonGemmTmaTactic().space(1) == gemm_tma_configs(1) and TritonGemmTmaTactic().key == "triton.gemm-tma"
     x = Value("x", DType.FLOAT16, (8, 128, 768))
     linear = Node("FusedGemm", [x, Value("w", DType.FLOAT16, (768, 768), const=True)], [Value("y")], {}, domain=DOMAIN)
-    batched = Node("MatMul", [x, Value("k", DType.FLOAT16, (8, 768, 128))], [Value("s")], {})
-    assert sum(bool(c.get("TMA")) for c in tactic.space_for(linear, 0)) == 2
-    assert not any(c.get("TMA") for c in tactic.space_for(batched, 0))
+    assert "needs CUDA" in TritonGemmTmaTactic().supports(linear, 1, torch.device("cpu"))
 
 
 # BERT-base's linear layers at batch 8, sequence 128: (rows, K, N)
