@@ -97,6 +97,19 @@ def test_combinations_that_cannot_run_are_skipped_not_failed(tmp_path):
     assert suite.not_applicable("ort", "fp16", suite.torch.device("cuda")) is not None
 
 
+def test_the_engines_measured_are_kept_and_load(tmp_path):
+    """`--engines DIR` keeps each tensorforge engine the suite measured (for a profile of that very engine)."""
+    suite.main([*TINY, "--systems", "tensorforge", "--engines", str(tmp_path / "engines"), "--out", str(tmp_path)])
+    engine = suite.Engine.load(tmp_path / "engines" / "inception-b1-fp32.engine")
+    assert engine.plans and engine.report.get("tuning") is not None
+
+
+def test_nothing_measured_writes_a_report_without_a_plot(tmp_path):
+    suite.main([*TINY, "--systems", "eager+graph", "--out", str(tmp_path)])  # CUDA graphs: nothing on the CPU
+    data, rows = _rows(tmp_path)
+    assert rows == {} and (tmp_path / suite.RESULTS_MD).exists() and not (tmp_path / suite.RESULTS_PNG).exists()
+
+
 def test_bad_options_are_refused(tmp_path):
     with pytest.raises(SystemExit, match="unknown model"):
         suite.main(["--models", "resnet51", "--out", str(tmp_path)])
