@@ -101,6 +101,9 @@ def build(
     families: Annotated[
         str | None, typer.Option(help="comma-separated tactic families to allow (reference is always kept)")
     ] = None,
+    precompile: Annotated[
+        bool, typer.Option(help="on CUDA, compile every layer's candidates in one pool before tuning")
+    ] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every layer's candidate table")] = False,
     force: Annotated[bool, typer.Option(help="overwrite an existing engine file")] = False,
 ) -> None:
@@ -134,6 +137,7 @@ def build(
             timing_cache=str(timing_cache) if timing_cache else None,
             tactic_families=tuple(f.strip() for f in families.split(",")) if families else None,
             quantization=quantization,
+            precompile=precompile,
         )
         columns = (TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, TextColumn("{task.fields[layer]}"), console=err, transient=True) as progress:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from tensorforge import zoo
 from tensorforge.cli.main import app
+from tensorforge.runtime.engine import Engine
 
 runner = CliRunner()
 
@@ -33,6 +34,10 @@ def test_build_writes_an_engine_and_says_what_it_chose(inception, tmp_path):
     assert engine.exists() and cache.exists()
     again = runner.invoke(app, [*args])
     assert again.exit_code == 1 and "already exists" in again.output
+    assert Engine.load(engine).config.precompile  # on by default; a CPU build has nothing to precompile
+    off = runner.invoke(app, [*args, "--no-precompile", "--force"])
+    assert off.exit_code == 0, off.output
+    assert not Engine.load(engine).config.precompile
 
 
 def test_run_an_engine_in_a_fresh_process(inception, tmp_path):
