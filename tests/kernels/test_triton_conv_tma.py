@@ -49,7 +49,7 @@ def _float_case(device, precision, shape, cout, epilogue, *, x=None, out=None, c
     x = x_new if x is None else x
     want = floats._reference(x, w, b, z, attrs)
     out = floats._poisoned(want, dtype) if out is None else out
-    got = floats._run(x, w, b, z, attrs, config=config, out=out)
+    got = floats._run(x, w, b, z, attrs, config=config, out=out, tf32=precision == "tf32")
     assert floats._error(got, want) <= floats.TOLERANCE[precision]
     return got
 
