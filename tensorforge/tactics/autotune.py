@@ -21,7 +21,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,16 +184,10 @@ def autotune(
     search = _Search(node, opset, device, inputs, reference, budget, constants, cache, key, description, workers)
     search.quantized = quantized
     groups = []
-    for tactic in tactics_for(node, None):
-        if families is not None and tactic.family not in families and tactic.family != "reference":
-            continue
-        reason = tactic.supports(node, opset, device)
-        if reason is not None:
+    for tactic, reason, configs in candidate_groups(node, opset, device, effort, precisions, families):
+        if reason:
             search.candidates.append(Candidate(tactic.key, {}, math.inf, f"unsupported: {reason}"))
-            continue
-        space = tactic.space_for(node, effort)
-        for variant in variants(tactic, node, precisions, device):
-            configs = [{"precision": variant.precision, "layout": variant.layout, **c} for c in space]
+        else:
             groups.append((tactic, configs))
     first = search.score([(tactic, configs[0]) for tactic, configs in groups])
     best_first = min((c.median_ms for c in first), default=math.inf)
@@ -218,6 +212,24 @@ def autotune(
         skipped=skipped, prepare_s=search.prepare_s, timing_s=search.timing_s, candidate_s=search.candidate_s,
         first_run_s=search.first_run_s,
     )  # fmt: skip
+
+
+def candidate_groups(
+    node: Node, opset: int, device: torch.device, effort: int, precisions: Sequence[str], families
+) -> Iterator[tuple[Tactic, str, list[dict[str, Any]]]]:
+    """What the tuning considers for `node`: per tactic of the allowed `families` (the reference always), either
+    (tactic, why it cannot run the node, []) or, per variant, (tactic, "", that variant's configurations of the
+    tactic's space at `effort`)."""
+    for tactic in tactics_for(node, None):
+        if families is not None and tactic.family not in families and tactic.family != "reference":
+            continue
+        reason = tactic.supports(node, opset, device)
+        if reason is not None:
+            yield tactic, reason, []
+            continue
+        space = tactic.space_for(node, effort)
+        for variant in variants(tactic, node, precisions, device):
+            yield tactic, "", [{"precision": variant.precision, "layout": variant.layout, **c} for c in space]
 
 
 def compile_workers(device: torch.device) -> int:

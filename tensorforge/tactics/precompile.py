@@ -29,9 +29,9 @@ import torch
 from ..ir import Model, Node, Value
 from ..ir.walk import Walk
 from ..ops.math_flags import full_float32
-from .autotune import build_layer_kernel
-from .base import Tactic, tactic_by_key, tactics_for
-from .variant import ConstantCache, variants
+from .autotune import build_layer_kernel, candidate_groups
+from .base import Tactic, tactic_by_key
+from .variant import ConstantCache
 
 COMPILING_FAMILIES = ("triton", "cuda")
 _LAYERS_IN_FLIGHT = 24  # layers whose candidates may be queued at once (they hold their inputs until compiled)
@@ -94,21 +94,15 @@ def precompile(
 def _compiling(
     node: Node, opset: int, device: torch.device, effort: int, precisions: Sequence[str], families
 ) -> Iterator[tuple[Tactic, dict[str, Any]]]:
-    """The (tactic, config) pairs of `node` whose kernels compile: the compiling families' supported tactics,
-    every non-TF32 variant, every configuration of their spaces at `effort`, but only the first of a float32
-    variant's (the tuning's first round runs it; on a GPU float32 is rarely within reach of 16 bits for its
-    second round, and when it is, the tuning compiles the rest itself)."""
-    for tactic in tactics_for(node, None):
-        if tactic.family not in COMPILING_FAMILIES or (families is not None and tactic.family not in families):
+    """The (tactic, config) pairs the tuning will consider for `node` whose kernels compile (the compiling
+    families), TF32 variants aside, and of a float32 variant only the first configuration (the tuning's first
+    round runs it; on a GPU float32 is rarely within reach of 16 bits for its second round, and when it is, the
+    tuning compiles the rest itself)."""
+    for tactic, reason, configs in candidate_groups(node, opset, device, effort, precisions, families):
+        if reason or tactic.family not in COMPILING_FAMILIES or configs[0]["precision"] == "tf32":
             continue
-        if tactic.supports(node, opset, device) is not None:
-            continue
-        space = tactic.space_for(node, effort)
-        for variant in variants(tactic, node, precisions, device):
-            if variant.precision == "tf32":
-                continue
-            for config in space[:1] if variant.precision == "fp32" else space:
-                yield tactic, {"precision": variant.precision, "layout": variant.layout, **config}
+        for config in configs[:1] if configs[0]["precision"] == "fp32" else configs:
+            yield tactic, config
 
 
 def _compile(tactic: Tactic, node: Node, opset: int, device: torch.device, config, constants, args) -> None:

@@ -24,6 +24,7 @@ from ..kernels.triton.conv import (
     tma_configs,
 )
 from ..kernels.triton.conv_direct import MAX_TAPS_X_CHANNELS, conv2d_direct, direct_configs
+from ..kernels.triton.conv_tma import hopper_problem
 from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
 from ..ops.pool import ConvWindows
@@ -71,13 +72,10 @@ def _tma_problem(node: Node, device: torch.device) -> str | None:
     """Why `kernels.triton.conv_tma` cannot run the (CUDA) node: it takes convolutions of one group with stride 1
     and dilation 1 (a box of output pixels reads a box of input pixels, shifted by each tap), on Hopper or newer."""
     a = node.attributes
-    if a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", (1, 1))):
+    steps = (*a.get("strides", (1, 1)), *a.get("dilations", (1, 1)))
+    if a.get("group", 1) != 1 or any(step != 1 for step in steps):
         return "stride 1, dilation 1 and one group only (output boxes read shifted input boxes)"
-    if any(d != 1 for d in a.get("dilations", (1, 1))):
-        return "stride 1, dilation 1 and one group only (output boxes read shifted input boxes)"
-    if torch.cuda.get_device_capability(device) < (9, 0):
-        return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
-    return None
+    return hopper_problem(device)
 
 
 @register_tactic

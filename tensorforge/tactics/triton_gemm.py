@@ -97,9 +97,7 @@ class TritonGemmTmaTactic(TritonGemmTactic):
         weight = node.inputs[1]
         if not (weight.is_const and weight.rank == 2):
             return "a product by a constant 2-D weight only (a linear layer)"
-        if torch.cuda.get_device_capability(device) < (9, 0):
-            return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
-        return None
+        return conv_tma.hopper_problem(device)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_tma_configs(effort)
@@ -124,8 +122,9 @@ class TritonQuantizedGemmTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "needs CUDA"
-        if torch.cuda.get_device_capability(device) < (9, 0):
-            return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
+        problem = conv_tma.hopper_problem(device)
+        if problem:
+            return problem
         _, b, c, z = (list(node.inputs) + [None] * 4)[:4]
         if not b.is_const or b.rank != 2:
             return "a constant 2-D weight only"

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from . import conv_tma
-from .epilogue import activate, activation_args, quantize
+from .epilogue import activate, activation_args, dequantize_bias_pre, quantize
 from .tiles import swizzle
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
@@ -77,11 +77,7 @@ def _epilogue(
     channels = g * KG + cols
     col_ok = cols < KG
     mask = (rows < M)[:, None] & col_ok[None, :]
-    if QUANT != 0:
-        acc = acc.to(tl.float32) * (x_scale * tl.load(w_scale + channels, mask=col_ok, other=0.0))[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias + channels, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    acc = activate(acc, PRE, pre0, pre1)
+    acc = dequantize_bias_pre(acc, channels, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE)
     if HAS_RES:
         res_rows = image * srn + oh * srh + ow * srw
         z = tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)

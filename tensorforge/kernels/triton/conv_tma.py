@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .epilogue import activate, quantize
+from .epilogue import activate, dequantize_bias_pre, quantize
 from .tiles import swizzle
 
 _ALIGN_BYTES = 16  # TMA: global addresses and every stride but the last in multiples of 16 bytes
@@ -109,11 +109,7 @@ def _conv_tma(
 
     cols = off_n + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    if QUANT != 0:
-        acc = acc.to(tl.float32) * (x_scale * tl.load(w_scale + cols, mask=col_ok, other=0.0))[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    acc = activate(acc, PRE, pre0, pre1)
+    acc = dequantize_bias_pre(acc, cols, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE)
     if HAS_RES:
         if BOXES:
             z = tl.reshape(z_desc.load([i0, oh0, ow0, off_n]), [BLOCK_M, BLOCK_N])
@@ -210,7 +206,13 @@ def tma_problem(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | 
         return "stride 1 and dilation 1 only"
     if residual is not None and any(s == 0 for s, n in zip(residual.stride(), residual.shape, strict=True) if n > 1):
         return "the residual is broadcast"
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (9, 0):
+    return hopper_problem(x.device)
+
+
+def hopper_problem(device: torch.device) -> str | None:
+    """Why `device` cannot run this module's kernels: tensor descriptors need Hopper (compute capability 9.0) or
+    newer; None on such a GPU, and on the CPU (Triton's interpreter)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
         return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
     return None
 
@@ -289,8 +291,9 @@ def gemm_rows(
     that type, A too or float and quantized on load by `x_scale`): `A · B · x_scale · weight_scale[n]`, and
     with `y_scale` Y requantized as it is stored, as `conv2d_nhwc_quantized`. Returns why TMA cannot take the
     operands, None when it ran."""
-    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device) < (9, 0):
-        return "tensor descriptors need compute capability 9.0 (Hopper) or newer"
+    problem = hopper_problem(a.device)
+    if problem:
+        return problem
     block_m, block_n, block_k, group_m, warps, stages = tile
     k_major = b.stride(0) == 1 and b.shape[0] > 1
     operands = {

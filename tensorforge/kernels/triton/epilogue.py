@@ -7,7 +7,8 @@ sigmoid is computed from e^−|x| (it never overflows), tanh as 2·sigmoid(2x) �
 max(x, 0) + log(1 + e^−|x|): Triton's core math covers them on every backend and in the interpreter.
 Clamps are written as selects so that NaN propagates, as in the reference (min/max would drop it).
 `quantize(v, inv_scale, QUANT)` rounds a float block onto the int8 (1) or float8 E4M3 (2) grid, for kernels
-that quantize an operand as they load it or a result as they store it.
+that quantize an operand as they load it or a result as they store it; `dequantize_bias_pre` is the head of the
+convolution kernels' epilogue.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton.language as tl
 
 from ..activations import ACTIVATION_CODES, activation_args
 
-__all__ = ["ACTIVATION_CODES", "activate", "activation_args", "quantize"]
+__all__ = ["ACTIVATION_CODES", "activate", "activation_args", "dequantize_bias_pre", "quantize"]
 
 
 @triton.jit
@@ -78,3 +79,18 @@ def quantize(v, inv_scale, QUANT: tl.constexpr):
     else:
         v = tl.where(v < -448.0, -448.0, tl.where(v > 448.0, 448.0, v))
         return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def dequantize_bias_pre(
+    acc, channels, ok, w_scale, x_scale, bias, pre0, pre1, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PRE: tl.constexpr,
+):  # fmt: skip
+    """The head of FusedConv's epilogue on an accumulator tile whose columns are output `channels` (`ok`: those
+    inside): a quantized product (`QUANT` 1 or 2) dequantized, `acc · (x_scale · w_scale[channel])`, then
+    `pre(acc + bias)`, in float32."""
+    if QUANT != 0:
+        acc = acc.to(tl.float32) * (x_scale * tl.load(w_scale + channels, mask=ok, other=0.0))[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias + channels, mask=ok, other=0.0).to(tl.float32)[None, :]
+    return activate(acc, PRE, pre0, pre1)
