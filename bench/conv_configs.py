@@ -9,7 +9,11 @@ configuration, its bandwidth against a device copy's, the best effort-0 configur
 from today), and cuDNN's fused fp16 convolution. Results as JSON (every configuration) and a short table.
 
     python bench/conv_configs.py --batch 256 --precision int8 --out DIR
-    python bench/conv_configs.py --batch 256 --precision int8 --kernel tma --out DIR   (`conv_tma`)
+    python bench/conv_configs.py --batch 256 --precision int8 --kernel tma --persistent 0 2 --out DIR   (`conv_tma`,
+        each tiling also as a persistent walk of two programs per multiprocessor)
+
+Every configuration is fitted to the layer's channels as the tactics fit it (`fit_configs`: a 64-channel layer
+gets 64-wide K tiles).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tensorforge.kernels.triton.conv import (
     conv2d_nhwc,
     conv2d_nhwc_quantized,
     conv_configs,
+    fit_configs,
     pack_weight,
     quantized_conv_configs,
     tma_configs,
@@ -60,10 +65,17 @@ def grid(tma: bool = False) -> list[dict]:
     ]
 
 
+def walks(configs: list[dict], persistent: list[int]) -> list[dict]:
+    """Each TMA configuration once per count of `persistent` programs per multiprocessor (0: one per tile)."""
+    return [
+        {**c, "persistent": n} if c.get("tma") else c for c in configs for n in (persistent if c.get("tma") else [0])
+    ]
+
+
 def _tiling(row: dict) -> tuple:
     """A configuration's tiling, whatever its split."""
     config = ConvConfig.of({k: v for k, v in row.items() if k in ConvConfig.__dataclass_fields__})
-    return config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages
+    return config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages, config.persistent
 
 
 def copy_gbps(nbytes: int, device: torch.device) -> float:
@@ -156,7 +168,12 @@ def sweep(case: Case, configs: list[dict], device: torch.device) -> list[dict]:
 
 
 def describe(row: dict) -> str:
-    return "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row) + (" tma" if row.get("tma") else "")
+    walk = f" persistent {row['persistent']}" if row.get("persistent") else ""
+    return (
+        "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row)
+        + (" tma" if row.get("tma") else "")
+        + walk
+    )
 
 
 def main() -> None:
@@ -169,6 +186,10 @@ def main() -> None:
         "--kernel", nargs="+", choices=("gather", "tma"), default=["gather"],
         help="gather: conv's implicit GEMM; tma: conv_tma's kernel; both: side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--persistent", nargs="+", type=int, default=[0], metavar="N",
+        help="TMA configurations also as persistent walks of N programs per multiprocessor (0: one per tile)",
+    )  # fmt: skip
     parser.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke run)")
     parser.add_argument("--seconds", type=float, default=300, help="stop starting new layers after this")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -180,8 +201,8 @@ def main() -> None:
     print(f"device copy {peak:.0f} GB/s", flush=True)
     quantized = args.precision == "int8"
     effort0 = {"gather": quantized_conv_configs(0) if quantized else conv_configs(0), "tma": tma_configs(0, quantized)}
-    effort0_tilings = {kernel: {_tiling(c) for c in configs} for kernel, configs in effort0.items()}
     configs = [c for kernel in args.kernel for c in (effort0[kernel] if args.effort0 else grid(kernel == "tma"))]
+    configs = walks(configs, args.persistent)
     results = []
     for name, cin, cout, k, side, residual in LAYERS:
         if args.layers and name not in args.layers:
@@ -191,7 +212,11 @@ def main() -> None:
             continue
         case = make_case(args.precision, args.batch, cin, cout, k, side, residual, device)
         peer_ms = measure(case.peer, device=device, warmup=3, repeats=20).median if device.type == "cuda" else math.nan
-        rows = sweep(case, configs, device)
+        min_k = 32 if quantized else 16
+        effort0_tilings = {
+            kernel: {_tiling(c) for c in fit_configs(cs, cin, cout, min_k)} for kernel, cs in effort0.items()
+        }
+        rows = sweep(case, fit_configs(configs, cin, cout, min_k), device)
         by_kernel = {}
         for kernel in args.kernel:
             timed = [r for r in rows if "ms" in r and bool(r.get("tma")) == (kernel == "tma")]

@@ -13,15 +13,16 @@
 #             CONFIGS_ARGS)
 #   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite; its engines kept until
 #             the call ends, for `profile`)
-#   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256")
+#   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256", INT8_PRECISIONS="fp16 int8 fp8";
+#             engines kept for `profile`)
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
 #             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all)
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500
 #             shared by the models; ZOO_MODELS, ZOO_BATCHES to choose: a depthwise net's build takes about 130 s)
 #   max       fp16 engines beside torch.compile max-autotune (MAX_S=550 shared by the models; MAX_MODELS=resnet50,
 #             MAX_BATCH=256; max-autotune compiles a depthwise net for about 5 minutes: one model a call)
-#   profile   a zoo model's fp16 engine (the suite's, when it built that one) profiled layer by layer, with `inspect` (PROFILE_MODEL=yolo,
-#             PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_S=400)
+#   profile   a zoo model's engine (the suite's or int8's, when it built that one) profiled layer by layer, with `inspect`
+#             (PROFILE_MODEL=yolo, PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_PRECISION=fp16, PROFILE_S=400)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
 #             (COPIES_BATCH=64, COPIES_S=120)
 #   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches
@@ -72,8 +73,10 @@ for stage in $stages; do
     int8)
       batches=()
       for batch in ${INT8_BATCHES:-1 256}; do batches+=(--batch "$batch"); done
+      precisions=()
+      for precision in ${INT8_PRECISIONS:-fp16 int8 fp8}; do precisions+=(--precision "$precision"); done
       timeout "${INT8_S:-500}" python3 bench/suite.py --models resnet50 "${batches[@]}" --systems tensorforge \
-        --precision fp16 --precision int8 --precision fp8 --effort 0 --runs 30 --merge --out "$out/suite" \
+        "${precisions[@]}" --effort 0 --runs 30 --merge --out "$out/suite" --engines "$out/engines" \
         > "$out/int8.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/int8.txt" | cut -c1-160
       ;;
@@ -111,12 +114,13 @@ for stage in $stages; do
       ;;
     profile)
       model=${PROFILE_MODEL:-yolo}
-      engine="$out/engines/$model-b${PROFILE_BATCH:-64}-fp16.engine"  # the suite's engine when it built this one
+      precision=${PROFILE_PRECISION:-fp16}
+      engine="$out/engines/$model-b${PROFILE_BATCH:-64}-$precision.engine"  # the suite's engine when it built this one
       build=""
       [[ -f $engine ]] || build="
         python3 -c \"from tensorforge import zoo; import onnx; onnx.save(zoo.export('$model', batch=${PROFILE_BATCH:-64},
           size=${PROFILE_SIZE:-640}, dynamic_batch=False), '$out/$model.onnx')\" &&
-        python3 -m tensorforge build '$out/$model.onnx' -o '$engine' --fp16 --effort 0 --device cuda > '$out/build.txt' 2>&1 &&"
+        python3 -m tensorforge build '$out/$model.onnx' -o '$engine' --$precision --effort 0 --device cuda > '$out/build.txt' 2>&1 &&"
       mkdir -p "$out/engines"
       timeout "${PROFILE_S:-400}" bash -c "$build
         python3 -m tensorforge profile '$engine' --runs 20 --top 40 > '$out/profile.txt' 2>&1 &&

@@ -160,7 +160,7 @@ class TritonQuantizedGemmTactic(Tactic):
             problem = conv_tma.gemm_rows(
                 rows, k_major(w), c, z.reshape(-1, z.shape[-1]) if z is not None else None, y.view(-1, w.shape[1]),
                 pre, post, sizes, quant=quant, weight_scale=w_scale.float().contiguous(), x_scale=x_scale,
-                y_scale=y_scale,
+                y_scale=y_scale, persistent=tile.get("PERSISTENT", 0),
             )  # fmt: skip
             if problem:
                 raise ValueError(f"triton.gemm-quantized: {problem}")

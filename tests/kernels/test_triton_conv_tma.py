@@ -68,6 +68,19 @@ def test_float_every_epilogue(device, precision, epilogue, launches):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("persistent", [1, 3])
+def test_a_persistent_walk_covers_every_tile(device, persistent, launches):
+    """`persistent` programs per multiprocessor (one under the interpreter) walk the 4 × 2 ragged tiles of
+    50 pixels × 24 channels, in rows and in boxes of pixels."""
+    torch.manual_seed(11)
+    config = {**FLOAT_TMA, "persistent": persistent}
+    _float_case(device, "fp16", (2, 32, 5, 5), 24, floats.FULL_EPILOGUE, config=config)
+    _float_case(device, "fp16", (2, 32, 5, 5), 24, floats.FULL_EPILOGUE, config=config, kernel=3,
+                attrs={"pads": [1, 1, 1, 1]})  # fmt: skip
+    assert launches == [None, None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_ragged_k_tile_reads_zeros(device, launches):
     torch.manual_seed(2)
     _float_case(device, "fp16", (1, 40, 4, 6), 16, floats.FULL_EPILOGUE)
@@ -188,9 +201,11 @@ def test_fp8_exact_inputs(device, launches):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_int8_into_int8_with_an_int8_residual(device, launches):
+@pytest.mark.parametrize("persistent", [0, 2])
+def test_int8_into_int8_with_an_int8_residual(device, persistent, launches):
     """The block-final layer of a quantized residual stream: int8 x, int8 residual (z_scale), int8 output
-    (y_scale); every output a rounding of a value within float32 tolerance of the reference."""
+    (y_scale); every output a rounding of a value within float32 tolerance of the reference; one program per
+    tile, or a persistent walk."""
     torch.manual_seed(8)
     x, x_scale, xq, wq, w_scale, b, z, attrs = quantized._layer(
         device, "int8", "int8", torch.float32, "1x1", quantized.FULL_EPILOGUE
@@ -202,8 +217,8 @@ def test_int8_into_int8_with_an_int8_residual(device, launches):
     out = torch.full(want.shape, 77, dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
     got = conv2d_nhwc_quantized(
         x, pack_weight(wq, 1, k_major=True), w_scale, x_scale, b, zq, out_hw=(5, 5),
-        pre=activation_args(attrs["pre"]), post=activation_args(attrs["post"]), out=out, config=QUANTIZED_TMA,
-        y_scale=y_scale, z_scale=z_scale,
+        pre=activation_args(attrs["pre"]), post=activation_args(attrs["post"]), out=out,
+        config={**QUANTIZED_TMA, "persistent": persistent}, y_scale=y_scale, z_scale=z_scale,
     )  # fmt: skip
     assert launches == [None]
     assert got.min() == -128 or got.max() == 127
@@ -219,7 +234,8 @@ def _conv_node(op: str, kernel: int, **attributes) -> Node:
 
 
 def test_the_tma_tactics_time_their_own_configs_on_stride_1_layers_of_one_group():
-    assert len(tma_configs(0)) == 2 and len(tma_configs(1)) == 4 and len(tma_configs(2)) == 4
+    assert len(tma_configs(0)) == 3 and len(tma_configs(1)) == 6 and len(tma_configs(2)) == 6
+    assert [c["persistent"] for c in tma_configs(1)] == [0, 0, 2, 0, 0, 1]
     assert all(c["tma"] and c["block_k"] == 128 for c in tma_configs(1, quantized=True))
     pairs = [
         (TritonConvTactic(), TritonTmaConvTactic(), "FusedConv", tma_configs(0)),
@@ -244,14 +260,32 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tensorforge.kernels.triton.conv_tma import _conv_tma as fn
+
+
+def stores_in_innermost_loop(ir):
+    # whether a loop with no loop inside stores the output: the tile walk and the K loop flattened into one
+    lines = ir.splitlines()
+    depth = lambda line: len(line) - len(line.lstrip())
+    for i, line in enumerate(lines):
+        if "scf.for " in line:
+            body = []
+            for inner in lines[i + 1:]:
+                if depth(inner) <= depth(line):
+                    break
+                body.append(inner)
+            if not any("scf.for " in b for b in body) and any("local_to_global" in b for b in body):
+                return 1
+    return 0
+
+
 floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
-cases = [(quant, k) for quant in (0, 1) for k in (1, 3)]
-for quant, k in cases:
+cases = [(quant, k, False) for quant in (0, 1) for k in (1, 3)] + [(1, 1, True), (0, 3, True)]
+for quant, k, persistent in cases:
     a, mma, bk = ("fp16", ".f16.f16", 64) if quant == 0 else ("i8", ".s8.s8", 128)
     constants = dict(
         KH=k, KW=k, PH=k // 2, PW=k // 2, BOXES=k > 1, BI=1, BH=8, BW=16, HAS_BIAS=True, HAS_RES=True, PRE=0,
-        POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True, DOT_PRECISION="ieee", BLOCK_M=128,
-        BLOCK_N=128, BLOCK_K=bk, GROUP_M=8,
+        POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True, DOT_PRECISION="ieee",
+        PERSISTENT=persistent, BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8,
     )
     pixels = "1, 8, 16" if k > 1 else "128"
     descriptors = {
@@ -267,19 +301,22 @@ for quant, k in cases:
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
     ptx = kernel.asm["ptx"]
     wgmma = len(re.findall(r"wgmma\\.mma_async[^ ]*" + re.escape(mma), ptx))
-    print(quant, k, wgmma, len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.shared[^ ]*\\.global", ptx)),
-          len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.global\\.shared", ptx)))
+    loads = len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.shared[^ ]*\\.global", ptx))
+    stores = len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.global\\.shared", ptx))
+    print(quant, k, int(persistent), wgmma, loads, stores, stores_in_innermost_loop(kernel.asm["ttgir"]))
 """
 
 
 def test_the_tma_kernel_compiles_for_hopper_with_bulk_tensor_copies_and_wgmma():
     """Through Triton's real compiler for sm_90 (no GPU needed): float16 and int8 (int8 out, int8 residual)
     products, 1×1 in rows and 3×3 in boxes of pixels, on wgmma, the operands and the residual loaded and the
-    output stored by TMA bulk tensor copies (2-D for rows, 4-D for boxes)."""
+    output stored by TMA bulk tensor copies (2-D for rows, 4-D for boxes); with a persistent walk, the tiles'
+    loop and the K loop flattened into one (Triton still keeps the nested form for an empty K loop)."""
     counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert len(counts) == 4, counts
-    for _, _, wgmma, loads, stores in counts:
+    assert len(counts) == 6, counts
+    for _, _, persistent, wgmma, loads, stores, flattened in counts:
         assert int(wgmma) > 0 and int(loads) > 0 and int(stores) > 0, counts
+        assert flattened == persistent, counts  # a persistent walk's tiles and K steps are one pipelined loop
 
 
 # ResNet-50's layers at batch 8: (input shape, output channels, kernel, attributes); the 3×3 ones in boxes of

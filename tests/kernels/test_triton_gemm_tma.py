@@ -52,6 +52,17 @@ def test_a_linear_layer_runs_on_descriptors(device, dtype, trans_b, launches):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("persistent", [1, 3])
+def test_a_persistent_walk_covers_every_tile(device, persistent, launches):
+    """PERSISTENT programs per multiprocessor walk the 3 × 2 ragged tiles (the interpreter counts one
+    multiprocessor: 1 program walks all 6, 3 programs 2 each)."""
+    torch.manual_seed(5)
+    _case(device, torch.float16, (2, 19, 40), (24, 40), (24,), (2, 19, 24), trans_b=True,
+          config={**TINY_TMA, "PERSISTENT": persistent})  # fmt: skip
+    assert launches == [None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_without_bias_or_residual(device, launches):
     torch.manual_seed(2)
     _case(device, torch.float16, (33, 16), (16, 8), None, None)
@@ -78,7 +89,8 @@ def test_other_products_take_the_pointer_kernel(device, a_shape, b_shape, c_shap
 
 
 def test_the_tma_gemm_tactic_times_its_own_configs():
-    assert len(gemm_tma_configs(0)) == 2 and len(gemm_tma_configs(1)) == 4 and len(gemm_tma_configs(2)) == 4
+    assert len(gemm_tma_configs(0)) == 3 and len(gemm_tma_configs(1)) == 6 and len(gemm_tma_configs(2)) == 6
+    assert [c["PERSISTENT"] for c in gemm_tma_configs(1)] == [0, 0, 1, 0, 0, 2]
     assert not any(c.get("TMA") for c in gemm_configs(2))
     assert all(c["BLOCK_K"] == 128 for c in gemm_tma_configs(1, quantized=True))
     assert TritonGemmTmaTactic().space(1) == gemm_tma_configs(1) and TritonGemmTmaTactic().key == "triton.gemm-tma"

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from . import conv_tma
 from .epilogue import activate, activation_args, dequantize_bias_pre, quantize
-from .tiles import swizzle
+from .tiles import swizzle, wave_slots
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
 NO_ACTIVATION: Activation = activation_args("")
@@ -273,7 +273,8 @@ class ConvConfig:
     """One tuning point of the kernel. `split_k`: how many K ranges (1: none), or "auto" to split only when
     the output tiles would fill less than one wave of the device (see `split_k_for`). `tma`: a stride-1 call of
     one group whose operands allow it runs `conv_tma`'s kernel with these tiles (split-K aside), any other call
-    the gathering kernel."""
+    the gathering kernel; `persistent` (TMA kernel only): that many programs per multiprocessor walk all the
+    output tiles, overlapping one tile's epilogue with the next one's loads (0: a program per tile)."""
 
     block_m: int = 64
     block_n: int = 64
@@ -283,6 +284,7 @@ class ConvConfig:
     num_stages: int = 4
     split_k: int | str = "auto"
     tma: bool = False
+    persistent: int = 0
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> ConvConfig:
@@ -298,11 +300,13 @@ class ConvConfig:
             raise ValueError(f"block sizes must be powers of two of at least 16 (tl.dot), got {blocks}")
         if made.split_k != "auto" and not (isinstance(made.split_k, int) and made.split_k >= 1):
             raise ValueError(f"split_k must be a positive integer or 'auto', got {made.split_k!r}")
+        if not (isinstance(made.persistent, int) and made.persistent >= 0):
+            raise ValueError(f"persistent: programs per multiprocessor (0: none), got {made.persistent!r}")
         return made
 
 
-def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8, tma=False) -> dict[str, Any]:
-    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, tma))
+def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8, tma=False, persistent=0) -> dict[str, Any]:
+    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, tma, persistent))
 
 
 # Effort 0: the shapes of ResNet / MobileNet layers on Hopper: wide tiles for the large layers, 64-wide ones
@@ -384,19 +388,37 @@ _QUANTIZED_EFFORT_2 = [
 _QUANTIZED_MIN_BLOCK_K = 32
 
 # Tiles of `conv_tma`'s kernel, for stride-1 layers of one group, by effort (16- and 32-bit products, then
-# 8-bit ones): 128-byte K rows, the widest swizzle of a TMA copy; effort 1 adds the usual best Hopper GEMM tiles.
+# 8-bit ones): 128-byte K rows, the widest swizzle of a TMA copy; a persistent walk of narrow tiles, two programs
+# per multiprocessor, for the memory-bound 1×1 layers of few input channels (one or two K steps: the next tile's
+# loads overlap this one's epilogue); effort 1 adds the usual best Hopper GEMM tiles, and those persistent.
 _TMA_EFFORT = [
-    [_config(128, 128, 64, 8, 3, tma=True), _config(128, 64, 64, 4, 4, tma=True)],
-    [_config(128, 256, 64, 8, 3, tma=True), _config(64, 128, 64, 4, 4, tma=True)],
+    [
+        _config(128, 128, 64, 8, 3, tma=True),
+        _config(128, 64, 64, 4, 4, tma=True),
+        _config(128, 64, 64, 4, 3, tma=True, persistent=2),
+    ],
+    [
+        _config(128, 256, 64, 8, 3, tma=True),
+        _config(64, 128, 64, 4, 4, tma=True),
+        _config(128, 128, 64, 8, 3, tma=True, persistent=1),
+    ],
 ]
 _QUANTIZED_TMA_EFFORT = [
-    [_config(128, 128, 128, 8, 3, tma=True), _config(128, 64, 128, 4, 4, tma=True)],
-    [_config(128, 256, 128, 8, 3, tma=True), _config(64, 128, 128, 4, 4, tma=True)],
+    [
+        _config(128, 128, 128, 8, 3, tma=True),
+        _config(128, 64, 128, 4, 4, tma=True),
+        _config(128, 64, 128, 4, 3, tma=True, persistent=2),
+    ],
+    [
+        _config(128, 256, 128, 8, 3, tma=True),
+        _config(64, 128, 128, 4, 4, tma=True),
+        _config(128, 128, 128, 8, 3, tma=True, persistent=1),
+    ],
 ]
 
 
 def tma_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
-    """The `tma` configurations worth timing at `effort` for a stride-1 layer of one group: 2 at 0, 4 from 1."""
+    """The `tma` configurations worth timing at `effort` for a stride-1 layer of one group: 3 at 0, 6 from 1."""
     levels = _QUANTIZED_TMA_EFFORT if quantized else _TMA_EFFORT
     return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 1)) + 1])]
 
@@ -447,13 +469,6 @@ def split_k_for(tiles: int, k_tiles: int, slots: int) -> int:
     if 2 * tiles >= slots:
         return 1
     return max(1, min(triton.cdiv(slots, tiles), k_tiles // _MIN_K_TILES_PER_SPLIT, _MAX_SPLITS))
-
-
-def _slots(device: torch.device) -> int:
-    """Programs one wave runs on `device`: its SM count on CUDA; 1 elsewhere (the interpreter runs them in turn)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1
 
 
 # -- host side --------------------------------------------------------------------------------------------
@@ -517,7 +532,7 @@ def _plan(
     padded = window_padded((h, w), out_hw, strides, pads_begin, dilations, (kh, kw))
     k_tiles = triton.cdiv(kh * kw * cg, bk) if dense else kh * kw * triton.cdiv(cg, bk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(kg, cfg.block_n) * groups
-    wanted = split_k_for(tiles, k_tiles, _slots(device)) if cfg.split_k == "auto" else cfg.split_k
+    wanted = split_k_for(tiles, k_tiles, wave_slots(device)) if cfg.split_k == "auto" else cfg.split_k
     per_split = triton.cdiv(k_tiles, max(1, min(wanted, k_tiles)))
     return _Plan(dense, even_k, padded, k_tiles, per_split, triton.cdiv(k_tiles, per_split))
 

@@ -42,7 +42,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .epilogue import activate, dequantize_bias_pre, quantize
-from .tiles import swizzle
+from .tiles import swizzle, wave_slots
 
 _ALIGN_BYTES = 16  # TMA: global addresses and every stride but the last in multiples of 16 bytes
 _MAX_BOX = 256  # TMA: at most 256 elements along each box dimension
@@ -57,22 +57,54 @@ def _conv_tma(
     BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_M, BLOCK_N] output tiles: BLOCK_M pixels (M of them with rows, BI·BH·BW boxes of the (IMAGES, OH,
+    OW) output with BOXES) × BLOCK_N of the N output channels; K = KH·KW·CIN. The weight through b_desc ([N, K]
+    when W_K_MAJOR, else [K, N]). Tiles are swizzled (`tiles.swizzle`); one per program, or with PERSISTENT a
+    grid-stride walk over all of them in one flattened loop, so the next tile's loads are issued while this one's
+    epilogue runs (a 1×1 layer of 64 input channels is one K step: without it, each program waits for its loads,
+    then for its stores)."""
+    if BOXES:
+        m_tiles = tl.cdiv(IMAGES, BI) * tl.cdiv(OH, BH) * tl.cdiv(OW, BW)
+    else:
+        m_tiles = tl.cdiv(M, BLOCK_M)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), m_tiles * n_tiles, tl.num_programs(0), flatten=True):
+            _conv_tile(
+                tile, m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
+                pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH,
+                BW, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, BLOCK_M,
+                BLOCK_N, BLOCK_K, GROUP_M,
+            )  # fmt: skip
+    else:
+        _conv_tile(
+            tl.program_id(0), m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
+            pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH, BW,
+            HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, BLOCK_M, BLOCK_N,
+            BLOCK_K, GROUP_M,
+        )  # fmt: skip
+
+
+@triton.jit
+def _conv_tile(
+    tile, m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
+    pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale,
+    KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
+    QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """One [BLOCK_M, BLOCK_N] output tile: BLOCK_M pixels (M of them with rows, BI·BH·BW boxes of the
-    (IMAGES, OH, OW) output with BOXES) × BLOCK_N of the N output channels; K = KH·KW·CIN. The weight through
-    b_desc ([N, K] when W_K_MAJOR, else [K, N]). Programs are swizzled (`tiles.swizzle`)."""
-    pid = tl.program_id(0)
+    """Output tile number `tile` of `_conv_tma`."""
+    pid_m, pid_n = swizzle(tile, m_tiles, n_tiles, GROUP_M)
+    off_n = pid_n * BLOCK_N
     if BOXES:
         h_tiles = tl.cdiv(OH, BH)
         w_tiles = tl.cdiv(OW, BW)
-        m_tiles = tl.cdiv(IMAGES, BI) * h_tiles * w_tiles
-    else:
-        m_tiles = tl.cdiv(M, BLOCK_M)
-    pid_m, pid_n = swizzle(pid, m_tiles, tl.cdiv(N, BLOCK_N), GROUP_M)
-    off_n = pid_n * BLOCK_N
-    if BOXES:
         i0 = (pid_m // (h_tiles * w_tiles)) * BI
         oh0 = ((pid_m // w_tiles) % h_tiles) * BH
         ow0 = (pid_m % w_tiles) * BW
@@ -255,7 +287,7 @@ def launch(
     _run(
         descriptors["x"], descriptors["weight"], descriptors.get("residual"), descriptors["y"], bias,
         weight_scale, y, (n * oh * ow, n, oh, ow, cout, cin), (*pre[1:], *post[1:]), (x_scale, y_scale, z_scale),
-        (m_tiles, bm, bn), cfg.group_m, cfg.num_warps, cfg.num_stages,
+        (m_tiles, bm, bn), cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent,
         KH=kh, KW=kw, PH=pads_begin[0], PW=pads_begin[1], BOXES=box is not None, BI=bi, BH=bh, BW=bw,
         PRE=pre[0], POST=post[0], QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype,
         QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, BLOCK_K=bk,
@@ -265,32 +297,37 @@ def launch(
 
 def _run(
     a_desc, b_desc, z_desc, y_desc, bias, weight_scale, y, sizes, activations, scales, tiles, group_m, warps,
-    stages, **constants,
+    stages, persistent, **constants,
 ) -> None:  # fmt: skip
     """Launch `_conv_tma`: `sizes` (M, IMAGES, OH, OW, N, CIN), `activations` (pre0, pre1, post0, post1),
-    `scales` (x_scale, y_scale, z_scale; 0 for none), `tiles` (row tiles, BLOCK_M, BLOCK_N)."""
+    `scales` (x_scale, y_scale, z_scale; 0 for none), `tiles` (row tiles, BLOCK_M, BLOCK_N); `persistent`
+    programs per multiprocessor walk the tiles when there are more tiles than that (0: a program per tile)."""
     x_scale, y_scale, z_scale = scales
     m_tiles, block_m, block_n = tiles
-    _conv_tma[(m_tiles * triton.cdiv(sizes[4], block_n),)](
+    count = m_tiles * triton.cdiv(sizes[4], block_n)
+    programs = persistent * wave_slots(y.device)
+    walk = 0 < programs < count
+    _conv_tma[(programs if walk else count,)](
         a_desc, b_desc, z_desc if z_desc is not None else y_desc, y_desc, bias if bias is not None else y,
         weight_scale if weight_scale is not None else y, *sizes, *activations, x_scale, 1.0 / x_scale,
         1.0 / y_scale if y_scale else 1.0, z_scale if z_scale else 1.0,
-        HAS_BIAS=bias is not None, HAS_RES=z_desc is not None, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=group_m,
-        num_warps=warps, num_stages=stages, **constants,
+        HAS_BIAS=bias is not None, HAS_RES=z_desc is not None, PERSISTENT=walk, BLOCK_M=block_m, BLOCK_N=block_n,
+        GROUP_M=group_m, num_warps=warps, num_stages=stages, **constants,
     )  # fmt: skip
 
 
 def gemm_rows(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, y: torch.Tensor,
     pre, post, tile: tuple[int, int, int, int, int, int], dot_precision: str = "ieee", *, quant: int = 0,
-    weight_scale: torch.Tensor | None = None, x_scale: float = 1.0, y_scale: float = 0.0,
+    weight_scale: torch.Tensor | None = None, x_scale: float = 1.0, y_scale: float = 0.0, persistent: int = 0,
 ) -> str | None:  # fmt: skip
     """`Y = post(pre(A · B + bias) + residual)` for 2-D A [M, K], B [K, N] (either of its axes contiguous: a
     weight stored [N, K] is read K-major), bias [N] (contiguous) and residual, Y [M, N] rows, through the rows
     kernel; `tile` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages). Quantized (`quant` 1 int8, 2 E4M3: B of
     that type, A too or float and quantized on load by `x_scale`): `A · B · x_scale · weight_scale[n]`, and
-    with `y_scale` Y requantized as it is stored, as `conv2d_nhwc_quantized`. Returns why TMA cannot take the
-    operands, None when it ran."""
+    with `y_scale` Y requantized as it is stored, as `conv2d_nhwc_quantized`. `persistent`: programs per
+    multiprocessor walking the tiles (0: one per tile). Returns why TMA cannot take the operands, None when it
+    ran."""
     problem = hopper_problem(a.device)
     if problem:
         return problem
@@ -312,9 +349,10 @@ def gemm_rows(
     _run(
         descriptors["a"], descriptors["b"], descriptors.get("residual"), descriptors["y"], bias, weight_scale, y,
         (m, 1, 1, 1, n, k), (*pre[1:], *post[1:]), (x_scale, y_scale, 0.0),
-        (triton.cdiv(m, block_m), block_m, block_n), group_m, warps, stages, KH=1, KW=1, PH=0, PW=0, BOXES=False,
-        BI=1, BH=1, BW=1, PRE=pre[0], POST=post[0], QUANT=quant, QUANTIZE_X=quant != 0 and a.dtype != b.dtype,
-        QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, BLOCK_K=block_k,
+        (triton.cdiv(m, block_m), block_m, block_n), group_m, warps, stages, persistent, KH=1, KW=1, PH=0, PW=0,
+        BOXES=False, BI=1, BH=1, BW=1, PRE=pre[0], POST=post[0], QUANT=quant,
+        QUANTIZE_X=quant != 0 and a.dtype != b.dtype, QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major,
+        DOT_PRECISION=dot_precision, BLOCK_K=block_k,
     )  # fmt: skip
     return None
 

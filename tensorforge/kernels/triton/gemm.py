@@ -55,17 +55,19 @@ _CONFIGS_BY_EFFORT: tuple[tuple[tuple[int, int, int, int, int, int], ...], ...] 
 
 
 # Tiles of `conv_tma.gemm_rows` (operands moved by TMA; a config with "TMA" runs it when the product is one 2-D
-# GEMM whose operands TMA can take, else the kernel here with the same tiles): the usual best Hopper tiles.
+# GEMM whose operands TMA can take, else the kernel here with the same tiles): the usual best Hopper tiles, and
+# the widest one as a persistent walk of one program per multiprocessor (the next tile's loads overlap this one's
+# epilogue; PERSISTENT programs per multiprocessor, 0 or absent: one program per tile).
 _TMA_CONFIGS_BY_EFFORT = (
-    ((128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4)),
-    ((256, 128, 64, 8, 8, 3), (64, 128, 64, 8, 4, 4)),
+    ((128, 256, 64, 8, 8, 3, 0), (128, 128, 64, 8, 8, 4, 0), (128, 256, 64, 8, 8, 3, 1)),
+    ((256, 128, 64, 8, 8, 3, 0), (64, 128, 64, 8, 4, 4, 0), (128, 128, 64, 8, 8, 4, 2)),
 )
 
 
 def gemm_tma_configs(effort: int, quantized: bool = False) -> list[dict[str, int]]:
-    """The "TMA" configurations worth timing at `effort` for a product by a 2-D weight: 2 at 0, 4 from 1 (8-bit
+    """The "TMA" configurations worth timing at `effort` for a product by a 2-D weight: 3 at 0, 6 from 1 (8-bit
     operands: K tiles of 128, the same 128-byte rows)."""
-    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "PERSISTENT")
     levels = _TMA_CONFIGS_BY_EFFORT[: max(0, min(effort, len(_TMA_CONFIGS_BY_EFFORT) - 1)) + 1]
     configs = [{**dict(zip(keys, values, strict=True)), "TMA": True} for level in levels for values in level]
     return [{**c, "BLOCK_K": 2 * c["BLOCK_K"]} for c in configs] if quantized else configs
@@ -343,7 +345,10 @@ def _tma_gemm(views, alpha, beta, pre_args, post_args, precision, config) -> boo
     tile = tuple(config[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"))
     bias = c[0, 0, 0] if c is not None else None
     rows = z[0, 0] if z is not None else None
-    return conv_tma.gemm_rows(a[0, 0], b[0, 0], bias, rows, y[0, 0], pre_args, post_args, tile, precision) is None
+    persistent = config.get("PERSISTENT", 0)
+    return conv_tma.gemm_rows(
+        a[0, 0], b[0, 0], bias, rows, y[0, 0], pre_args, post_args, tile, precision, persistent=persistent
+    ) is None
 
 
 def _max_offset(t: torch.Tensor) -> int:

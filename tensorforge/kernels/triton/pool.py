@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .tiles import wave_slots
+
 _MIN_BLOCKS_PER_SPLIT = 2  # pixel blocks a split of the global pool reduces at least
 _MAX_SPLITS = 64
 _FINISH_BLOCK_C = 128
@@ -285,13 +287,6 @@ def avg_pool2d(
     )
 
 
-def _slots(device: torch.device) -> int:
-    """Programs one wave runs on `device`: its SM count on CUDA; 1 elsewhere (the interpreter runs them in turn)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1
-
-
 def global_split_count(programs: int, pixels: int, block_p: int, slots: int) -> int:
     """How many pixel ranges bring `programs` (image, channel block) programs up to about one wave of `slots`,
     each range at least `_MIN_BLOCKS_PER_SPLIT` pixel blocks long; 1 when they already fill half a wave."""
@@ -323,7 +318,7 @@ def global_avg_pool(
         return y.fill_(float("nan"))  # the mean of no elements, as torch's mean gives it
     programs = n * triton.cdiv(c, block_c)
     if splits == "auto":
-        splits = global_split_count(programs, hw, block_p, _slots(x.device))
+        splits = global_split_count(programs, hw, block_p, wave_slots(x.device))
     if not isinstance(splits, int) or splits < 1:
         raise ValueError(f"{name}: splits must be a positive integer or 'auto', got {splits!r}")
     per_split = triton.cdiv(triton.cdiv(hw, splits), block_p) * block_p

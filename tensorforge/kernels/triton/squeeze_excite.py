@@ -37,7 +37,8 @@ import triton.language as tl
 
 from .depthwise import _alignment, _scaled
 from .epilogue import activate, activation_args
-from .pool import _channel_sums, _memory_format, _pixel_offsets, _slots, global_split_count
+from .pool import _channel_sums, _memory_format, _pixel_offsets, global_split_count
+from .tiles import wave_slots
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
 NO_ACTIVATION: Activation = activation_args("")
@@ -271,7 +272,7 @@ def squeeze_excite(
     block_p, block_c, block_r, warps = fit_tile(config, c, hidden)
     channel_blocks = triton.cdiv(c, block_c)
     programs = n * channel_blocks
-    slots = _slots(x.device)
+    slots = wave_slots(x.device)
     splits = _split(splits, global_split_count(programs, hw, block_p, slots), "splits")
     scale_splits = _split(scale_splits, scale_split_count(programs, hw, block_p, slots), "scale_splits")
     # Whole pixel blocks per range; the counts follow from the range lengths (no empty ranges).
