@@ -346,9 +346,12 @@ def _tma_gemm(views, alpha, beta, pre_args, post_args, precision, config) -> boo
     bias = c[0, 0, 0] if c is not None else None
     rows = z[0, 0] if z is not None else None
     persistent = config.get("PERSISTENT", 0)
-    return conv_tma.gemm_rows(
-        a[0, 0], b[0, 0], bias, rows, y[0, 0], pre_args, post_args, tile, precision, persistent=persistent
-    ) is None
+    return (
+        conv_tma.gemm_rows(
+            a[0, 0], b[0, 0], bias, rows, y[0, 0], pre_args, post_args, tile, precision, persistent=persistent
+        )
+        is None
+    )
 
 
 def _max_offset(t: torch.Tensor) -> int:
