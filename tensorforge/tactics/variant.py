@@ -56,8 +56,10 @@ class Variant:
 
 
 def precision_choices(node: Node, allowed: Sequence[str]) -> list[str]:
-    """The precisions worth trying for `node`: only fp32 unless it reads or writes a float32 tensor."""
-    values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+    """The precisions worth trying for `node`: only fp32 unless it reads or writes a float32 activation. Float
+    constants alone do not count: a quantized layer between quantized activations (int8 in, int8 out, a float32
+    bias and scales) runs the same kernel in every precision, which would only be timed again and again."""
+    values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
     if not any(v.dtype == DType.FLOAT for v in values):
         return ["fp32"]
     choices = [p for p in PRECISION_DTYPE if p in allowed]
