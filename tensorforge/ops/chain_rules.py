@@ -11,10 +11,12 @@ For a quantized layer P whose output Y is float, not a graph output, with reader
 per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it reads Y in float):
 - `INPUT_CHAINS` (exact): every C_i is a quantized layer of P's type reading Y as its input X, all with one
   scale s. P then writes Q_s(Y) and the readers skip their quantize.
-- `RESIDUAL_STREAMS` (after the input chains; an approximation): at least one C_i reads Y as X, and every C_i
-  is a quantized layer of P's type reading Y as X with that one scale s, or a QuantizedConv adding Y as its
+- `RESIDUAL_STREAMS` (after the input chains; an approximation): at least one C_i adds Y as its residual, and
+  every C_i is a quantized layer of P's type reading Y as X with one scale s, or a QuantizedConv adding Y as its
   residual Z while it reads its own X quantized. P then writes Q_s(Y) and the adders add Q_s(Y) · s
-  (`z_scale` = s): the residual rounded onto the grid its X readers quantize it to anyway.
+  (`z_scale` = s): the residual rounded onto the grid its X readers quantize it to anyway. When no C_i reads Y
+  as X (a residual-only tensor: the last convolution of a ResNet stage's first block, added by the downsample
+  convolution), s is Y's own calibrated scale (`y_range_scale`, set by the lowering), if it has one.
 When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them.
 A float layer therefore breaks a stream wherever it stands: as P (nothing is written quantized), as any reader
 (Y stays float for every reader), or as the producer of an adder's own X (the adder reads X in float).
@@ -45,6 +47,7 @@ class QuantizedLayer:
     quant: str
     x_scale: float
     per_channel: bool = False  # X quantized per channel (a QuantizedConv's Xs): no producer writes that grid
+    y_range_scale: float = 0.0  # the calibrated scale of its output Y (0: none), for a residual-only Y
 
 
 def is_quantized_layer(node: Node) -> bool:
@@ -57,7 +60,11 @@ def layer_of(node: Node) -> QuantizedLayer | None:
         return None
     per_channel = node.op_type == "QuantizedConv" and len(node.inputs) > XS_INPUT and node.inputs[XS_INPUT] is not None
     return QuantizedLayer(
-        node.op_type, node.attributes.get("quant", "int8"), float(node.attributes["x_scale"]), per_channel
+        node.op_type,
+        node.attributes.get("quant", "int8"),
+        float(node.attributes["x_scale"]),
+        per_channel,
+        float(node.attributes.get("y_range_scale", 0.0)),
     )
 
 
@@ -85,7 +92,8 @@ class ChainView:
 
 class ChainRule:
     """One rule: the readers that make a producer a candidate (`serves`) and why a reader keeps the output
-    float (`reader_problem`); `problem` is the whole check, `scale` the scale a chained output is written on."""
+    float (`reader_problem`); `problem` is the whole check, `scale` the scale a chained output is written on:
+    the one its input readers quantize it with, else (`own_scale`) one of the producer's own."""
 
     def serves(self, readers: Readers, view: ChainView) -> bool:
         raise NotImplementedError
@@ -121,8 +129,8 @@ class ChainRule:
             problem = self.reader_problem(reader, index, output, layer.quant, view, scales)
             if problem:
                 return problem
-        if not scales:
-            return f"no quantized layer reads {output.name!r} as its input: the residual has no scale"
+        if not scales and not self.own_scale(layer):
+            return f"no quantized layer reads {output.name!r} as its input and it has no calibrated scale"
         if len(scales) > 1:
             return f"the readers of {output.name!r} quantize it with different scales {sorted(scales)}"
         if eligible is not None:
@@ -131,10 +139,14 @@ class ChainRule:
                     return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
         return None
 
-    @staticmethod
-    def scale(readers: Readers, view: ChainView) -> float:
-        """The scale its input readers quantize the output with (the one `problem` found)."""
-        return next(view.layer(reader).x_scale for reader, index in readers if index == X_INPUT)
+    def own_scale(self, producer: QuantizedLayer) -> float:
+        """The scale of the producer's output when no reader quantizes it as its input (0: none)."""
+        return 0.0
+
+    def scale(self, producer: Node, readers: Readers, view: ChainView) -> float:
+        """The scale its input readers quantize the output with (the one `problem` found), else `own_scale`."""
+        inputs = (view.layer(reader).x_scale for reader, index in readers if index == X_INPUT)
+        return next(inputs, None) or self.own_scale(view.layer(producer))
 
 
 class InputChains(ChainRule):
@@ -160,6 +172,9 @@ class InputChains(ChainRule):
 class ResidualStreams(ChainRule):
     def serves(self, readers: Readers, view: ChainView) -> bool:
         return any(_adds(reader, index, view) for reader, index in readers)
+
+    def own_scale(self, producer: QuantizedLayer) -> float:
+        return producer.y_range_scale
 
     def reader_problem(
         self, reader: Node, index: int, output: Value, quant: str, view: ChainView, scales: set[float]
@@ -239,7 +254,7 @@ def _sweep(nodes: Iterable[Node], rule: ChainRule, view: ChainView, eligible) ->
             readers = rule.candidate(node, view)
             if readers is None or rule.problem(node, readers, view, eligible) is not None:
                 continue
-            chained[node] = view.written[node] = rule.scale(readers, view)
+            chained[node] = view.written[node] = rule.scale(node, readers, view)
             added = True
         if not added:
             return chained

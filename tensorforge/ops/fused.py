@@ -17,7 +17,8 @@ at least float32 and rounded once to the output type).
   that scale (`Y` in float32, then quantized as X is) instead of Y in float (`y_scale` 0, the default; the
   output is then X's float type, float32 for a quantized X). A positive `z_scale` marks a quantized residual:
   Z is of `quant`'s type and adds `Z · z_scale` (the residual stream of a ResNet kept in int8). `passes/quant_chain.py`
-  sets them up.
+  sets them up. `y_range_scale` (positive when calibrated) records the scale calibration found for Y, which
+  the chaining takes when Y is a residual that no quantized layer reads as its input; it changes no value.
   `QuantizedConv(X, Wq, B?, Z?, Ws, Xs)`: X quantized per channel: `Q(X)[:, c]` divides by `x_scale · Xs[c]`
   (float32 [C]), and output channel o is dequantized by `x_scale · Xs[o // (Cout / C)] · Ws[o]`. Made for a
   depthwise convolution (group = C, each output channel reads one input channel), where it is exact; its X is
@@ -236,6 +237,7 @@ def quantized_conv(
     explicit=0,
     y_scale=0.0,
     z_scale=0.0,
+    y_range_scale=0.0,
     auto_pad="NOTSET",
     dilations=None,
     group=1,

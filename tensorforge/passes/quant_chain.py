@@ -27,9 +27,12 @@ of QuantizedConv readers C_j, and at least one reader quantizes Y as its X with 
 
 which rounds the residual onto the grid its X readers quantize it to anyway (the one approximation chaining
 adds; `quant.simulate_quantized(residuals=True)` rounds it too, so the accuracy-target search measures it).
-Only readers that already read their X quantized take a quantized Z: their float fallback then reads only
-quantized activations, which it dequantizes exactly. A ResNet's block outputs, read by the next block's first
-convolution and added by its last, travel in int8.
+When Y is only added (no reader quantizes it as X), s is Y's own calibrated scale (`y_range_scale`, which the
+lowering sets from the calibration table), a second approximation of the same kind. Only readers that already
+read their X quantized take a quantized Z: their float fallback then reads only quantized activations, which it
+dequantizes exactly. A ResNet's block outputs, read by the next block's first convolution and added by its last,
+travel in int8, and so does the output of a stage's first block's last convolution, which its downsample
+convolution adds.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ class _RequantizeOutput(Rule):
     def _requantize(self, match: _Chain) -> tuple[str, float]:
         """P writes Q(Y) on its input readers' scale; returns (quantized type, scale)."""
         quant = match.producer.attributes.get("quant", "int8")
-        scale = self.chain_rule.scale(match.readers, self.view)
+        scale = self.chain_rule.scale(match.producer, match.readers, self.view)
         match.producer.attributes["y_scale"] = scale
         match.output.dtype = QUANT_TYPES[quant]
         return quant, scale

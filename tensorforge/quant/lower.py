@@ -71,9 +71,10 @@ def quantize_layers(
     chosen, left = _selection(model, keep_float, quant)
     # Scales by the original value names, before rewriting renames any output.
     scales = {layer.name: layer_input_scale(table, layer, quant) for layer in chosen}
+    outputs = {layer.name: output_scale(table, layer, quant) for layer in chosen}
     ctx = PassContext(model)
     for layer in chosen:
-        _rewrite(ctx, layer, *scales[layer.name], quant)
+        _rewrite(ctx, layer, *scales[layer.name], quant, outputs[layer.name])
     remove_unused_initializers(model.graph)
     model.graph.sort()
     validate(model.graph)
@@ -91,7 +92,8 @@ def engine_layers(
     for layer in chosen:
         x_scale, channels = layer_input_scale(table, layer, quant)
         op = LOWERED_OPS[qualified_op(layer.node)]
-        layers[layer.node] = QuantizedLayer(op, quant, x_scale, channels is not None)
+        y_range = output_scale(table, layer, quant) if op == "QuantizedConv" else 0.0
+        layers[layer.node] = QuantizedLayer(op, quant, x_scale, channels is not None, y_range)
     return layers
 
 
@@ -125,6 +127,11 @@ def channel_scales(table: CalibrationTable, layer: QuantLayer, quant: str) -> to
     return table.channel_scales(layer.node.inputs[0].name, KINDS[quant][1])
 
 
+def output_scale(table: CalibrationTable, layer: QuantLayer, quant: str) -> float:
+    """The scale of `layer`'s output in `table` (0 when it was not calibrated), for chaining it as a residual."""
+    return activation_scale(table, layer.output, quant) if layer.output.name in table.ranges else 0.0
+
+
 def layer_input_scale(table: CalibrationTable, layer: QuantLayer, quant: str) -> tuple[float, torch.Tensor | None]:
     """(x_scale, Xs) of the QuantizedConv / QuantizedGemm `layer` becomes: per tensor (Xs None), or 1 and the
     per-channel scales."""
@@ -140,7 +147,9 @@ def quantize_weight(weight: torch.Tensor, quant: str) -> tuple[torch.Tensor, tor
     return kernels_quantize_weight(weight, quant)
 
 
-def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, channels: torch.Tensor | None, quant: str) -> Node:
+def _rewrite(
+    ctx: PassContext, layer: QuantLayer, x_scale: float, channels: torch.Tensor | None, quant: str, y_range: float
+) -> Node:
     if qualified_op(layer.node) == FUSED_GEMM:
         return _rewrite_gemm(ctx, layer, x_scale, quant)
     node = layer.node
@@ -154,6 +163,8 @@ def _rewrite(ctx: PassContext, layer: QuantLayer, x_scale: float, channels: torc
     if channels is not None:
         inputs.append(add_initializer(graph, ctx.new_value(f"{layer.name}.input_scale"), channels))
     attributes = {**node.attributes, "x_scale": float(x_scale), "quant": quant}
+    if y_range:
+        attributes["y_range_scale"] = float(y_range)
     return replace_with_fused(ctx, node, LOWERED_OPS[FUSED_CONV], inputs, attributes)
 
 

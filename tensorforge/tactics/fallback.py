@@ -37,7 +37,7 @@ _FLOAT_OP = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}
 
 
 _QUANTIZED_DTYPES = (DType.INT8, DType.FLOAT8E4M3FN)
-_QUANT_ATTRIBUTES = ("x_scale", "quant", "explicit", "y_scale", "z_scale")
+_QUANT_ATTRIBUTES = ("x_scale", "quant", "explicit", "y_scale", "z_scale", "y_range_scale")
 
 
 def float_twin(node: Node) -> Node:

@@ -14,11 +14,14 @@ from tensorforge import Executor
 from tensorforge.frontend import import_model
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops import load_all
+from tensorforge.ops.chain_rules import plan_chains
+from tensorforge.ops.infer import infer_model
 from tensorforge.ops.registry import REGISTRY
 from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
+from tensorforge.quant.lower import engine_layers, quantize_layers
 from tests.helpers import make_model, run_onnxruntime, tensor_info
-from tests.quant.chain_support import batches, copy, lowered
+from tests.quant.chain_support import batches, calibrated, copy, downsample_proto, lowered
 
 
 def _node(model, name):
@@ -49,6 +52,36 @@ def test_a_residual_stream_travels_quantized_on_the_scale_its_input_readers_give
     assert conv1.attributes["y_scale"] == conv2.attributes["x_scale"] == conv3.attributes["z_scale"] > 0
     assert section["quantized_residuals"] == ["conv3"] and section["float"] == {}
     assert len(section["chained"]) == 4
+
+
+def test_a_residual_only_tensor_chains_on_its_own_calibrated_scale():
+    """A stage's first block: the Add folds into one of its two last convolutions, and the other's output is
+    only added. It has no input reader to give it a scale, so it takes its calibrated one (`y_range_scale`):
+    written int8, added dequantized by that scale, and the graph computes the unchained one with that residual
+    quantized and dequantized, as closely as the float32 rounding of the two orders of evaluation allows."""
+    model, table = calibrated(downsample_proto())
+    planned = plan_chains(model.graph, engine_layers(model, table).get)  # what the accuracy search simulates
+    quantize_layers(model, table)
+    infer_model(model, check=False)
+    unchained = copy(model)
+    chained, section = chain_quantized(model)
+    (adder,) = [node for node in chained.graph.nodes if node.attributes.get("z_scale")]
+    residual = adder.inputs[3]
+    producer = residual.producer()
+    assert residual.dtype == DType.INT8 and len(list(residual.uses())) == 1
+    residual_scale = producer.attributes["y_range_scale"]
+    assert producer.attributes["y_scale"] == residual_scale == adder.attributes["z_scale"] > 0
+    assert section["float"] == {} and section["quantized_residuals"] == [adder.name]
+    assert {node.name: scale for node, scale in planned.residuals.items()} == {producer.name: residual_scale}
+    # Rounding the residual moves t2 by at most half a step, and conv3's quantized input by that plus one of its
+    # own steps; y by that times the largest row sum of conv3's dequantized weight.
+    conv3 = _node(chained, "conv3")
+    weight = conv3.inputs[1].const.float() * conv3.inputs[4].const.reshape(-1, 1, 1, 1)
+    bound = (adder.attributes["z_scale"] / 2 + conv3.attributes["x_scale"]) * weight.abs().sum((1, 2, 3)).max()
+    for feed in batches(2, seed=5):
+        want = torch.as_tensor(Executor(unchained).run(feed)["y"])
+        got = torch.as_tensor(Executor(chained).run(feed)["y"])
+        assert 0 < (got - want).abs().max() <= bound * (1 + 1e-5)
 
 
 def test_the_chained_graph_computes_exactly_what_the_unchained_one_computes():

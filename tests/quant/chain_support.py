@@ -97,6 +97,37 @@ def skip_proto(seed: int = 0, b_output: bool = False) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
 
 
+def downsample_proto(seed: int = 0) -> onnx.ModelProto:
+    """A ResNet stage's first block: x[2,3,8,8] → conv0 3→8 + Relu = t0 → conv1 1×1 8→8 + Relu = t1 → conv2 1×1
+    8→16 = c2; the shortcut convd 1×1 8→16 on t0 = cd; c2 + cd, Relu = t2 → conv3 1×1 16→4 = y.
+
+    The optimizer folds the Add into one of conv2 / convd as its residual; the other's output is then only added
+    (no layer reads it as its input): it chains on its own calibrated scale."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "w0": rng.normal(0, 0.4, (8, 3, 3, 3)),
+        "w1": rng.normal(0, 0.3, (8, 8, 1, 1)),
+        "w2": rng.normal(0, 0.3, (16, 8, 1, 1)),
+        "wd": rng.normal(0, 0.3, (16, 8, 1, 1)),
+        "w3": rng.normal(0, 0.3, (4, 16, 1, 1)),
+    }
+    for name in ("b0", "b1", "b2", "bd"):
+        weights[name] = rng.normal(0, 0.1, weights["w" + name[1:]].shape[0])
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["t0"], name="relu0"),
+        helper.make_node("Conv", ["t0", "w1", "b1"], ["c1"], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["t1"], name="relu1"),
+        helper.make_node("Conv", ["t1", "w2", "b2"], ["c2"], name="conv2"),
+        helper.make_node("Conv", ["t0", "wd", "bd"], ["cd"], name="convd"),
+        helper.make_node("Add", ["c2", "cd"], ["s2"], name="add2"),
+        helper.make_node("Relu", ["s2"], ["t2"], name="relu2"),
+        helper.make_node("Conv", ["t2", "w3"], ["y"], name="conv3"),
+    ]
+    initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
+    return make_model(nodes, [tensor_info("x", list(SHAPE))], [tensor_info("y", [2, 4, 8, 8])], 17, initializers)
+
+
 def calibrated(proto: onnx.ModelProto | None = None) -> tuple[Model, CalibrationTable]:
     """`proto` (by default `chain_proto()`) imported and optimized as a build does, and its minmax table."""
     model, _ = optimize(import_model(proto if proto is not None else chain_proto()))
