@@ -387,10 +387,11 @@ _QUANTIZED_EFFORT_2 = [
 ]
 _QUANTIZED_MIN_BLOCK_K = 32
 
-# Tiles of `conv_tma`'s kernel, for stride-1 layers of one group, by effort (16- and 32-bit products, then
-# 8-bit ones): 128-byte K rows, the widest swizzle of a TMA copy; a persistent walk of narrow tiles, two programs
-# per multiprocessor, for the memory-bound 1×1 layers of few input channels (one or two K steps: the next tile's
-# loads overlap this one's epilogue); effort 1 adds the usual best Hopper GEMM tiles, and those persistent.
+# Tiles of `conv_tma`'s kernel, for stride-1 layers of one group, by effort: 128-byte K rows, the widest swizzle
+# of a TMA copy (64 16-bit channels; 8-bit products take K tiles twice as long); a persistent walk of narrow tiles,
+# two programs per multiprocessor, for the memory-bound 1×1 layers of few input channels (one or two K steps: the
+# next tile's loads overlap this one's epilogue); effort 1 adds the usual best Hopper GEMM tiles, and those
+# persistent.
 _TMA_EFFORT = [
     [
         _config(128, 128, 64, 8, 3, tma=True),
@@ -403,24 +404,12 @@ _TMA_EFFORT = [
         _config(128, 128, 64, 8, 3, tma=True, persistent=1),
     ],
 ]
-_QUANTIZED_TMA_EFFORT = [
-    [
-        _config(128, 128, 128, 8, 3, tma=True),
-        _config(128, 64, 128, 4, 4, tma=True),
-        _config(128, 64, 128, 4, 3, tma=True, persistent=2),
-    ],
-    [
-        _config(128, 256, 128, 8, 3, tma=True),
-        _config(64, 128, 128, 4, 4, tma=True),
-        _config(128, 128, 128, 8, 3, tma=True, persistent=1),
-    ],
-]
 
 
 def tma_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
     """The `tma` configurations worth timing at `effort` for a stride-1 layer of one group: 3 at 0, 6 from 1."""
-    levels = _QUANTIZED_TMA_EFFORT if quantized else _TMA_EFFORT
-    return [dict(c) for c in itertools.chain.from_iterable(levels[: max(0, min(effort, 1)) + 1])]
+    configs = [dict(c) for c in itertools.chain.from_iterable(_TMA_EFFORT[: max(0, min(effort, 1)) + 1])]
+    return [{**c, "block_k": 2 * c["block_k"]} for c in configs] if quantized else configs
 
 
 def fit_configs(configs: Sequence[Mapping[str, Any]], cg: int, kg: int, min_block_k: int = 16) -> list[dict[str, Any]]:
