@@ -55,7 +55,7 @@ from ..tactics.base import tactic_by_key
 from ..tactics.precompile import precompile
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
-from ..tactics.variant import ConstantCache
+from ..tactics.variant import ConstantCache, has_float_activation
 from .concat_views import concat_views, prefer_concat_into
 from .config import BuildConfig, Profile, QuantizationConfig
 from .memory import plan_graph
@@ -305,7 +305,10 @@ class Builder:
         options = {"greedy": greedy}
         for precision in precisions:
             for layout in ("NCHW", "NHWC"):
-                options[f"{precision} {layout}"] = [_uniform(layer, precision, layout) for layer in greedy]
+                options[f"{precision} {layout}"] = [
+                    _uniform(layer, precision, layout, has_float_activation(model.graph.nodes[layer.node]))
+                    for layer in greedy
+                ]
         distinct: dict[tuple, str] = {}
         for name, layers in options.items():
             distinct.setdefault(tuple((layer.tactic, str(layer.config)) for layer in layers), name)
@@ -345,11 +348,14 @@ class Builder:
         return observed
 
 
-def _uniform(layer: Layer, precision: str, layout: str) -> Layer:
-    """`layer`'s fastest candidate in `precision` (or fp32 where it has none) and `layout` (or "any")."""
+def _uniform(layer: Layer, precision: str, layout: str, floats: bool = True) -> Layer:
+    """`layer`'s fastest candidate in `precision` (or fp32 where it has none) and `layout` (or "any"); in any
+    precision for a layer without float activations (`floats` False: no neighbour sees its precision)."""
     finite = [c for c in layer.candidates if math.isfinite(c.median_ms)]
     for wanted in ((precision, layout), (precision, "any"), ("fp32", layout), ("fp32", "any")):
-        matching = [c for c in finite if (c.config.get("precision"), c.config.get("layout")) == wanted]
+        matching = [
+            c for c in finite if (c.config.get("precision") if floats else wanted[0], c.config.get("layout")) == wanted
+        ]
         if matching:
             best = min(matching, key=lambda c: c.median_ms)
             return Layer(layer.node, best.tactic, best.config, best.median_ms, layer.candidates, layer.from_cache)

@@ -55,11 +55,17 @@ class Variant:
         return {"NCHW": torch.contiguous_format, "NHWC": torch.channels_last}.get(self.layout)
 
 
-def precision_choices(node: Node, allowed: Sequence[str]) -> list[str]:
-    """The precisions worth trying for `node`: only fp32 unless it reads or writes a float32 activation. Float
-    constants alone do not count: a quantized layer between quantized activations (int8 in, int8 out, a float32
-    bias and scales) runs the same kernel in every precision, which would only be timed again and again."""
-    values = [v for v in (*node.inputs, *node.outputs) if v is not None and not v.is_const]
+def has_float_activation(node: Node) -> bool:
+    """Whether `node` reads or writes a float32 activation (a value that is not a constant)."""
+    return any(v is not None and not v.is_const and v.dtype == DType.FLOAT for v in (*node.inputs, *node.outputs))
+
+
+def precision_choices(node: Node, allowed: Sequence[str], computes_in_it: bool = False) -> list[str]:
+    """The precisions worth trying for `node`: only fp32 unless it reads or writes a float32 tensor. Float
+    constants count only for a tactic that computes in the variant's type (`computes_in_it`, the float fallback
+    of a quantized layer): a quantized kernel between quantized activations (int8 in, int8 out, a float32 bias
+    and scales) is the same kernel in every precision, which would only be timed again and again."""
+    values = [v for v in (*node.inputs, *node.outputs) if v is not None and (computes_in_it or not v.is_const)]
     if not any(v.dtype == DType.FLOAT for v in values):
         return ["fp32"]
     choices = [p for p in PRECISION_DTYPE if p in allowed]
@@ -70,7 +76,7 @@ def precision_choices(node: Node, allowed: Sequence[str]) -> list[str]:
 
 def variants(tactic: Tactic, node: Node, allowed: Sequence[str], device: torch.device) -> list[Variant]:
     """Every (precision, layout) of `tactic` for `node`: its precisions the build allows, its layouts."""
-    precisions = [p for p in precision_choices(node, allowed) if p in tactic.precisions]
+    precisions = [p for p in precision_choices(node, allowed, tactic.sees_precision) if p in tactic.precisions]
     first = node.inputs[0] if node.inputs else None
     layouts = tactic.layouts if first is not None and first.rank == 4 else tactic.layouts[:1]
     return [Variant(p, layout) for p in precisions for layout in layouts]

@@ -7,10 +7,12 @@ from onnx import helper, numpy_helper
 
 from tensorforge import Executor, InputError, UnsupportedError, zoo
 from tensorforge import realdata as rd
-from tensorforge.build.builder import Builder, build_engine
+from tensorforge.build.builder import Builder, _uniform, build_engine
 from tensorforge.build.config import BuildConfig, Profile
 from tensorforge.frontend import import_model
 from tensorforge.runtime.engine import Engine
+from tensorforge.runtime.plan import Layer
+from tensorforge.tactics.autotune import Candidate
 from tensorforge.tactics.timing_cache import TimingCache
 from tests.helpers import DEVICES, make_model, relative_error, run_onnxruntime, tensor_info
 
@@ -190,3 +192,16 @@ def test_the_real_orientation_model_engine_agrees_with_onnx_runtime(device):
         theirs = run_onnxruntime(str(path), {"x": x})["fetch_name_0"]
         assert relative_error(ours, theirs) <= FP32_BOUND, item.name
         assert ours.argmax() == theirs.argmax(), item.name
+
+
+def test_a_uniform_plan_takes_any_precision_for_a_layer_without_float_activations():
+    """An int8 → int8 layer's candidates differ in precision only by the float fallback's: a uniform fp16 plan
+    takes its fastest candidate whatever its variant, a float layer's the fastest in fp16."""
+    candidates = (
+        Candidate("triton.conv-tma-quantized", {"precision": "fp32", "layout": "NHWC"}, 0.104),
+        Candidate("fallback.float-conv", {"precision": "fp16", "layout": "NHWC"}, 0.2),
+        Candidate("triton.conv-igemm-quantized", {"precision": "fp16", "layout": "NHWC"}, 0.106),
+    )
+    layer = Layer(3, "triton.conv-igemm-quantized", dict(candidates[2].config), 0.106, candidates)
+    assert _uniform(layer, "fp16", "NHWC", floats=False).tactic == "triton.conv-tma-quantized"
+    assert _uniform(layer, "fp16", "NHWC", floats=True).tactic == "triton.conv-igemm-quantized"

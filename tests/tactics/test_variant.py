@@ -7,7 +7,7 @@ import torch
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.tactics import variant as variant_module
-from tensorforge.tactics.variant import LayerKernel, Variant, convert, precision_choices
+from tensorforge.tactics.variant import LayerKernel, Variant, convert, has_float_activation, precision_choices
 
 
 def _echo(strided: bool) -> LayerKernel:
@@ -56,12 +56,16 @@ def test_layout_changes_on_cuda_run_the_tiled_copy(monkeypatch):
 
 def test_only_float_activations_make_precision_choices():
     """A quantized layer between int8 activations runs one kernel whatever the precision (its float32 bias and
-    scales are constants): fp32 only. With a float output, the float types it can write."""
+    scales are constants): fp32 only, except for a tactic that computes in the variant's type (the float
+    fallback). With a float output, the float types it can write."""
     allowed = ["fp32", "tf32", "fp16", "bf16"]
     bias = Value("b", DType.FLOAT, (8,), const=torch.randn(8))
     scales = Value("s", DType.FLOAT, (8,), const=torch.rand(8))
     weight = Value("w", DType.INT8, (8, 8, 1, 1), const=torch.zeros(8, 8, 1, 1, dtype=torch.int8))
-    for out_dtype, wanted in ((DType.INT8, ["fp32"]), (DType.FLOAT, ["fp32", "fp16", "bf16"])):
+    floats = ["fp32", "fp16", "bf16"]
+    for out_dtype, wanted, computing in ((DType.INT8, ["fp32"], floats), (DType.FLOAT, floats, floats)):
         x, y = Value("x", DType.INT8, (1, 8, 4, 4)), Value("y", out_dtype, (1, 8, 4, 4))
         node = Node("QuantizedConv", [x, weight, bias, None, scales], [y], {}, domain=DOMAIN)
         assert precision_choices(node, allowed) == wanted
+        assert precision_choices(node, allowed, computes_in_it=True) == computing
+        assert has_float_activation(node) == (out_dtype == DType.FLOAT)
