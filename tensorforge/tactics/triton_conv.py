@@ -70,11 +70,17 @@ def _fitted(node: Node, configs: list[dict[str, Any]], min_block_k: int = 16) ->
 
 def _tma_problem(node: Node, device: torch.device) -> str | None:
     """Why `kernels.triton.conv_tma` cannot run the (CUDA) node: it takes convolutions of one group with stride 1
-    and dilation 1 (a box of output pixels reads a box of input pixels, shifted by each tap), on Hopper or newer."""
+    and dilation 1 (a box of output pixels reads a box of input pixels, shifted by each tap), and unpadded 1×1
+    ones of any stride (over a view of every s-th input pixel), on Hopper or newer."""
     a = node.attributes
     steps = (*a.get("strides", (1, 1)), *a.get("dilations", (1, 1)))
-    if a.get("group", 1) != 1 or any(step != 1 for step in steps):
-        return "stride 1, dilation 1 and one group only (output boxes read shifted input boxes)"
+    unpadded_1x1 = (
+        tuple(node.inputs[1].shape[2:]) == (1, 1)
+        and not any(a.get("pads", ()))
+        and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+    )
+    if a.get("group", 1) != 1 or (any(step != 1 for step in steps) and not unpadded_1x1):
+        return "stride 1, dilation 1 and one group only, or an unpadded 1×1 (output boxes read shifted input boxes)"
     return hopper_problem(device)
 
 

@@ -132,12 +132,23 @@ def test_stride_1_geometries_in_boxes_of_pixels(device, geometry, launches):
 @pytest.mark.parametrize(
     ("geometry", "reason"),
     [("3x3-stride2", "stride 1 and dilation 1 only"), ("dilation2", "stride 1 and dilation 1 only"),
-     ("groups2", "one group only"), ("1x1-stride2", "stride 1 and dilation 1 only")],
+     ("groups2", "one group only")],
 )  # fmt: skip
 def test_other_geometries_take_the_gathering_kernel(device, geometry, reason, launches):
     torch.manual_seed(5)
     floats._check_case(device, "fp32", geometry, floats.FULL_EPILOGUE, FLOAT_TMA)
     assert len(launches) == 1 and launches[0].startswith(reason)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("side", [7, 8])
+def test_a_strided_1x1_layer_reads_every_second_pixel_through_a_descriptor(device, side, launches):
+    """A ResNet downsample: 1×1, stride 2, no padding, over an odd and an even map (4×4 outputs either way), in
+    boxes of the input's every second pixel; with a residual."""
+    torch.manual_seed(12)
+    epilogue = floats.EPILOGUES["resnet-add-relu"]
+    _float_case(device, "fp16", (2, 16, side, side), 24, epilogue, attrs={"strides": [2, 2]})
+    assert launches == [None]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -247,7 +258,11 @@ def test_the_tma_tactics_time_their_own_configs_on_stride_1_layers_of_one_group(
         fitted = tma.space_for(node, 0)
         assert tma.space(0) == configs and len(fitted) == len(configs) and all(c["tma"] for c in fitted)
         assert tma.key.startswith("triton.conv-tma")
-    for other in (_conv_node("FusedConv", 3, strides=[2, 2]), _conv_node("FusedConv", 3, dilations=[2, 2])):
+    for other in (
+        _conv_node("FusedConv", 3, strides=[2, 2]),
+        _conv_node("FusedConv", 3, dilations=[2, 2]),
+        _conv_node("FusedConv", 1, strides=[2, 2], pads=[0, 0, 1, 1]),
+    ):
         assert "stride 1" in triton_conv._tma_problem(other, torch.device("cuda"))
     assert "one group" in triton_conv._tma_problem(_conv_node("FusedConv", 1, group=2), torch.device("cuda"))
 
@@ -320,10 +335,11 @@ def test_the_tma_kernel_compiles_for_hopper_with_bulk_tensor_copies_and_wgmma():
 
 
 # ResNet-50's layers at batch 8: (input shape, output channels, kernel, attributes); the 3×3 ones in boxes of
-# 8×16 and 8×8 (two images) output pixels.
+# 8×16 and 8×8 (two images) output pixels, the strided 1×1 (a downsample) over every second input pixel.
 NETWORK_SHAPES = {
     "1x1-256-64": ((8, 256, 56, 56), 64, 1, {}),
     "1x1-64-256": ((8, 64, 56, 56), 256, 1, {}),
+    "1x1-256-512-stride2": ((8, 256, 56, 56), 512, 1, {"strides": [2, 2]}),
     "3x3-64": ((8, 64, 56, 56), 64, 3, {"pads": [1, 1, 1, 1]}),
     "3x3-512-7x7": ((8, 512, 7, 7), 512, 3, {"pads": [1, 1, 1, 1]}),
 }

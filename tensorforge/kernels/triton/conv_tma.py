@@ -15,7 +15,8 @@ Two tilings, by geometry:
 - boxes (any filter, any padding): 4-D descriptors over (N, H, W, C); a tile is a box of BI images × BH rows ×
   BW columns of output pixels (BLOCK_M of them, powers of two fitted to the output, `spatial_box`), and the K loop
   walks taps × channel blocks, loading the input box shifted by each tap. A box larger than the map wastes its
-  lanes past the edge (a 7×7 map in 8×8 boxes: 77% busy).
+  lanes past the edge (a 7×7 map in 8×8 boxes: 77% busy). An unpadded strided 1×1 layer (a ResNet downsample)
+  reads its input through a view of every s-th pixel (`subsampled`), whose strides a descriptor takes.
 
 K order: tap-major, channels inside, as the packed weight (`conv.pack_weight`) stores K. When Cin is not a
 multiple of BLOCK_K a tile's last channels are zeros read past Cin, so the weight rows they meet (the next tap's)
@@ -228,6 +229,19 @@ def _weight_matrix(weight: torch.Tensor, k_major: bool, block_n: int, block_k: i
     return TensorDescriptor(weight, shape, strides, block)
 
 
+def subsampled(x: torch.Tensor, weight: torch.Tensor, geometry: tuple, out_hw) -> tuple[torch.Tensor, tuple]:
+    """A strided 1×1 convolution without padding is a stride-1 one over every s-th pixel of its input: `x` as
+    that view (its pixel strides s times the input's, which TMA reads in boxes) and the geometry of stride 1.
+    Any other call (or one whose output is not that view's size) as given."""
+    strides, pads_begin, dilations = geometry
+    if tuple(weight.shape[1:3]) != (1, 1) or tuple(strides) == (1, 1) or any(pads_begin):
+        return x, geometry
+    view = x[:, :, :: strides[0], :: strides[1]]
+    if tuple(view.shape[2:]) != tuple(out_hw):
+        return x, geometry
+    return view, ((1, 1), pads_begin, dilations)
+
+
 def tma_problem(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, geometry: tuple) -> str | None:
     """Why the call's geometry rules the TMA kernel out; None when only the operands' strides remain to check.
     `geometry`: (strides, pads_begin, dilations) as `conv._launch` has them."""
@@ -257,6 +271,7 @@ def launch(
     """Run the TMA kernel into `y` (operands checked by `conv`'s callers; `geometry` as `tma_problem` takes it);
     returns why it did not run (`tma_problem`'s reason, or which operand's strides or address TMA cannot
     take), None when it ran."""
+    x, geometry = subsampled(x, weight, geometry, y.shape[2:])
     problem = tma_problem(x, weight, residual, geometry)
     if problem:
         return problem
