@@ -144,11 +144,14 @@ def test_other_geometries_take_the_gathering_kernel(device, geometry, reason, la
 @pytest.mark.parametrize("side", [7, 8])
 def test_a_strided_1x1_layer_reads_every_second_pixel_through_a_descriptor(device, side, launches):
     """A ResNet downsample: 1×1, stride 2, no padding, over an odd and an even map (4×4 outputs either way), in
-    boxes of the input's every second pixel; with a residual."""
+    boxes of the input's every second pixel; with a residual; float16, and int8 from float16 or int8."""
     torch.manual_seed(12)
     epilogue = floats.EPILOGUES["resnet-add-relu"]
     _float_case(device, "fp16", (2, 16, side, side), 24, epilogue, attrs={"strides": [2, 2]})
-    assert launches == [None]
+    geometry = ((2, 16, side, side), 32, 1, {"strides": [2, 2]})
+    for x_type in ("fp16", "int8"):
+        quantized._check_case(device, "int8", x_type, torch.float16, geometry, epilogue, config=QUANTIZED_TMA)
+    assert launches == [None] * 3
 
 
 @pytest.mark.parametrize("device", DEVICES)
