@@ -149,8 +149,9 @@ def test_a_strided_1x1_layer_reads_every_second_pixel_through_a_descriptor(devic
     epilogue = floats.EPILOGUES["resnet-add-relu"]
     _float_case(device, "fp16", (2, 16, side, side), 24, epilogue, attrs={"strides": [2, 2]})
     geometry = ((2, 16, side, side), 32, 1, {"strides": [2, 2]})
+    int8_epilogue = quantized.EPILOGUES["resnet-add-relu"]
     for x_type in ("fp16", "int8"):
-        quantized._check_case(device, "int8", x_type, torch.float16, geometry, epilogue, config=QUANTIZED_TMA)
+        quantized._check_case(device, "int8", x_type, torch.float16, geometry, int8_epilogue, config=QUANTIZED_TMA)
     assert launches == [None] * 3
 
 
