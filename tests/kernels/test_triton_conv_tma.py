@@ -102,7 +102,8 @@ def test_reads_and_writes_channel_slices(device, launches):
 
 # stride-1 geometries of one group in boxes of output pixels: (precision, input shape, output channels, kernel,
 # attributes, tile rows). 8 float16 output channels are 16-byte rows; the "two-images" tile of 64 pixels is a box
-# of 4 images of 4×4 over a 2-image 3×3 map (images, rows and columns past the end).
+# of 2 images of 4×8 over a 2-image 3×3 map (rows and columns past the end); "one-pixel-boxes" tiles 16 images
+# of a 3×3 map in boxes of 16 images × 1 × 1 (every tap's load reads one pixel of each image, or its padding).
 BOXES = {
     "3x3": ("fp16", (2, 16, 6, 6), 8, 3, {"pads": [1, 1, 1, 1]}, 16),
     "3x3-unpadded": ("fp32", (1, 16, 7, 5), 8, 3, {}, 16),
@@ -111,7 +112,19 @@ BOXES = {
     "5x5-same": ("fp16", (1, 16, 9, 9), 16, 5, {"pads": [2, 2, 2, 2]}, 32),
     "1x1-padded": ("fp16", (1, 16, 4, 4), 16, 1, {"pads": [1, 1, 1, 1]}, 16),
     "two-images": ("fp16", (2, 16, 3, 3), 16, 3, {"pads": [1, 1, 1, 1]}, 64),
+    "one-pixel-boxes": ("fp16", (16, 16, 3, 3), 8, 3, {"pads": [1, 1, 1, 1]}, 16),
 }
+
+
+def test_boxes_cover_the_output_with_the_fewest_idle_lanes():
+    """ResNet's maps at batch 256 in tiles of 128 pixels: every lane busy; a batch of one keeps one image a box."""
+    assert conv_tma.spatial_box(128, (256, 56, 56)) == (2, 8, 8)
+    assert conv_tma.spatial_box(128, (256, 28, 28)) == (8, 4, 4)
+    assert conv_tma.spatial_box(128, (256, 14, 14)) == (32, 2, 2)
+    assert conv_tma.spatial_box(128, (256, 7, 7)) == (128, 1, 1)
+    assert conv_tma.spatial_box(64, (1, 56, 56)) == (1, 8, 8)
+    assert conv_tma.spatial_box(16, (16, 3, 3)) == (16, 1, 1)
+    assert all(side <= 256 for side in conv_tma.spatial_box(1024, (1, 1, 4096)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -339,7 +352,8 @@ def test_the_tma_kernel_compiles_for_hopper_with_bulk_tensor_copies_and_wgmma():
 
 
 # ResNet-50's layers at batch 8: (input shape, output channels, kernel, attributes); the 3×3 ones in boxes of
-# 8×16 and 8×8 (two images) output pixels, the strided 1×1 (a downsample) over every second input pixel.
+# several images (`spatial_box`: 2 × 8 × 8 at 56² and at 7² for 128-pixel tiles), the strided 1×1 (a
+# downsample) over every second input pixel.
 NETWORK_SHAPES = {
     "1x1-256-64": ((8, 256, 56, 56), 64, 1, {}),
     "1x1-64-256": ((8, 64, 56, 56), 256, 1, {}),

@@ -14,9 +14,11 @@ Two tilings, by geometry:
   of one): a plain GEMM, X [M, Cin] · W [Cin, Cout] with M = N·H·W; BLOCK_M consecutive pixels per tile, no waste.
 - boxes (any filter, any padding): 4-D descriptors over (N, H, W, C); a tile is a box of BI images × BH rows ×
   BW columns of output pixels (BLOCK_M of them, powers of two fitted to the output, `spatial_box`), and the K loop
-  walks taps × channel blocks, loading the input box shifted by each tap. A box larger than the map wastes its
-  lanes past the edge (a 7×7 map in 8×8 boxes: 77% busy). An unpadded strided 1×1 layer (a ResNet downsample)
-  reads its input through a view of every s-th pixel (`subsampled`), whose strides a descriptor takes.
+  walks taps × channel blocks, loading the input box shifted by each tap. A box that does not divide the output
+  wastes its lanes past the edge, so the box is the one that wastes least: at batch 256 a 7×7 map goes in boxes of
+  128 images × 1 × 1 pixel, all lanes busy (one image's 8×8 boxes would be 77% busy). An unpadded strided 1×1
+  layer (a ResNet downsample) reads its input through a view of every s-th pixel (`subsampled`), whose strides a
+  descriptor takes.
 
 K order: tap-major, channels inside, as the packed weight (`conv.pack_weight`) stores K. When Cin is not a
 multiple of BLOCK_K a tile's last channels are zeros read past Cin, so the weight rows they meet (the next tap's)
@@ -160,13 +162,26 @@ def _conv_tile(
         y_desc.store([off_m, off_n], out)
 
 
-def spatial_box(block_m: int, out_hw: tuple[int, int]) -> tuple[int, int, int]:
-    """(BI, BH, BW): images × rows × columns of output pixels in a tile of `block_m` (a power of two), the columns
-    and rows the powers of two that hold the map's (or fill the tile), images taking what is left."""
-    oh, ow = out_hw
-    bw = min(triton.next_power_of_2(max(ow, 1)), block_m, _MAX_BOX)
-    bh = min(triton.next_power_of_2(max(oh, 1)), block_m // bw, _MAX_BOX)
-    return block_m // (bw * bh), bh, bw
+def spatial_box(block_m: int, out_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(BI, BH, BW): images × rows × columns of output pixels in a tile of `block_m` (a power of two) over an
+    output of `out_shape` (images, rows, columns): powers of two (at most 256 each, TMA's largest box side)
+    whose boxes cover the output with the fewest lanes past its edges, then with the fewest images. ResNet's maps
+    at batch 256 and 128 pixels a tile: 56² in boxes of 2 × 8 × 8 (all lanes busy; 8 × 16 boxes of one image
+    would leave an eighth idle), 28² in 8 × 4 × 4, 14² in 32 × 2 × 2, 7² in 128 × 1 × 1 (77% busy in 8 × 8)."""
+    sides = [1 << i for i in range(block_m.bit_length()) if (1 << i) <= _MAX_BOX]
+
+    def covered(side: int, extent: int) -> int:
+        return -(-extent // side) * side
+
+    boxes = [(block_m // (bh * bw), bh, bw) for bh in sides for bw in sides if block_m // (bh * bw) in sides]
+    return min(
+        boxes,
+        key=lambda box: (
+            covered(box[0], out_shape[0]) * covered(box[1], out_shape[1]) * covered(box[2], out_shape[2]),
+            box[0],
+            -box[2],
+        ),
+    )
 
 
 def _rows(t: torch.Tensor) -> tuple[int, int, int] | None:
@@ -285,7 +300,7 @@ def launch(
         and all(_rows(t) is not None for t in operands.values() if t is not None)
     )
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    box = None if plain else spatial_box(bm, (oh, ow))
+    box = None if plain else spatial_box(bm, (n, oh, ow))
     pixels = [bm] if box is None else list(box)
     descriptors = {
         name: _descriptor(t, pixels, bk if name == "x" else bn) for name, t in operands.items() if t is not None
