@@ -27,10 +27,16 @@ from ..ops.fused import DOMAIN, is_quantized_tensor, requantize
 from .base import Kernel, Tactic, register_tactic, tactic_by_key
 from .variant import PRECISION_DTYPE
 
-# The float tactics tried for each quantized op, each in its first configuration; those that do not run the
-# layer on the device fail at build and score inf.
+# The float tactics tried for each quantized op, each in its first configuration fitted to the layer; those that do
+# not run the layer on the device fail at build and score inf.
 _INNER = {
-    "QuantizedConv": ("vendor.onednn-fused", "vendor.cudnn-fused", "triton.conv-igemm", "vendor.torch-direct"),
+    "QuantizedConv": (
+        "vendor.onednn-fused",
+        "vendor.cudnn-fused",
+        "triton.conv-igemm",
+        "triton.conv-s2d",
+        "vendor.torch-direct",
+    ),
     "QuantizedGemm": ("vendor.onednn-linear", "triton.gemm", "reference.registry"),
 }
 _FLOAT_OP = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}
@@ -119,7 +125,7 @@ class _FloatFallback(Tactic):
         reason = "not registered" if inner is None else inner.supports(twin, opset, device)
         if reason is not None:
             raise ValueError(f"{config.get('inner')} does not run this layer here: {reason}")
-        kernel = inner.build(twin, opset, device, inner.space(0)[0])
+        kernel = inner.build(twin, opset, device, inner.space_for(twin, 0)[0])
         dequantized = twin.inputs[1].const
         weights: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
         x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")

@@ -2,8 +2,9 @@
 `triton.conv-igemm` for FusedConv, `triton.conv-igemm-quantized` for QuantizedConv (int8 / fp8 tensor cores,
 the activation quantized as it is loaded), `triton.conv-tma` and `triton.conv-tma-quantized` for their stride-1
 layers on Hopper (`kernels.triton.conv_tma`, TMA-fed); `triton.conv-direct` (`kernels.triton.conv_direct`) for
-layers with few input channels, reading the input as it comes; and `triton.cudnn-epilogue`, cuDNN's convolution
-followed by the whole epilogue in one Triton pass."""
+layers with few input channels, reading the input as it comes; `triton.conv-s2d` for stride-2 stems, over the
+input's 2×2 blocks (`kernels.space_to_depth`); and `triton.cudnn-epilogue`, cuDNN's convolution followed by the
+whole epilogue in one Triton pass."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType, Node
+from ..kernels.space_to_depth import blocked_channels, blocked_input, blocked_weight
 from ..kernels.triton.conv import (
     conv2d_nhwc,
     conv2d_nhwc_quantized,
@@ -267,6 +269,68 @@ class TritonDirectConvTactic(Tactic):
                     dilations=windows.dilations, pre=pre, post=post, out=out, config=config,
                 ),
             )  # fmt: skip
+
+        return kernel
+
+
+@register_tactic
+class TritonSpaceToDepthConvTactic(Tactic):
+    """2-D stride-2 FusedConv of few input channels (a stem) as a stride-1 convolution over the input's 2×2 blocks
+    (`kernels.space_to_depth`): one copy blocks the input as it comes (the network's float32 NCHW input, say)
+    into the variant's type, channels padded to 16-byte pixels, then `conv2d_nhwc` runs the blocked layer, on
+    TMA (`conv_tma`) where it can: a 7×7 layer on 3 channels becomes a 4×4 one on 12 (16), its K products in whole
+    taps of contiguous channels. An input of odd height or width runs the plain strided kernel."""
+
+    family = "triton"
+    name = "conv-s2d"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp16", "bf16", "tf32", "fp32")
+    layouts = ("NHWC",)
+    writes_into = True
+    strided_inputs = True  # x and the residual are read through their strides
+    strided_outputs = True  # and the output written through its own
+    converts_on_load = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
+        problem = _conv_problem(node)
+        if problem is not None:
+            return problem
+        a = node.attributes
+        if a.get("group", 1) != 1 or tuple(a.get("strides") or (1, 1)) != (2, 2):
+            return "stride-2 convolutions of one group only"
+        if tuple(a.get("dilations") or (1, 1)) != (1, 1):
+            return "dilation 1 only"
+        channels = node.inputs[1].shape[1]
+        if not isinstance(channels, int) or blocked_channels(channels) > 16:
+            return f"at most 4 input channels (16 blocked), not {channels}: a wider layer gathers well as it is"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return tma_configs(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return fit_configs(self.space(effort), blocked_channels(node.inputs[1].shape[1]), node.inputs[1].shape[0])
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        windows = ConvWindows.of(node.attributes)
+        pre, post = _activations(node)
+        packed = PerWeight(lambda w: pack_weight(w, 1))
+        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin)[0], 1))
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), w.dtype, x.device, torch.channels_last)
+            geometry = dict(out_hw=out_hw, pre=pre, post=post, out=out, config=config)
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+            if x.shape[2] % 2 or x.shape[3] % 2:
+                x = x.to(w.dtype, memory_format=torch.channels_last)
+                return (conv2d_nhwc(x, packed(w), b, z, strides=(2, 2), pads_begin=begin, tf32=tf32, **geometry),)
+            pads = [(p + 1) // 2 for p in begin]  # blocked_weight's padding before: −⌊−P / 2⌋
+            xb = blocked_input(x, w.dtype)
+            return (conv2d_nhwc(xb, blocked(w, tuple(begin)), b, z, pads_begin=pads, tf32=tf32, **geometry),)
 
         return kernel
 

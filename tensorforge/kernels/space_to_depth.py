@@ -1,0 +1,63 @@
+"""A stride-2 convolution as a stride-1 one over the input's 2×2 blocks ("space to depth").
+
+With `t = kh − P` (P the padding before), the input row a stride-2 convolution reads for output row `oh` and tap
+`kh` is `2·oh + t = 2·(oh + q) + p` with `q = ⌊t / 2⌋` and `p = t − 2q` (0 or 1). So, over the blocked input
+
+    X'[n, (p·2 + p')·C + c, i, j] = X[n, c, 2i + p, 2j + p']        (H and W even)
+
+the same layer is a stride-1 convolution with the weight
+
+    W'[o, (p·2 + p')·C + c, q − q₀, q' − q₀'] = W[o, c, 2q + p + P, 2q' + p' + P']    (zero outside the window)
+
+over ⌊(K − 1 − P) / 2⌋ − q₀ + 1 taps a side, where q₀ = ⌊−P / 2⌋, padded by −q₀ before. A 7×7 stem on 3 channels
+(P = 3) becomes a 4×4 convolution on 12 channels; a 3×3 one (P = 1) a 2×2 one: its K products run on tensor cores
+in whole taps of contiguous channels instead of 49 taps of 3 channels gathered one by one. The channels are padded
+to a multiple of `align` with zeros (16-byte pixels, which TMA moves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def blocked_channels(channels: int, align: int = 8) -> int:
+    """The blocked input's channel count: 4 per input channel, rounded up to a multiple of `align`."""
+    return -(-4 * channels // align) * align
+
+
+def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int = 8) -> tuple[torch.Tensor, list[int]]:
+    """W [Cout, C, KH, KW] of a stride-2 convolution padded by `pads_begin` → (W' of the stride-1 convolution over
+    the blocked input, in `weight`'s type, its padding before)."""
+    cout, channels, kh, kw = weight.shape
+    q0 = [-((p + 1) // 2) for p in pads_begin]  # ⌊−P / 2⌋
+    taps = [(k - 1 - p) // 2 - q + 1 for k, p, q in zip((kh, kw), pads_begin, q0, strict=True)]
+    out = weight.new_zeros(cout, blocked_channels(channels, align), *taps)
+    for p in (0, 1):
+        for p2 in (0, 1):
+            first = (p * 2 + p2) * channels
+            for i in range(taps[0]):
+                row = 2 * (i + q0[0]) + p + pads_begin[0]
+                if not 0 <= row < kh:
+                    continue
+                for j in range(taps[1]):
+                    col = 2 * (j + q0[1]) + p2 + pads_begin[1]
+                    if 0 <= col < kw:
+                        out[:, first : first + channels, i, j] = weight[:, :, row, col]
+    return out, [-q for q in q0]
+
+
+def blocked_input(x: torch.Tensor, dtype: torch.dtype, align: int = 8) -> torch.Tensor:
+    """X [N, C, H, W] (any memory format and float type; H and W even) → X' [N, C', H/2, W/2] channels_last in
+    `dtype`, the padding channels zero: one strided copy (with the cast) and a fill of the padding."""
+    n, channels, h, w = x.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"space to depth needs an even height and width, not {h}×{w}")
+    out = torch.empty(n, blocked_channels(channels, align), h // 2, w // 2, dtype=dtype, device=x.device).contiguous(
+        memory_format=torch.channels_last
+    )
+    blocks = x.unflatten(2, (h // 2, 2)).unflatten(4, (w // 2, 2)).permute(0, 3, 5, 1, 2, 4)  # n, p, p', c, i, j
+    out[:, : 4 * channels].unflatten(1, (2, 2, channels)).copy_(blocks)
+    out[:, 4 * channels :].zero_()
+    return out

@@ -1,0 +1,119 @@
+"""The space-to-depth stem tactic: the blocked weight and input compute the strided convolution exactly (float64),
+the tactic's reasons for declining, its kernel through `build` under the interpreter (blocked, in rows and in TMA
+boxes; an odd map through the plain strided kernel), and its place among the candidates on CUDA."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import helper, numpy_helper
+
+from tensorforge.frontend import import_model
+from tensorforge.kernels import space_to_depth
+from tensorforge.kernels.triton import conv_tma
+from tensorforge.passes.pipeline import optimize
+from tensorforge.tactics import triton_conv
+from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
+from tensorforge.tactics.base import tactic_by_key
+from tests.helpers import make_model, record_returns, tensor_info
+
+S2D = "triton.conv-s2d"
+TINY = {"block_m": 16, "block_n": 16, "block_k": 16, "num_warps": 1, "num_stages": 1, "split_k": 1}
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "pad", "side"), [(7, 3, 16), (3, 1, 12), (3, 1, 10), (5, 2, 8), (4, 1, 8), (3, 0, 8)]
+)
+def test_the_blocked_layer_is_the_strided_one(kernel, pad, side):
+    """In float64, over every padding parity: ResNet's 7×7/2 stem (pad 3), MobileNet's 3×3/2 (pad 1), and others."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, side, side, dtype=torch.float64)
+    w = torch.randn(5, 3, kernel, kernel, dtype=torch.float64)
+    want = F.conv2d(x, w, stride=2, padding=pad)
+    wb, pads = space_to_depth.blocked_weight(w, [pad, pad])
+    xb = space_to_depth.blocked_input(x.contiguous(memory_format=torch.channels_last), torch.float64)
+    assert wb.shape[1] == xb.shape[1] == 16 and xb.is_contiguous(memory_format=torch.channels_last)
+    size = want.shape[2]
+    got = F.conv2d(F.pad(xb, [pads[1], size, pads[0], size]), wb)[:, :, :size, :size]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_an_odd_map_is_refused_by_the_blocking():
+    with pytest.raises(ValueError, match="even height and width"):
+        space_to_depth.blocked_input(torch.randn(1, 3, 7, 8), torch.float32)
+
+
+def _stem(channels=3, cout=16, kernel=7, pad=3, stride=2, size=16):
+    """Conv K×K/stride + Relu on a `channels`-channel image, optimized into one FusedConv."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((cout, channels, kernel, kernel)).astype(np.float32) / kernel
+    b = rng.standard_normal(cout).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pad] * 4, strides=[stride, stride]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    graph = make_model(nodes, [tensor_info("x", [2, channels, size, size])], [tensor_info("y", None)], 17, inits)
+    model, _ = optimize(import_model(graph))
+    (node,) = model.graph.nodes
+    assert node.op_type == "FusedConv"
+    return node
+
+
+def test_supports_gives_reasons():
+    tactic = tactic_by_key(S2D)
+    cuda = torch.device("cuda")
+    assert "needs CUDA" in tactic.supports(_stem(), 1, CPU)
+    assert tactic.supports(_stem(), 1, cuda) is None
+    assert "stride-2" in tactic.supports(_stem(stride=1), 1, cuda)
+    assert "at most 4 input channels" in tactic.supports(_stem(channels=8), 1, cuda)
+    fitted = tactic.space_for(_stem(), 0)
+    assert all(c["block_k"] == 16 and c["block_n"] == 16 for c in fitted) and any(c["tma"] for c in fitted)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize(("kernel", "pad"), [(7, 3), (3, 1)])
+@pytest.mark.parametrize("tma", [False, True])
+def test_blocks_the_input_as_it_comes_under_the_interpreter(precision, kernel, pad, tma, monkeypatch):
+    """The float32 NCHW input reaches the tactic unconverted and is blocked in the variant's type; the output is
+    channels_last in that type and matches the reference; a TMA configuration runs the TMA kernel in boxes."""
+    torch.manual_seed(0)
+    launches = record_returns(monkeypatch, conv_tma, "launch")
+    blocked = record_returns(monkeypatch, triton_conv, "blocked_input")
+    node = _stem(kernel=kernel, pad=pad)
+    config = {"precision": precision, "layout": "NHWC", **TINY, "tma": tma}
+    kernel_ = build_layer_kernel(tactic_by_key(S2D), node, 1, CPU, config, {})
+    reference = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})
+    x = torch.randn(2, 3, 16, 16)
+    got = kernel_([x])[0]
+    assert got.dtype == {"fp32": torch.float32, "fp16": torch.float16}[precision]
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert relative_error(got, reference([x])[0]) <= TOLERANCE[precision]
+    assert len(blocked) == 1 and blocked[0].shape == (2, 16, 8, 8)
+    assert launches == ([None] if tma else [])
+
+
+def test_an_odd_map_runs_the_strided_kernel(monkeypatch):
+    torch.manual_seed(1)
+    blocked = record_returns(monkeypatch, triton_conv, "blocked_input")
+    node = _stem(size=15)
+    kernel = build_layer_kernel(tactic_by_key(S2D), node, 1, CPU, {"precision": "fp32", "layout": "NHWC", **TINY}, {})
+    reference = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})
+    x = torch.randn(2, 3, 15, 15)
+    assert relative_error(kernel([x])[0], reference([x])[0]) <= TOLERANCE["fp32"]
+    assert blocked == []
+
+
+@pytest.mark.gpu
+def test_the_s2d_conv_is_a_correct_candidate_on_cuda():
+    """ResNet's stem at batch 8: every configuration of both variants correct."""
+    torch.manual_seed(2)
+    node = _stem(cout=64, size=224)
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    choice = autotune(node, 1, [x, None, None], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
+    ours = [c for c in choice.candidates if c.tactic == S2D]
+    assert len(ours) == 2 * len(tactic_by_key(S2D).space_for(node, 0))
+    assert all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]
