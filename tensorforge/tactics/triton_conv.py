@@ -221,17 +221,13 @@ class TritonTmaQuantizedConvTactic(TritonQuantizedConvTactic):
         return tma_configs(effort, quantized=True)
 
 
-@register_tactic
-class TritonDirectConvTactic(Tactic):
-    """2-D FusedConv of one group with few taps × input channels (a stem) as `conv2d_direct`: the K products
-    unrolled on the CUDA cores, the input read in whatever float type and strides it comes (the network's float32
-    NCHW input needs no cast or layout pass first), the epilogue inside; writes channels_last in the variant's
-    type."""
+class _InputAsItComes(Tactic):
+    """What the few-channel (stem) tactics share: a FusedConv on CUDA whose input reaches the kernel as it comes
+    (the network's float32 NCHW input, say: no cast or layout pass first), written channels_last in the variant's
+    type; `stem_problem` says which layers each takes."""
 
     family = "triton"
-    name = "conv-direct"
     op_types = (f"{DOMAIN}::FusedConv",)
-    precisions = ("fp16", "bf16", "fp32")
     layouts = ("NHWC",)
     writes_into = True
     strided_inputs = True  # x and the residual are read through their strides
@@ -241,9 +237,22 @@ class TritonDirectConvTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
-        problem = _conv_problem(node)
-        if problem is not None:
-            return problem
+        return _conv_problem(node) or self.stem_problem(node)
+
+    def stem_problem(self, node: Node) -> str | None:
+        raise NotImplementedError
+
+
+@register_tactic
+class TritonDirectConvTactic(_InputAsItComes):
+    """2-D FusedConv of one group with few taps × input channels (a stem) as `conv2d_direct`: the K products
+    unrolled on the CUDA cores, the input read in whatever float type and strides it comes, the epilogue
+    inside."""
+
+    name = "conv-direct"
+    precisions = ("fp16", "bf16", "fp32")
+
+    def stem_problem(self, node: Node) -> str | None:
         if node.attributes.get("group", 1) != 1:
             return "one group only"
         _, cin, kh, kw = node.inputs[1].shape
@@ -274,29 +283,17 @@ class TritonDirectConvTactic(Tactic):
 
 
 @register_tactic
-class TritonSpaceToDepthConvTactic(Tactic):
+class TritonSpaceToDepthConvTactic(_InputAsItComes):
     """2-D stride-2 FusedConv of few input channels (a stem) as a stride-1 convolution over the input's 2×2 blocks
-    (`kernels.space_to_depth`): one copy blocks the input as it comes (the network's float32 NCHW input, say)
-    into the variant's type, channels padded to 16-byte pixels, then `conv2d_nhwc` runs the blocked layer, on
-    TMA (`conv_tma`) where it can: a 7×7 layer on 3 channels becomes a 4×4 one on 12 (16), its K products in whole
-    taps of contiguous channels. An input of odd height or width runs the plain strided kernel."""
+    (`kernels.space_to_depth`): one copy blocks the input as it comes into the variant's type, channels padded to
+    16-byte pixels, then `conv2d_nhwc` runs the blocked layer, on TMA (`conv_tma`) where it can: a 7×7 layer on 3
+    channels becomes a 4×4 one on 12 (16), its K products in whole taps of contiguous channels. An input of odd
+    height or width runs the plain strided kernel."""
 
-    family = "triton"
     name = "conv-s2d"
-    op_types = (f"{DOMAIN}::FusedConv",)
     precisions = ("fp16", "bf16", "tf32", "fp32")
-    layouts = ("NHWC",)
-    writes_into = True
-    strided_inputs = True  # x and the residual are read through their strides
-    strided_outputs = True  # and the output written through its own
-    converts_on_load = True
 
-    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "needs CUDA (Triton runs CPU tensors only under its interpreter)"
-        problem = _conv_problem(node)
-        if problem is not None:
-            return problem
+    def stem_problem(self, node: Node) -> str | None:
         a = node.attributes
         if a.get("group", 1) != 1 or tuple(a.get("strides") or (1, 1)) != (2, 2):
             return "stride-2 convolutions of one group only"

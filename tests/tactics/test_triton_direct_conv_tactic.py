@@ -3,17 +3,13 @@ interpreter reading the network's float32 NCHW input as it comes, and its place 
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from onnx import helper, numpy_helper
 
-from tensorforge.frontend import import_model
-from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics import triton_conv
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import make_model, tensor_info
+from tests.tactics.stem_support import stem_node
 
 DIRECT = "triton.conv-direct"
 TINY = {"block_m": 16, "block_n": 16, "num_warps": 1}
@@ -22,20 +18,7 @@ CPU = torch.device("cpu")
 
 def _stem(channels=3, cout=16, kernel=3, group=1, size=9):
     """Conv 3×3/2 + BatchNorm-free SiLU (Sigmoid · x) on a `channels`-channel image, optimized into one FusedConv."""
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((cout, channels // group, kernel, kernel)).astype(np.float32) / 4
-    b = rng.standard_normal(cout).astype(np.float32)
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2], group=group),
-        helper.make_node("Sigmoid", ["c"], ["s"]),
-        helper.make_node("Mul", ["c", "s"], ["y"]),
-    ]
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
-    graph = make_model(nodes, [tensor_info("x", [2, channels, size, size])], [tensor_info("y", None)], 17, inits)
-    model, _ = optimize(import_model(graph))
-    (node,) = model.graph.nodes
-    assert node.op_type == "FusedConv"
-    return node
+    return stem_node(channels, cout, kernel, pad=1, stride=2, size=size, group=group)
 
 
 def test_supports_gives_reasons():

@@ -4,20 +4,17 @@ boxes; an odd map through the plain strided kernel), and its place among the can
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from onnx import helper, numpy_helper
 
-from tensorforge.frontend import import_model
 from tensorforge.kernels import space_to_depth
 from tensorforge.kernels.triton import conv_tma
-from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics import triton_conv
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import make_model, record_returns, tensor_info
+from tests.helpers import record_returns
+from tests.tactics.stem_support import stem_node
 
 S2D = "triton.conv-s2d"
 TINY = {"block_m": 16, "block_n": 16, "block_k": 16, "num_warps": 1, "num_stages": 1, "split_k": 1}
@@ -48,19 +45,7 @@ def test_an_odd_map_is_refused_by_the_blocking():
 
 def _stem(channels=3, cout=16, kernel=7, pad=3, stride=2, size=16):
     """Conv K×K/stride + Relu on a `channels`-channel image, optimized into one FusedConv."""
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((cout, channels, kernel, kernel)).astype(np.float32) / kernel
-    b = rng.standard_normal(cout).astype(np.float32)
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pad] * 4, strides=[stride, stride]),
-        helper.make_node("Relu", ["c"], ["y"]),
-    ]
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
-    graph = make_model(nodes, [tensor_info("x", [2, channels, size, size])], [tensor_info("y", None)], 17, inits)
-    model, _ = optimize(import_model(graph))
-    (node,) = model.graph.nodes
-    assert node.op_type == "FusedConv"
-    return node
+    return stem_node(channels, cout, kernel, pad, stride, size, activation="relu", scale=kernel)
 
 
 def test_supports_gives_reasons():
