@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorforge.kernels import space_to_depth
-from tensorforge.kernels.triton import conv_tma
+from tensorforge.kernels.triton import conv_tma, copy
 from tensorforge.tactics import triton_conv
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
@@ -38,9 +38,32 @@ def test_the_blocked_layer_is_the_strided_one(kernel, pad, side):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("shape", "nhwc", "dtype"),
+    [
+        ((2, 3, 16, 16), False, torch.float16),
+        ((2, 3, 10, 12), True, torch.float32),
+        ((2, 1, 8, 8), False, torch.float32),
+    ],
+)
+def test_the_blocking_kernel_writes_what_the_strided_copy_writes(shape, nhwc, dtype):
+    """`triton.copy.space_to_depth` (CUDA's path) under the interpreter against the torch path: NCHW and NHWC
+    float32 input, float16 and float32 out, 16 and 8 blocked channels, the padding channels zero, no element left
+    unwritten (the output poisoned)."""
+    torch.manual_seed(3)
+    x = torch.randn(shape)
+    x = x.contiguous(memory_format=torch.channels_last) if nhwc else x
+    channels = space_to_depth.blocked_channels(shape[1])
+    out = torch.full((shape[0], channels, shape[2] // 2, shape[3] // 2), float("nan"), dtype=dtype)
+    got = copy.space_to_depth(x, out.contiguous(memory_format=torch.channels_last))
+    assert torch.equal(got, space_to_depth.blocked_input(x, dtype))
+
+
 def test_an_odd_map_is_refused_by_the_blocking():
     with pytest.raises(ValueError, match="even height and width"):
         space_to_depth.blocked_input(torch.randn(1, 3, 7, 8), torch.float32)
+    with pytest.raises(ValueError, match="an even map"):
+        copy.space_to_depth(torch.randn(1, 3, 7, 8), torch.empty(1, 16, 3, 4))
 
 
 def _stem(channels=3, cout=16, kernel=7, pad=3, stride=2, size=16):
