@@ -32,6 +32,7 @@ from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
 from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .channel_scales import ChannelScales
+from .variant import PRECISION_DTYPE
 
 _FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
@@ -282,6 +283,20 @@ class TritonDirectConvTactic(_InputAsItComes):
         return kernel
 
 
+def _s2d_problem(node: Node) -> str | None:
+    """Why `kernels.space_to_depth` does not pay for the convolution `node`: stride 2, dilation 1, one group and
+    at most 4 input channels (16 blocked: a wider layer gathers well as it is)."""
+    a = node.attributes
+    if a.get("group", 1) != 1 or tuple(a.get("strides") or (1, 1)) != (2, 2):
+        return "stride-2 convolutions of one group only"
+    if tuple(a.get("dilations") or (1, 1)) != (1, 1):
+        return "dilation 1 only"
+    channels = node.inputs[1].shape[1]
+    if not isinstance(channels, int) or blocked_channels(channels) > 16:
+        return f"at most 4 input channels (16 blocked), not {channels}: a wider layer gathers well as it is"
+    return None
+
+
 @register_tactic
 class TritonSpaceToDepthConvTactic(_InputAsItComes):
     """2-D stride-2 FusedConv of few input channels (a stem) as a stride-1 convolution over the input's 2×2 blocks
@@ -294,15 +309,7 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
     precisions = ("fp16", "bf16", "tf32", "fp32")
 
     def stem_problem(self, node: Node) -> str | None:
-        a = node.attributes
-        if a.get("group", 1) != 1 or tuple(a.get("strides") or (1, 1)) != (2, 2):
-            return "stride-2 convolutions of one group only"
-        if tuple(a.get("dilations") or (1, 1)) != (1, 1):
-            return "dilation 1 only"
-        channels = node.inputs[1].shape[1]
-        if not isinstance(channels, int) or blocked_channels(channels) > 16:
-            return f"at most 4 input channels (16 blocked), not {channels}: a wider layer gathers well as it is"
-        return None
+        return _s2d_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return tma_configs(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
@@ -328,6 +335,58 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
             pads = [(p + 1) // 2 for p in begin]  # blocked_weight's padding before: −⌊−P / 2⌋
             xb = blocked_input(x, w.dtype)
             return (conv2d_nhwc(xb, blocked(w, tuple(begin)), b, z, pads_begin=pads, tf32=tf32, **geometry),)
+
+        return kernel
+
+
+@register_tactic
+class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
+    """`triton.conv-s2d` for a QuantizedConv stem: the float input blocked as it comes into the variant's type,
+    then `conv2d_nhwc_quantized` quantizes it on load (the padding channels quantize to 0) against the int8 (E4M3)
+    weight regrouped the same way (zeros are exact in either type; the per-channel scales are the weight's)."""
+
+    name = "conv-s2d-quantized"
+    converts_on_load = True
+    sees_precision = True  # blocks into the variant's type
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        problem = super().supports(node, opset, device) or _s2d_problem(node)
+        if problem is None and (node.inputs[0].dtype not in _FLOAT_INPUTS or len(node.inputs) > 5):
+            return "a float input quantized per tensor only (the blocking copies float values)"
+        return problem
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return tma_configs(effort, quantized=True) + quantized_conv_configs(effort)
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return fit_configs(self.space(effort), blocked_channels(node.inputs[1].shape[1]), node.inputs[1].shape[0], 32)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        windows = ConvWindows.of(node.attributes)
+        x_scale = float(node.attributes["x_scale"])
+        y_scale = float(node.attributes.get("y_scale", 0.0))
+        pre, post = _activations(node)
+        dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
+        tiles = {k: v for k, v in config.items() if k not in ("precision", "layout")}
+        packed = PerWeight(lambda w: pack_weight(w, 1, k_major=True))
+        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin)[0], 1, k_major=True))
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
+            out_dtype = w.dtype if y_scale else dtype
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
+            common = dict(out_hw=out_hw, pre=pre, post=post, out=out, config=tiles, y_scale=y_scale)
+            if x.shape[2] % 2 or x.shape[3] % 2:
+                x = x.to(dtype, memory_format=torch.channels_last)
+                y = conv2d_nhwc_quantized(
+                    x, packed(w), w_scale.float(), x_scale, b, z, strides=(2, 2), pads_begin=begin, **common
+                )
+                return (y,)
+            pads = [(p + 1) // 2 for p in begin]  # blocked_weight's padding before: −⌊−P / 2⌋
+            xb = blocked_input(x, dtype)
+            wb = blocked(w, tuple(begin))
+            return (conv2d_nhwc_quantized(xb, wb, w_scale.float(), x_scale, b, z, pads_begin=pads, **common),)
 
         return kernel
 
