@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .triton.copy import space_to_depth
+
 
 def blocked_channels(channels: int, align: int = 8) -> int:
     """The blocked input's channel count: 4 per input channel, rounded up to a multiple of `align`."""
@@ -50,13 +52,15 @@ def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int =
 
 def blocked_input(x: torch.Tensor, dtype: torch.dtype, align: int = 8) -> torch.Tensor:
     """X [N, C, H, W] (any memory format and float type; H and W even) → X' [N, C', H/2, W/2] channels_last in
-    `dtype`, the padding channels zero: one strided copy (with the cast) and a fill of the padding."""
+    `dtype`, the padding channels zero: on CUDA one pass of `triton.copy.space_to_depth` (when C' is a power of
+    two), elsewhere a strided copy (with the cast) and a fill of the padding."""
     n, channels, h, w = x.shape
     if h % 2 or w % 2:
         raise ValueError(f"space to depth needs an even height and width, not {h}×{w}")
-    out = torch.empty(n, blocked_channels(channels, align), h // 2, w // 2, dtype=dtype, device=x.device).contiguous(
-        memory_format=torch.channels_last
-    )
+    cp = blocked_channels(channels, align)
+    out = torch.empty(n, cp, h // 2, w // 2, dtype=dtype, device=x.device).contiguous(memory_format=torch.channels_last)
+    if x.is_cuda and not cp & (cp - 1):
+        return space_to_depth(x, out)
     blocks = x.unflatten(2, (h // 2, 2)).unflatten(4, (w // 2, 2)).permute(0, 3, 5, 1, 2, 4)  # n, p, p', c, i, j
     out[:, : 4 * channels].unflatten(1, (2, 2, channels)).copy_(blocks)
     out[:, 4 * channels :].zero_()
