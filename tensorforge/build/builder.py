@@ -352,9 +352,11 @@ def _uniform(layer: Layer, precision: str, layout: str, floats: bool = True) -> 
     """`layer`'s fastest candidate in `precision` (or fp32 where it has none) and `layout` (or "any"); in any
     precision for a layer without float activations (`floats` False: no neighbour sees its precision)."""
     finite = [c for c in layer.candidates if math.isfinite(c.median_ms)]
-    for wanted in ((precision, layout), (precision, "any"), ("fp32", layout), ("fp32", "any")):
+    for wanted_precision, wanted_layout in ((precision, layout), (precision, "any"), ("fp32", layout), ("fp32", "any")):
         matching = [
-            c for c in finite if (c.config.get("precision") if floats else wanted[0], c.config.get("layout")) == wanted
+            c
+            for c in finite
+            if c.config.get("layout") == wanted_layout and (not floats or c.config.get("precision") == wanted_precision)
         ]
         if matching:
             best = min(matching, key=lambda c: c.median_ms)

@@ -29,11 +29,16 @@ def blocked_channels(channels: int, align: int = 8) -> int:
     return -(-4 * channels // align) * align
 
 
-def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int = 8) -> tuple[torch.Tensor, list[int]]:
-    """W [Cout, C, KH, KW] of a stride-2 convolution padded by `pads_begin` → (W' of the stride-1 convolution over
-    the blocked input, in `weight`'s type, its padding before)."""
+def blocked_pads(pads_begin: Sequence[int]) -> list[int]:
+    """The blocked (stride-1) convolution's padding before, −q₀ = −⌊−P / 2⌋ per side."""
+    return [(p + 1) // 2 for p in pads_begin]
+
+
+def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int = 8) -> torch.Tensor:
+    """W [Cout, C, KH, KW] of a stride-2 convolution padded by `pads_begin` → W' of the stride-1 convolution over
+    the blocked input (padded by `blocked_pads`), in `weight`'s type."""
     cout, channels, kh, kw = weight.shape
-    q0 = [-((p + 1) // 2) for p in pads_begin]  # ⌊−P / 2⌋
+    q0 = [-p for p in blocked_pads(pads_begin)]  # ⌊−P / 2⌋
     taps = [(k - 1 - p) // 2 - q + 1 for k, p, q in zip((kh, kw), pads_begin, q0, strict=True)]
     out = weight.new_zeros(cout, blocked_channels(channels, align), *taps)
     for p in (0, 1):
@@ -47,7 +52,7 @@ def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int =
                     col = 2 * (j + q0[1]) + p2 + pads_begin[1]
                     if 0 <= col < kw:
                         out[:, first : first + channels, i, j] = weight[:, :, row, col]
-    return out, [-q for q in q0]
+    return out
 
 
 def blocked_input(x: torch.Tensor, dtype: torch.dtype, align: int = 8) -> torch.Tensor:

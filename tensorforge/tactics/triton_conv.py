@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType, Node
-from ..kernels.space_to_depth import blocked_channels, blocked_input, blocked_weight
+from ..kernels.space_to_depth import blocked_channels, blocked_input, blocked_pads, blocked_weight
 from ..kernels.triton.conv import (
     conv2d_nhwc,
     conv2d_nhwc_quantized,
@@ -321,7 +321,7 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
         windows = ConvWindows.of(node.attributes)
         pre, post = _activations(node)
         packed = PerWeight(lambda w: pack_weight(w, 1))
-        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin)[0], 1))
+        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin), 1))
 
         def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
@@ -332,9 +332,8 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
             if x.shape[2] % 2 or x.shape[3] % 2:
                 x = x.to(w.dtype, memory_format=torch.channels_last)
                 return (conv2d_nhwc(x, packed(w), b, z, strides=(2, 2), pads_begin=begin, tf32=tf32, **geometry),)
-            pads = [(p + 1) // 2 for p in begin]  # blocked_weight's padding before: −⌊−P / 2⌋
-            xb = blocked_input(x, w.dtype)
-            return (conv2d_nhwc(xb, blocked(w, tuple(begin)), b, z, pads_begin=pads, tf32=tf32, **geometry),)
+            xb, wb = blocked_input(x, w.dtype), blocked(w, tuple(begin))
+            return (conv2d_nhwc(xb, wb, b, z, pads_begin=blocked_pads(begin), tf32=tf32, **geometry),)
 
         return kernel
 
@@ -369,7 +368,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
         tiles = {k: v for k, v in config.items() if k not in ("precision", "layout")}
         packed = PerWeight(lambda w: pack_weight(w, 1, k_major=True))
-        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin)[0], 1, k_major=True))
+        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin), 1, k_major=True))
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
@@ -383,10 +382,9 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
                     x, packed(w), w_scale.float(), x_scale, b, z, strides=(2, 2), pads_begin=begin, **common
                 )
                 return (y,)
-            pads = [(p + 1) // 2 for p in begin]  # blocked_weight's padding before: −⌊−P / 2⌋
-            xb = blocked_input(x, dtype)
-            wb = blocked(w, tuple(begin))
-            return (conv2d_nhwc_quantized(xb, wb, w_scale.float(), x_scale, b, z, pads_begin=pads, **common),)
+            xb, wb = blocked_input(x, dtype), blocked(w, tuple(begin))
+            y = conv2d_nhwc_quantized(xb, wb, w_scale.float(), x_scale, b, z, pads_begin=blocked_pads(begin), **common)
+            return (y,)
 
         return kernel
 

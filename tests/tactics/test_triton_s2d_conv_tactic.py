@@ -34,7 +34,7 @@ def test_the_blocked_layer_is_the_strided_one(kernel, pad, side):
     x = torch.randn(2, 3, side, side, dtype=torch.float64)
     w = torch.randn(5, 3, kernel, kernel, dtype=torch.float64)
     want = F.conv2d(x, w, stride=2, padding=pad)
-    wb, pads = space_to_depth.blocked_weight(w, [pad, pad])
+    wb, pads = space_to_depth.blocked_weight(w, [pad, pad]), space_to_depth.blocked_pads([pad, pad])
     xb = space_to_depth.blocked_input(x.contiguous(memory_format=torch.channels_last), torch.float64)
     assert wb.shape[1] == xb.shape[1] == 16 and xb.is_contiguous(memory_format=torch.channels_last)
     size = want.shape[2]
