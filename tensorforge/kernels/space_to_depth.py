@@ -13,6 +13,11 @@ over ⌊(K − 1 − P) / 2⌋ − q₀ + 1 taps a side, where q₀ = ⌊−P / 
 (P = 3) becomes a 4×4 convolution on 12 channels; a 3×3 one (P = 1) a 2×2 one: its K products run on tensor cores
 in whole taps of contiguous channels instead of 49 taps of 3 channels gathered one by one. The channels are padded
 to a multiple of `align` with zeros (16-byte pixels, which TMA moves).
+
+One row of taps is contiguous too: in a channels_last blocked input padded with its zero columns, the KW' taps
+(i, j..j + KW' − 1) of output pixel (i, j) are KW'·C' consecutive elements. So `column_taps` views it as an input
+of KW'·C' channels whose pixels overlap (pixel stride C'), and the layer becomes a KH' × 1 convolution over that
+view (`column_tap_weight`): ResNet's stem takes K in 4 steps of 64 channels instead of 16 taps of 16.
 """
 
 from __future__ import annotations
@@ -34,12 +39,17 @@ def blocked_pads(pads_begin: Sequence[int]) -> list[int]:
     return [(p + 1) // 2 for p in pads_begin]
 
 
+def blocked_taps(kernel: Sequence[int], pads_begin: Sequence[int]) -> list[int]:
+    """The blocked convolution's taps a side, ⌊(K − 1 − P) / 2⌋ − q₀ + 1."""
+    return [(k - 1 - p) // 2 + q + 1 for k, p, q in zip(kernel, pads_begin, blocked_pads(pads_begin), strict=True)]
+
+
 def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int = 8) -> torch.Tensor:
     """W [Cout, C, KH, KW] of a stride-2 convolution padded by `pads_begin` → W' of the stride-1 convolution over
     the blocked input (padded by `blocked_pads`), in `weight`'s type."""
     cout, channels, kh, kw = weight.shape
     q0 = [-p for p in blocked_pads(pads_begin)]  # ⌊−P / 2⌋
-    taps = [(k - 1 - p) // 2 - q + 1 for k, p, q in zip((kh, kw), pads_begin, q0, strict=True)]
+    taps = blocked_taps((kh, kw), pads_begin)
     out = weight.new_zeros(cout, blocked_channels(channels, align), *taps)
     for p in (0, 1):
         for p2 in (0, 1):
@@ -55,18 +65,42 @@ def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int =
     return out
 
 
-def blocked_input(x: torch.Tensor, dtype: torch.dtype, align: int = 8) -> torch.Tensor:
-    """X [N, C, H, W] (any memory format and float type; H and W even) → X' [N, C', H/2, W/2] channels_last in
-    `dtype`, the padding channels zero: on CUDA one pass of `triton.copy.space_to_depth` (when C' is a power of
-    two), elsewhere a strided copy (with the cast) and a fill of the padding."""
+def blocked_input(
+    x: torch.Tensor, dtype: torch.dtype, align: int = 8, columns: tuple[int, int] = (0, 0)
+) -> torch.Tensor:
+    """X [N, C, H, W] (any memory format and float type; H and W even) → X' [N, C', H/2, W/2 + before + after]
+    channels_last in `dtype`, between `columns` = (before, after) zero columns, the padding channels zero: on CUDA
+    one pass of `triton.copy.space_to_depth` (when C' is a power of two), elsewhere a strided copy (with the
+    cast) and fills."""
     n, channels, h, w = x.shape
     if h % 2 or w % 2:
         raise ValueError(f"space to depth needs an even height and width, not {h}×{w}")
     cp = blocked_channels(channels, align)
-    out = torch.empty(n, cp, h // 2, w // 2, dtype=dtype, device=x.device).contiguous(memory_format=torch.channels_last)
+    before, after = columns
+    shape = (n, cp, h // 2, w // 2 + before + after)
+    out = torch.empty(shape, dtype=dtype, device=x.device).contiguous(memory_format=torch.channels_last)
     if x.is_cuda and not cp & (cp - 1):
-        return space_to_depth(x, out)
+        return space_to_depth(x, out, columns)
     blocks = x.unflatten(2, (h // 2, 2)).unflatten(4, (w // 2, 2)).permute(0, 3, 5, 1, 2, 4)  # n, p, p', c, i, j
-    out[:, : 4 * channels].unflatten(1, (2, 2, channels)).copy_(blocks)
+    out[:, : 4 * channels, :, before : before + w // 2].unflatten(1, (2, 2, channels)).copy_(blocks)
     out[:, 4 * channels :].zero_()
+    out[:, :, :, :before].zero_()
+    out[:, :, :, before + w // 2 :].zero_()
     return out
+
+
+def column_taps(blocked: torch.Tensor, taps: int, out_w: int) -> torch.Tensor:
+    """A channels_last blocked input [N, C', H', W'] (W' ≥ out_w + taps − 1) as the overlapping view [N, taps·C',
+    H', out_w] whose pixel (i, j) holds the blocked pixels (i, j), ..., (i, j + taps − 1), channel t·C' + c."""
+    n, channels, h, w = blocked.shape
+    if blocked.stride(1) != 1 or (w > 1 and blocked.stride(3) != channels) or w < out_w + taps - 1:
+        raise ValueError(
+            f"column_taps: {list(blocked.shape)} is not a dense channels_last map of {out_w} + {taps - 1} columns"
+        )
+    return blocked.as_strided((n, taps * channels, h, out_w), (blocked.stride(0), 1, blocked.stride(2), channels))
+
+
+def column_tap_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W' [Cout, C', KH', KW'] → the KH' × 1 weight over `column_taps`' view: [Cout, KW'·C', KH', 1]."""
+    cout, channels, kh, kw = weight.shape
+    return weight.permute(0, 3, 1, 2).reshape(cout, kw * channels, kh, 1)

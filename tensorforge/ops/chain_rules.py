@@ -13,13 +13,14 @@ per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it rea
   scale s. P then writes Q_s(Y) and the readers skip their quantize.
 - `RESIDUAL_STREAMS` (after the input chains; an approximation): at least one C_i adds Y as its residual, and
   every C_i is a quantized layer of P's type reading Y as X with one scale s, or a QuantizedConv adding Y as its
-  residual Z while it reads its own X quantized. P then writes Q_s(Y) and the adders add Q_s(Y) · s
+  residual Z (reading its own X quantized, or float and quantizing it on load: ResNet's first downsample reads
+  the max pool's float output). P then writes Q_s(Y) and the adders add Q_s(Y) · s
   (`z_scale` = s): the residual rounded onto the grid its X readers quantize it to anyway. When no C_i reads Y
   as X (a residual-only tensor: the last convolution of a ResNet stage's first block, added by the downsample
   convolution), s is Y's own calibrated scale (`y_range_scale`, set by the lowering), if it has one.
 When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them.
-A float layer therefore breaks a stream wherever it stands: as P (nothing is written quantized), as any reader
-(Y stays float for every reader), or as the producer of an adder's own X (the adder reads X in float).
+A float layer therefore breaks a stream where it stands as P (nothing is written quantized) or as any reader (Y
+stays float for every reader); as the producer of an adder's own X it leaves the adder's residual quantized.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from ..ir import DType, Graph, Node, Value, qualified_op
-from .fused import DOMAIN, QUANT_TYPES
+from .fused import DOMAIN
 
 QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
 X_INPUT, Z_INPUT = 0, 3  # a quantized layer's input positions: its activation, a QuantizedConv's residual
@@ -80,14 +81,6 @@ class ChainView:
 
     def writes_quantized(self, node: Node) -> bool:
         return node in self.written or bool(node.attributes.get("y_scale", 0.0))
-
-    def reads_quantized(self, node: Node, quant: str) -> bool:
-        """Whether `node` reads its input X of type `quant` already quantized."""
-        x = node.inputs[X_INPUT]
-        if x is None:
-            return False
-        producer = x.producer()
-        return x.dtype == QUANT_TYPES[quant] or (producer is not None and producer in self.written)
 
 
 class ChainRule:
@@ -190,8 +183,6 @@ class ResidualStreams(ChainRule):
             scales.add(layer.x_scale)
         elif not _adds(reader, index, view):
             return f"{reader.label} reads {output.name!r} as input {index}"
-        elif not view.reads_quantized(reader, quant):
-            return f"{reader.label} adds {output.name!r} but reads its own input in float"
         return None
 
 

@@ -14,7 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType, Node
-from ..kernels.space_to_depth import blocked_channels, blocked_input, blocked_pads, blocked_weight
+from ..kernels.space_to_depth import (
+    blocked_channels,
+    blocked_input,
+    blocked_pads,
+    blocked_taps,
+    blocked_weight,
+    column_tap_weight,
+    column_taps,
+)
 from ..kernels.triton.conv import (
     conv2d_nhwc,
     conv2d_nhwc_quantized,
@@ -297,13 +305,33 @@ def _s2d_problem(node: Node) -> str | None:
     return None
 
 
+def _s2d_channels(node: Node) -> int:
+    """The channels of the column-tap view a stem runs over (`_s2d_input`): its blocked pixels × a row of taps."""
+    pads = (node.attributes.get("pads") or [0, 0])[:2]
+    return blocked_channels(node.inputs[1].shape[1]) * blocked_taps(node.inputs[1].shape[2:], pads)[1]
+
+
+def _s2d_input(x: torch.Tensor, begin, kernel, out_w: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+    """The float input of a stem padded by `begin` as `column_taps`' view of its blocks in `dtype` (the zero
+    columns written by the blocking pass) and the padding of the KH' × 1 convolution over it."""
+    pads = blocked_pads(begin)
+    taps = blocked_taps(kernel, begin)[1]
+    after = max(0, out_w + taps - 1 - pads[1] - x.shape[3] // 2)
+    return column_taps(blocked_input(x, dtype, columns=(pads[1], after)), taps, out_w), [pads[0], 0]
+
+
+def _s2d_weight(weight: torch.Tensor, begin: tuple[int, ...], k_major: bool = False) -> torch.Tensor:
+    return pack_weight(column_tap_weight(blocked_weight(weight, begin)), 1, k_major=k_major)
+
+
 @register_tactic
 class TritonSpaceToDepthConvTactic(_InputAsItComes):
     """2-D stride-2 FusedConv of few input channels (a stem) as a stride-1 convolution over the input's 2×2 blocks
-    (`kernels.space_to_depth`): one copy blocks the input as it comes into the variant's type, channels padded to
-    16-byte pixels, then `conv2d_nhwc` runs the blocked layer, on TMA (`conv_tma`) where it can: a 7×7 layer on 3
-    channels becomes a 4×4 one on 12 (16), its K products in whole taps of contiguous channels. An input of odd
-    height or width runs the plain strided kernel."""
+    (`kernels.space_to_depth`): one pass blocks the input as it comes into the variant's type, channels padded to
+    16-byte pixels and columns to the padding, then `conv2d_nhwc` runs the blocked layer over the view whose
+    pixels hold a whole row of taps (`column_taps`), on TMA (`conv_tma`) where it can: a 7×7 layer on 3 channels
+    becomes a 4 × 1 one on 64 (4 taps of 12 channels and 4 zeros). An input of odd height or width runs the plain
+    strided kernel."""
 
     name = "conv-s2d"
     precisions = ("fp16", "bf16", "tf32", "fp32")
@@ -315,13 +343,13 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
         return tma_configs(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return fit_configs(self.space(effort), blocked_channels(node.inputs[1].shape[1]), node.inputs[1].shape[0])
+        return fit_configs(self.space(effort), _s2d_channels(node), node.inputs[1].shape[0])
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
         pre, post = _activations(node)
         packed = PerWeight(lambda w: pack_weight(w, 1))
-        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin), 1))
+        blocked = PerWeight(_s2d_weight)
 
         def kernel(inputs, alloc=None):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
@@ -332,8 +360,8 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
             if x.shape[2] % 2 or x.shape[3] % 2:
                 x = x.to(w.dtype, memory_format=torch.channels_last)
                 return (conv2d_nhwc(x, packed(w), b, z, strides=(2, 2), pads_begin=begin, tf32=tf32, **geometry),)
-            xb, wb = blocked_input(x, w.dtype), blocked(w, tuple(begin))
-            return (conv2d_nhwc(xb, wb, b, z, pads_begin=blocked_pads(begin), tf32=tf32, **geometry),)
+            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype)
+            return (conv2d_nhwc(view, blocked(w, tuple(begin)), b, z, pads_begin=pads, tf32=tf32, **geometry),)
 
         return kernel
 
@@ -341,8 +369,9 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
 @register_tactic
 class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
     """`triton.conv-s2d` for a QuantizedConv stem: the float input blocked as it comes into the variant's type,
-    then `conv2d_nhwc_quantized` quantizes it on load (the padding channels quantize to 0) against the int8 (E4M3)
-    weight regrouped the same way (zeros are exact in either type; the per-channel scales are the weight's)."""
+    then `conv2d_nhwc_quantized` quantizes it on load (the padding channels and columns quantize to 0) against the
+    int8 (E4M3) weight regrouped the same way (zeros are exact in either type; the per-channel scales are the
+    weight's)."""
 
     name = "conv-s2d-quantized"
     converts_on_load = True
@@ -358,7 +387,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         return tma_configs(effort, quantized=True) + quantized_conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return fit_configs(self.space(effort), blocked_channels(node.inputs[1].shape[1]), node.inputs[1].shape[0], 32)
+        return fit_configs(self.space(effort), _s2d_channels(node), node.inputs[1].shape[0], 32)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
@@ -368,7 +397,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
         tiles = {k: v for k, v in config.items() if k not in ("precision", "layout")}
         packed = PerWeight(lambda w: pack_weight(w, 1, k_major=True))
-        blocked = PerWeight(lambda w, begin: pack_weight(blocked_weight(w, begin), 1, k_major=True))
+        blocked = PerWeight(lambda w, begin: _s2d_weight(w, begin, k_major=True))
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
@@ -382,8 +411,10 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
                     x, packed(w), w_scale.float(), x_scale, b, z, strides=(2, 2), pads_begin=begin, **common
                 )
                 return (y,)
-            xb, wb = blocked_input(x, dtype), blocked(w, tuple(begin))
-            y = conv2d_nhwc_quantized(xb, wb, w_scale.float(), x_scale, b, z, pads_begin=blocked_pads(begin), **common)
+            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], dtype)
+            y = conv2d_nhwc_quantized(
+                view, blocked(w, tuple(begin)), w_scale.float(), x_scale, b, z, pads_begin=pads, **common
+            )
             return (y,)
 
         return kernel

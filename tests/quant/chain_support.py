@@ -72,7 +72,7 @@ def skip_proto(seed: int = 0, b_output: bool = False) -> onnx.ModelProto:
 
     conv2 adds t0 and reads t1, itself the residual conv3 adds: t0's stream forms only once t1's has (the
     residual-stream pass's fixed point). t2 and t3 chain exactly, y is the graph output. With `b_output`, t2 is a
-    graph output too: conv3 then reads its own input in float, so t1 stays float, and with it t0."""
+    graph output too: it stays float, and conv3 reads it in float while it adds t1 quantized."""
     rng = np.random.default_rng(seed)
     weights = {"w0": rng.normal(0, 0.4, (8, 3, 3, 3)), "w4": rng.normal(0, 0.3, (4, 8, 3, 3))}
     for index in (1, 2, 3):

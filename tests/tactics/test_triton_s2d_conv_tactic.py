@@ -35,6 +35,7 @@ def test_the_blocked_layer_is_the_strided_one(kernel, pad, side):
     w = torch.randn(5, 3, kernel, kernel, dtype=torch.float64)
     want = F.conv2d(x, w, stride=2, padding=pad)
     wb, pads = space_to_depth.blocked_weight(w, [pad, pad]), space_to_depth.blocked_pads([pad, pad])
+    assert list(wb.shape[2:]) == space_to_depth.blocked_taps((kernel, kernel), [pad, pad])
     xb = space_to_depth.blocked_input(x.contiguous(memory_format=torch.channels_last), torch.float64)
     assert wb.shape[1] == xb.shape[1] == 16 and xb.is_contiguous(memory_format=torch.channels_last)
     size = want.shape[2]
@@ -43,24 +44,56 @@ def test_the_blocked_layer_is_the_strided_one(kernel, pad, side):
 
 
 @pytest.mark.parametrize(
-    ("shape", "nhwc", "dtype"),
+    ("kernel", "pad", "side"), [(7, 3, 16), (3, 1, 12), (3, 1, 10), (5, 2, 8), (4, 1, 8), (3, 0, 8)]
+)
+def test_a_row_of_taps_is_one_pixel_of_the_column_view(kernel, pad, side):
+    """The blocked input between its zero columns, viewed with a row of taps per pixel (overlapping pixels), and
+    the KH' × 1 weight compute the strided convolution exactly (float64)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, side, side, dtype=torch.float64)
+    w = torch.randn(5, 3, kernel, kernel, dtype=torch.float64)
+    want = F.conv2d(x, w, stride=2, padding=pad)
+    (rows, taps), pads = (
+        space_to_depth.blocked_taps((kernel, kernel), [pad, pad]),
+        space_to_depth.blocked_pads([pad, pad]),
+    )
+    size = want.shape[2]
+    after = max(0, size + taps - 1 - pads[1] - side // 2)
+    xb = space_to_depth.blocked_input(x, torch.float64, columns=(pads[1], after))
+    assert xb.shape == (2, 16, side // 2, side // 2 + pads[1] + after)
+    view = space_to_depth.column_taps(xb, taps, size)
+    assert view.shape == (2, 16 * taps, side // 2, size) and view.stride(3) == 16
+    weight = space_to_depth.column_tap_weight(space_to_depth.blocked_weight(w, [pad, pad]))
+    assert weight.shape == (5, 16 * taps, rows, 1)
+    got = F.conv2d(F.pad(view, [0, 0, pads[0], size]), weight)[:, :, :size]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="dense channels_last map"):
+        space_to_depth.column_taps(xb[:, :, :, : size + taps - 2], taps, size)
+
+
+@pytest.mark.parametrize(
+    ("shape", "nhwc", "dtype", "columns"),
     [
-        ((2, 3, 16, 16), False, torch.float16),
-        ((2, 3, 10, 12), True, torch.float32),
-        ((2, 1, 8, 8), False, torch.float32),
+        ((2, 3, 16, 16), False, torch.float16, (0, 0)),
+        ((2, 3, 16, 16), False, torch.float16, (2, 1)),
+        ((2, 3, 10, 12), True, torch.float32, (1, 0)),
+        ((2, 1, 8, 8), False, torch.float32, (0, 3)),
     ],
 )
-def test_the_blocking_kernel_writes_what_the_strided_copy_writes(shape, nhwc, dtype):
+def test_the_blocking_kernel_writes_what_the_strided_copy_writes(shape, nhwc, dtype, columns):
     """`triton.copy.space_to_depth` (CUDA's path) under the interpreter against the torch path: NCHW and NHWC
-    float32 input, float16 and float32 out, 16 and 8 blocked channels, the padding channels zero, no element left
-    unwritten (the output poisoned)."""
+    float32 input, float16 and float32 out, 16 and 8 blocked channels, zero columns before and after, the padding
+    channels and columns zero, no element left unwritten (the output poisoned)."""
     torch.manual_seed(3)
     x = torch.randn(shape)
     x = x.contiguous(memory_format=torch.channels_last) if nhwc else x
     channels = space_to_depth.blocked_channels(shape[1])
-    out = torch.full((shape[0], channels, shape[2] // 2, shape[3] // 2), float("nan"), dtype=dtype)
-    got = copy.space_to_depth(x, out.contiguous(memory_format=torch.channels_last))
-    assert torch.equal(got, space_to_depth.blocked_input(x, dtype))
+    width = shape[3] // 2 + sum(columns)
+    out = torch.full((shape[0], channels, shape[2] // 2, width), float("nan"), dtype=dtype)
+    got = copy.space_to_depth(x, out.contiguous(memory_format=torch.channels_last), columns)
+    want = space_to_depth.blocked_input(x, dtype, columns=columns)
+    assert torch.equal(got, want)
+    assert not want[:, :, :, : columns[0]].any() and not want[:, :, :, width - columns[1] :].any()
 
 
 def test_an_odd_map_is_refused_by_the_blocking():
@@ -82,8 +115,9 @@ def test_supports_gives_reasons():
     assert tactic.supports(_stem(), 1, cuda) is None
     assert "stride-2" in tactic.supports(_stem(stride=1), 1, cuda)
     assert "at most 4 input channels" in tactic.supports(_stem(channels=8), 1, cuda)
-    fitted = tactic.space_for(_stem(), 0)
-    assert all(c["block_k"] == 16 and c["block_n"] == 16 for c in fitted) and any(c["tma"] for c in fitted)
+    fitted = tactic.space_for(_stem(), 0)  # 4 taps of 16 blocked channels a row
+    assert all(c["block_k"] == 64 and c["block_n"] == 16 for c in fitted) and any(c["tma"] for c in fitted)
+    assert all(c["block_k"] == 32 for c in tactic.space_for(_stem(kernel=3, pad=1), 0))  # 2 taps
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -104,7 +138,7 @@ def test_blocks_the_input_as_it_comes_under_the_interpreter(precision, kernel, p
     assert got.dtype == {"fp32": torch.float32, "fp16": torch.float16}[precision]
     assert got.is_contiguous(memory_format=torch.channels_last)
     assert relative_error(got, reference([x])[0]) <= TOLERANCE[precision]
-    assert len(blocked) == 1 and blocked[0].shape == (2, 16, 8, 8)
+    assert len(blocked) == 1 and blocked[0].shape[:3] == (2, 16, 8)
     assert launches == ([None] if tma else [])
 
 
@@ -153,7 +187,7 @@ def test_a_quantized_stem_blocks_then_quantizes_on_load(precision, tma, monkeypa
     tactic = tactic_by_key(S2D + "-quantized")
     assert "needs CUDA" in tactic.supports(node, 1, CPU)
     fitted = tactic.space_for(node, 0)
-    assert all(c["block_k"] == 32 for c in fitted) and any(c["tma"] for c in fitted)
+    assert all(c["block_k"] == 64 for c in fitted) and any(c["tma"] for c in fitted)
     config = {"precision": precision, "layout": "NHWC", **TINY, "block_k": 32, "tma": tma}
     kernel = build_layer_kernel(tactic, node, 1, CPU, config, {})
     reference = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})

@@ -169,44 +169,49 @@ def concat(
 
 @triton.jit
 def _space_to_depth(
-    x, y, C, H2, W2,
+    x, y, C, H2, W2, COL0, W2P,
     sxn, sxc, sxh, sxw,
     syn, syh, syw,
     CP: tl.constexpr, BLOCK_J: tl.constexpr,
 ):  # fmt: skip
-    """y[n, i, j, (2p + p')·C + c] = x[n, c, 2i + p, 2j + p'] for BLOCK_J pixels j of row i of image n
-    (`program_id(1)` = n·H2 + i), the channels from 4C to CP zero: y's pixels are whole rows of CP channels."""
+    """y[n, i, COL0 + j, (2p + p')·C + c] = x[n, c, 2i + p, 2j + p'] for BLOCK_J of the W2P pixels of row i of
+    image n (`program_id(1)` = n·H2 + i): the channels from 4C to CP and the columns outside [COL0, COL0 + W2)
+    zero, so y's pixels are whole rows of CP channels."""
     row = tl.program_id(1)
     n = (row // H2).to(tl.int64)
     i = row % H2
-    j = tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)
+    jj = tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)
+    j = jj - COL0
     k = tl.arange(0, CP)
     p = k // (2 * C)
     p2 = (k // C) % 2
     c = k % C
-    inside = (j < W2)[:, None]
     source = x + n * sxn + (c * sxc + (2 * i + p) * sxh + p2 * sxw)[None, :] + (2 * j * sxw)[:, None]
-    values = tl.load(source, mask=inside & (k < 4 * C)[None, :], other=0.0)
-    tl.store(y + n * syn + i * syh + (j * syw)[:, None] + k[None, :], values.to(y.dtype.element_ty), mask=inside)
+    values = tl.load(source, mask=((j >= 0) & (j < W2))[:, None] & (k < 4 * C)[None, :], other=0.0)
+    target = y + n * syn + i * syh + (jj * syw)[:, None] + k[None, :]
+    tl.store(target, values.to(y.dtype.element_ty), mask=(jj < W2P)[:, None])
 
 
-def space_to_depth(x: torch.Tensor, out: torch.Tensor, block_j: int = 64, num_warps: int = 4) -> torch.Tensor:
-    """`out` [N, CP, H/2, W/2] (channels_last, CP ≥ 4C a power of two) overwritten with the 2×2 blocks of `x`
-    [N, C, H, W] (any strides and float type; H, W even), converted to out's type, its channels past 4C zero
-    (`kernels.space_to_depth`); returns out. One pass: each program reads a row pair of the input and writes
-    BLOCK_J whole pixels."""
+def space_to_depth(
+    x: torch.Tensor, out: torch.Tensor, columns: tuple[int, int] = (0, 0), block_j: int = 64, num_warps: int = 4
+) -> torch.Tensor:
+    """`out` [N, CP, H/2, W/2 + before + after] (channels_last, CP ≥ 4C a power of two) overwritten with the 2×2
+    blocks of `x` [N, C, H, W] (any strides and float type; H, W even), converted to out's type, between
+    `columns` = (before, after) zero columns, its channels past 4C zero (`kernels.space_to_depth`); returns out.
+    One pass: each program reads a row pair of the input and writes BLOCK_J whole pixels."""
     n, channels, h, w = x.shape
     cp = out.shape[1]
-    if h % 2 or w % 2 or tuple(out.shape) != (n, cp, h // 2, w // 2) or cp < 4 * channels or cp & (cp - 1):
+    width = w // 2 + sum(columns)
+    if h % 2 or w % 2 or tuple(out.shape) != (n, cp, h // 2, width) or cp < 4 * channels or cp & (cp - 1):
         raise ValueError(
-            f"space_to_depth: {list(x.shape)} into {list(out.shape)}: an even map, and out [N, CP, H/2, W/2] with "
-            f"CP ≥ 4C a power of two"
+            f"space_to_depth: {list(x.shape)} into {list(out.shape)}: an even map, and out [N, CP, H/2, W/2 + "
+            f"{sum(columns)}] with CP ≥ 4C a power of two"
         )
     if out.stride(1) != 1:
         raise ValueError(f"space_to_depth: out must be channels_last (strides {list(out.stride())})")
-    block_j = min(block_j, triton.next_power_of_2(w // 2))
-    _space_to_depth[(triton.cdiv(w // 2, block_j), n * (h // 2))](
-        x, out, channels, h // 2, w // 2, *x.stride(), out.stride(0), out.stride(2), out.stride(3),
-        CP=cp, BLOCK_J=block_j, num_warps=num_warps,
+    block_j = min(block_j, triton.next_power_of_2(width))
+    _space_to_depth[(triton.cdiv(width, block_j), n * (h // 2))](
+        x, out, channels, h // 2, w // 2, columns[0], width, *x.stride(), out.stride(0), out.stride(2),
+        out.stride(3), CP=cp, BLOCK_J=block_j, num_warps=num_warps,
     )  # fmt: skip
     return out
