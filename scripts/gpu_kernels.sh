@@ -22,7 +22,10 @@
 #   max       fp16 engines beside torch.compile max-autotune (MAX_S=550 shared by the models; MAX_MODELS=resnet50,
 #             MAX_BATCH=256; max-autotune compiles a depthwise net for about 5 minutes: one model a call)
 #   profile   a zoo model's engine (the suite's or int8's, when it built that one) profiled layer by layer, with `inspect`
-#             (PROFILE_MODEL=yolo, PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_PRECISION=fp16, PROFILE_S=400)
+#             (PROFILE_MODEL=yolo, PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_PRECISION=fp16, PROFILE_S=400;
+#             PROFILE_CANDIDATES="name ..." lists every candidate timed for the layers whose names contain those)
+#   stem      bench/stem.py: ResNet-50's stem in its parts (space to depth, per tap and per row of taps, fp16 and int8)
+#             beside cuDNN (STEM_BATCH=256, STEM_S=150)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
 #             (COPIES_BATCH=64, COPIES_S=120)
 #   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches
@@ -126,8 +129,15 @@ for stage in $stages; do
         python3 -m tensorforge profile '$engine' --runs 20 --top 40 > '$out/profile.txt' 2>&1 &&
         python3 -m tensorforge profile '$engine' --runs 20 --json > '$out/profile.json' 2>/dev/null &&
         python3 -m tensorforge inspect '$engine' > '$out/inspect.txt' 2>&1"
+      for name in ${PROFILE_CANDIDATES:-}; do
+        python3 -m tensorforge inspect "$engine" --candidates "$name" >> "$out/candidates.txt" 2>&1
+      done
       rm -f "$out/$model.onnx"
       head -45 "$out/profile.txt"
+      ;;
+    stem)
+      timeout "${STEM_S:-150}" python3 bench/stem.py --batch "${STEM_BATCH:-256}" --out "$out" > "$out/stem.txt" 2>&1
+      cat "$out/stem.txt" | cut -c1-160 | tail -12
       ;;
     copies)
       timeout "${COPIES_S:-120}" python3 bench/copies.py --batch "${COPIES_BATCH:-64}" --out "$out" 2>&1 | tail -14
@@ -144,7 +154,7 @@ for stage in $stages; do
       grep -E "batch [0-9]+ " "$out/buildtime.txt" | cut -c1-400
       ;;
     *)
-      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile, copies, buildtime)" >&2
+      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile, stem, copies, buildtime)" >&2
       ;;
   esac
   echo "== $stage: $(($(date +%s) - started)) s"

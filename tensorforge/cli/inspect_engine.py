@@ -11,6 +11,7 @@ from rich.table import Table
 from ..runtime.inspect import (
     build_time_line,
     describe_engine,
+    layer_candidates,
     load_for_inspection,
     plan_selection_line,
     quantization_lines,
@@ -18,9 +19,14 @@ from ..runtime.inspect import (
 from .common import out
 
 
-def inspect_engine(path: Path, as_json: bool) -> None:
-    """Describe the engine file `path` (built on any device) as text or, with `as_json`, as JSON."""
-    description = describe_engine(load_for_inspection(path))
+def inspect_engine(path: Path, as_json: bool, candidates: str | None = None) -> None:
+    """Describe the engine file `path` (built on any device) as text or, with `as_json`, as JSON; with
+    `candidates`, only every candidate timed for the layers whose name contains it."""
+    engine = load_for_inspection(path)
+    if candidates is not None:
+        _print_candidates(layer_candidates(engine, candidates), candidates, as_json)
+        return
+    description = describe_engine(engine)
     if as_json:
         print(json.dumps(description, indent=2))
         return
@@ -123,3 +129,23 @@ def _config(config: dict[str, Any]) -> str:
 
 def _shape(shape: list | tuple | None) -> str:
     return "[?]" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _print_candidates(layers: list[dict[str, Any]], name: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(layers, indent=2))
+        return
+    if not layers:
+        out.print(f"no layer's name contains {name!r}", style="yellow")
+    for layer in layers:
+        chosen = layer["chosen"]
+        out.print(
+            f"profile {layer['profile']}: {layer['layer']} ({layer['op']}), chosen {chosen['tactic']}", style="bold"
+        )
+        for c in layer["candidates"]:
+            picked = (c["tactic"], c["config"]) == (chosen["tactic"], chosen["config"])
+            time = "-" if c["median_ms"] is None else f"{c['median_ms']:.4f} ms"
+            ratio = "" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+            note = f"  ({c['note'][:160]})" if c["note"] else ""
+            out.print(f"{'*' if picked else ' '} {c['tactic']:<30} {time:>11} {ratio:>6}  {_config(c['config'])}{note}",
+                      markup=False, soft_wrap=True)  # fmt: skip

@@ -37,6 +37,10 @@ def inspect(
     optimize: Annotated[
         bool, typer.Option("--optimize", help="run the graph optimizer and say what it fused, where, and why not")
     ] = False,
+    candidates: Annotated[
+        str | None,
+        typer.Option("--candidates", help="an engine: every candidate timed for the layers whose name contains this"),
+    ] = None,
 ) -> None:
     """An ONNX model: inputs and outputs, op histogram, parameters, opsets, and what is unsupported. An engine:
     every layer with the original nodes it fused, its tactic, precision, layout, outputs, time and runner-up,
@@ -45,8 +49,10 @@ def inspect(
         if is_engine_file(model_path):
             if optimize:
                 raise InputError("--optimize is for ONNX models: an engine's graph is already optimized")
-            inspect_engine(model_path, as_json)
+            inspect_engine(model_path, as_json, candidates)
             return
+        if candidates is not None:
+            raise InputError("--candidates is for engines: an ONNX model has no timed candidates")
         model = load_onnx(model_path)
         summary = summarize_model(model)
         report = _optimize(model)[1] if optimize else None

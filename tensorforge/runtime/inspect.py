@@ -40,6 +40,28 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
     }
 
 
+def layer_candidates(engine: Engine, name: str) -> list[dict[str, Any]]:
+    """Every candidate the build timed for each layer whose node name contains `name` (each profile), fastest
+    first, with its time against the fastest and why it did not run; empty when no layer's name matches."""
+    found = []
+    for index, plan in enumerate(engine.plans):
+        for layer in plan.layers:
+            node = engine.model.graph.nodes[layer.node]
+            if name not in node.name:
+                continue
+            ranked = sorted(layer.candidates, key=lambda c: c.median_ms)
+            best = ranked[0].median_ms if ranked and math.isfinite(ranked[0].median_ms) else math.nan
+            rows = [
+                {**c.to_dict(), "ratio": c.median_ms / best if math.isfinite(c.median_ms) and best > 0 else None}
+                for c in ranked
+            ]
+            chosen = {"tactic": layer.tactic, "config": layer.config}
+            found.append(
+                {"profile": index, "layer": node.name, "op": node.op_type, "chosen": chosen, "candidates": rows}
+            )
+    return found
+
+
 def _profile(engine: Engine, plan: Plan) -> dict[str, Any]:
     memory = plan.memory
     return {

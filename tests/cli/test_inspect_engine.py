@@ -95,6 +95,24 @@ def test_text_shows_layers_fusion_and_the_build_report(built):
         assert expected in result.output, expected
 
 
+def test_candidates_lists_every_timed_candidate_of_the_named_layers(built):
+    _, engine, path = built
+    plan = engine.plans[0]
+    layer = next(layer for layer in plan.layers if len(layer.candidates) > 1)
+    name = engine.model.graph.nodes[layer.node].name
+    result = runner.invoke(app, ["inspect", str(path), "--candidates", name, "--json"])
+    assert result.exit_code == 0, result.output
+    (found,) = [entry for entry in json.loads(result.output) if entry["layer"] == name]
+    assert len(found["candidates"]) == len(layer.candidates)
+    assert found["chosen"] == {"tactic": layer.tactic, "config": layer.config}
+    times = [c["median_ms"] for c in found["candidates"] if c["median_ms"] is not None]
+    assert times == sorted(times) and found["candidates"][0]["ratio"] == 1.0
+    text = runner.invoke(app, ["inspect", str(path), "--candidates", name])
+    assert text.exit_code == 0 and f"* {layer.tactic}" in text.output
+    missing = runner.invoke(app, ["inspect", str(path), "--candidates", "no such layer"])
+    assert missing.exit_code == 0 and "no layer's name contains 'no such layer'" in missing.output
+
+
 def test_an_engine_built_for_a_gpu_is_inspectable_here(built, tmp_path):
     _, engine, _ = built
     h200 = dataclasses.replace(
@@ -124,6 +142,9 @@ def test_bad_engine_files_and_options_fail_with_a_message(built, tmp_path):
     _, _, path = built
     result = runner.invoke(app, ["inspect", str(path), "--optimize"])
     assert result.exit_code == 1 and "--optimize is for ONNX models" in result.output
+    onnx_path = built[0]
+    result = runner.invoke(app, ["inspect", str(onnx_path), "--candidates", "conv"])
+    assert result.exit_code == 1 and "--candidates is for engines" in result.output
     truncated = tmp_path / "short.engine"
     truncated.write_bytes(path.read_bytes()[:-100])
     result = runner.invoke(app, ["inspect", str(truncated)])
