@@ -3,16 +3,17 @@
 With `t = kh − P` (P the padding before), the input row a stride-2 convolution reads for output row `oh` and tap
 `kh` is `2·oh + t = 2·(oh + q) + p` with `q = ⌊t / 2⌋` and `p = t − 2q` (0 or 1). So, over the blocked input
 
-    X'[n, (p·2 + p')·C + c, i, j] = X[n, c, 2i + p, 2j + p']        (H and W even)
+    X'[n, (p·2 + p')·G + c, i, j] = X[n, c, 2i + p, 2j + p']        (H and W even; G ≥ C, slots c ≥ C zero)
 
 the same layer is a stride-1 convolution with the weight
 
-    W'[o, (p·2 + p')·C + c, q − q₀, q' − q₀'] = W[o, c, 2q + p + P, 2q' + p' + P']    (zero outside the window)
+    W'[o, (p·2 + p')·G + c, q − q₀, q' − q₀'] = W[o, c, 2q + p + P, 2q' + p' + P']    (zero outside the window)
 
 over ⌊(K − 1 − P) / 2⌋ − q₀ + 1 taps a side, where q₀ = ⌊−P / 2⌋, padded by −q₀ before. A 7×7 stem on 3 channels
-(P = 3) becomes a 4×4 convolution on 12 channels; a 3×3 one (P = 1) a 2×2 one: its K products run on tensor cores
-in whole taps of contiguous channels instead of 49 taps of 3 channels gathered one by one. The channels are padded
-to a multiple of `align` with zeros (16-byte pixels, which TMA moves).
+(P = 3) becomes a 4×4 convolution on 16 (12 and 4 zeros); a 3×3 one (P = 1) a 2×2 one: its K products run on
+tensor cores in whole taps of contiguous channels instead of 49 taps of 3 channels gathered one by one. G is a
+power of two, at least `align` / 4, so that a pixel is 16 bytes or more (which TMA moves) and the blocking pass
+moves whole (c, p) rows of the input.
 
 One row of taps is contiguous too: in a channels_last blocked input padded with its zero columns, the KW' taps
 (i, j..j + KW' − 1) of output pixel (i, j) are KW'·C' consecutive elements. So `column_taps` views it as an input
@@ -26,12 +27,13 @@ from collections.abc import Sequence
 
 import torch
 
+from .quantize import quantize_activation
 from .triton.copy import space_to_depth
 
 
 def blocked_channels(channels: int, align: int = 8) -> int:
-    """The blocked input's channel count: 4 per input channel, rounded up to a multiple of `align`."""
-    return -(-4 * channels // align) * align
+    """The blocked input's channel count, 4G: G the smallest power of two ≥ `channels` and ≥ `align` / 4."""
+    return 4 * max(align // 4, 1 << (channels - 1).bit_length())
 
 
 def blocked_pads(pads_begin: Sequence[int]) -> list[int]:
@@ -53,7 +55,7 @@ def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int =
     out = weight.new_zeros(cout, blocked_channels(channels, align), *taps)
     for p in (0, 1):
         for p2 in (0, 1):
-            first = (p * 2 + p2) * channels
+            first = (p * 2 + p2) * out.shape[1] // 4
             for i in range(taps[0]):
                 row = 2 * (i + q0[0]) + p + pads_begin[0]
                 if not 0 <= row < kh:
@@ -66,26 +68,26 @@ def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int =
 
 
 def blocked_input(
-    x: torch.Tensor, dtype: torch.dtype, align: int = 8, columns: tuple[int, int] = (0, 0)
+    x: torch.Tensor, dtype: torch.dtype, align: int = 8, columns: tuple[int, int] = (0, 0), scale: float | None = None
 ) -> torch.Tensor:
-    """X [N, C, H, W] (any memory format and float type; H and W even) → X' [N, C', H/2, W/2 + before + after]
-    channels_last in `dtype`, between `columns` = (before, after) zero columns, the padding channels zero: on CUDA
-    one pass of `triton.copy.space_to_depth` (when C' is a power of two), elsewhere a strided copy (with the
-    cast) and fills."""
+    """X [N, C, H, W] (any memory format and float type; H and W even) → X' [N, 4G, H/2, W/2 + before + after]
+    channels_last in `dtype` (int8 or E4M3: quantized by `scale` as a kernel quantizes on load), between `columns`
+    = (before, after) zero columns, the slots c ≥ C zero: on CUDA one pass of `triton.copy.space_to_depth`,
+    elsewhere torch's strided copy into a zeroed tensor."""
     n, channels, h, w = x.shape
     if h % 2 or w % 2:
         raise ValueError(f"space to depth needs an even height and width, not {h}×{w}")
-    cp = blocked_channels(channels, align)
+    group = blocked_channels(channels, align) // 4
     before, after = columns
-    shape = (n, cp, h // 2, w // 2 + before + after)
+    shape = (n, 4 * group, h // 2, w // 2 + before + after)
     out = torch.empty(shape, dtype=dtype, device=x.device).contiguous(memory_format=torch.channels_last)
-    if x.is_cuda and not cp & (cp - 1):
-        return space_to_depth(x, out, columns)
+    if x.is_cuda:
+        return space_to_depth(x, out, columns, scale)
+    if dtype in (torch.int8, torch.float8_e4m3fn):
+        x = quantize_activation(x, scale, "int8" if dtype == torch.int8 else "fp8e4m3")
     blocks = x.unflatten(2, (h // 2, 2)).unflatten(4, (w // 2, 2)).permute(0, 3, 5, 1, 2, 4)  # n, p, p', c, i, j
-    out[:, : 4 * channels, :, before : before + w // 2].unflatten(1, (2, 2, channels)).copy_(blocks)
-    out[:, 4 * channels :].zero_()
-    out[:, :, :, :before].zero_()
-    out[:, :, :, before + w // 2 :].zero_()
+    out.zero_()
+    out[:, :, :, before : before + w // 2].unflatten(1, (2, 2, group))[:, :, :, :channels].copy_(blocks)
     return out
 
 

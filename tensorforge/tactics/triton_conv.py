@@ -311,13 +311,16 @@ def _s2d_channels(node: Node) -> int:
     return blocked_channels(node.inputs[1].shape[1]) * blocked_taps(node.inputs[1].shape[2:], pads)[1]
 
 
-def _s2d_input(x: torch.Tensor, begin, kernel, out_w: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
-    """The float input of a stem padded by `begin` as `column_taps`' view of its blocks in `dtype` (the zero
-    columns written by the blocking pass) and the padding of the KH' × 1 convolution over it."""
+def _s2d_input(
+    x: torch.Tensor, begin, kernel, out_w: int, dtype: torch.dtype, scale: float | None = None
+) -> tuple[torch.Tensor, list[int]]:
+    """The float input of a stem padded by `begin` as `column_taps`' view of its blocks in `dtype` (quantized by
+    `scale` for int8 / E4M3; the zero columns written by the blocking pass) and the padding of the KH' × 1
+    convolution over it."""
     pads = blocked_pads(begin)
     taps = blocked_taps(kernel, begin)[1]
     after = max(0, out_w + taps - 1 - pads[1] - x.shape[3] // 2)
-    return column_taps(blocked_input(x, dtype, columns=(pads[1], after)), taps, out_w), [pads[0], 0]
+    return column_taps(blocked_input(x, dtype, columns=(pads[1], after), scale=scale), taps, out_w), [pads[0], 0]
 
 
 def _s2d_weight(weight: torch.Tensor, begin: tuple[int, ...], k_major: bool = False) -> torch.Tensor:
@@ -368,14 +371,15 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
 
 @register_tactic
 class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
-    """`triton.conv-s2d` for a QuantizedConv stem: the float input blocked as it comes into the variant's type,
-    then `conv2d_nhwc_quantized` quantizes it on load (the padding channels and columns quantize to 0) against the
-    int8 (E4M3) weight regrouped the same way (zeros are exact in either type; the per-channel scales are the
-    weight's)."""
+    """`triton.conv-s2d` for a QuantizedConv stem: the float input blocked as it comes and quantized in the same
+    pass (half the bytes of fp16 for int8, and the kernel's tensor cores read it straight from TMA, without a
+    quantize between shared memory and the product), then `conv2d_nhwc_quantized` against the int8 (E4M3)
+    weight regrouped the same way (zeros are exact in either type; the per-channel scales are the weight's). The
+    variant's type is the output's, when it is float."""
 
     name = "conv-s2d-quantized"
     converts_on_load = True
-    sees_precision = True  # blocks into the variant's type
+    sees_precision = True  # a float output in the variant's type
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         problem = super().supports(node, opset, device) or _s2d_problem(node)
@@ -411,7 +415,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
                     x, packed(w), w_scale.float(), x_scale, b, z, strides=(2, 2), pads_begin=begin, **common
                 )
                 return (y,)
-            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], dtype)
+            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype, x_scale)
             y = conv2d_nhwc_quantized(
                 view, blocked(w, tuple(begin)), w_scale.float(), x_scale, b, z, pads_begin=pads, **common
             )

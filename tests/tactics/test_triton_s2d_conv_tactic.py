@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from tensorforge.ir import Model
 from tensorforge.kernels import space_to_depth
+from tensorforge.kernels.quantize import quantize_activation
 from tensorforge.kernels.triton import conv_tma, copy
 from tensorforge.quant import calibrate
 from tensorforge.quant.lower import quantize_layers
@@ -94,6 +95,36 @@ def test_the_blocking_kernel_writes_what_the_strided_copy_writes(shape, nhwc, dt
     want = space_to_depth.blocked_input(x, dtype, columns=columns)
     assert torch.equal(got, want)
     assert not want[:, :, :, : columns[0]].any() and not want[:, :, :, width - columns[1] :].any()
+    group = channels // 4
+    first = want[:, :, :, columns[0]]  # pixel (i, 0): X[n, c, 2i + p, p'] at channel (2p + p')·G + c
+    for p, p2 in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        slots = first[:, (2 * p + p2) * group : (2 * p + p2 + 1) * group]
+        assert torch.equal(slots[:, : shape[1]], x[:, :, p::2, p2].to(dtype)) and not slots[:, shape[1] :].any()
+
+
+QUANTIZED_BLOCKING = [
+    pytest.param(torch.int8, "int8", "cpu", id="int8-interpreter"),
+    # the interpreter rounds some values to E4M3 a binade low (-64 for -128): checked on the GPU only
+    pytest.param(torch.int8, "int8", "cuda", id="int8-cuda", marks=pytest.mark.gpu),
+    pytest.param(torch.float8_e4m3fn, "fp8e4m3", "cuda", id="e4m3-cuda", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize(("dtype", "kind", "device"), QUANTIZED_BLOCKING)
+def test_the_blocking_kernel_quantizes_as_a_kernel_quantizes_on_load(dtype, kind, device):
+    torch.manual_seed(4)
+    x = (torch.randn(2, 3, 12, 16) * 3).to(device)
+    scale = 0.05
+    out = torch.full((2, 16, 6, 11), 7, dtype=torch.int8, device=device).view(dtype)
+    out = out.contiguous(memory_format=torch.channels_last)
+    got = copy.space_to_depth(x, out, (2, 1), scale)
+    want = space_to_depth.blocked_input(x.cpu(), dtype, columns=(2, 1), scale=scale).to(device)
+    assert torch.equal(got.view(torch.int8), want.view(torch.int8))
+    steps = quantize_activation(x, scale, kind)
+    assert torch.equal(want[:, :3, :, 2].view(torch.int8), steps[:, :, 0::2, 0].view(torch.int8))
+    assert not want[:, 3:4].view(torch.int8).any()  # the slot c = 3 of G = 4
+    with pytest.raises(ValueError, match="needs a positive scale"):
+        copy.space_to_depth(x, out, (2, 1))
 
 
 def test_an_odd_map_is_refused_by_the_blocking():
@@ -101,6 +132,10 @@ def test_an_odd_map_is_refused_by_the_blocking():
         space_to_depth.blocked_input(torch.randn(1, 3, 7, 8), torch.float32)
     with pytest.raises(ValueError, match="an even map"):
         copy.space_to_depth(torch.randn(1, 3, 7, 8), torch.empty(1, 16, 3, 4))
+    with pytest.raises(ValueError, match="G ≥ C a power of two"):
+        copy.space_to_depth(
+            torch.randn(1, 3, 8, 8), torch.empty(1, 12, 4, 4).contiguous(memory_format=torch.channels_last)
+        )
 
 
 def _stem(channels=3, cout=16, kernel=7, pad=3, stride=2, size=16):

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .epilogue import quantize
+
 _TILED_TYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 
@@ -169,49 +171,67 @@ def concat(
 
 @triton.jit
 def _space_to_depth(
-    x, y, C, H2, W2, COL0, W2P,
+    x, y, C, H2, W, COL0, W2P, inv_scale,
     sxn, sxc, sxh, sxw,
     syn, syh, syw,
-    CP: tl.constexpr, BLOCK_J: tl.constexpr,
+    G: tl.constexpr, BLOCK_J: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
-    """y[n, i, COL0 + j, (2p + p')·C + c] = x[n, c, 2i + p, 2j + p'] for BLOCK_J of the W2P pixels of row i of
-    image n (`program_id(1)` = n·H2 + i): the channels from 4C to CP and the columns outside [COL0, COL0 + W2)
-    zero, so y's pixels are whole rows of CP channels."""
+    """y[n, i, COL0 + j, (2p + p')·G + c] = x[n, c, 2i + p, 2j + p'] for BLOCK_J of the W2P pixels of row i of
+    image n (`program_id(1)` = n·H2 + i), the slots c ≥ C and the columns outside [COL0, COL0 + W/2) zero;
+    quantized by `inv_scale` when QUANT (1 int8, 2 E4M3). The load runs along the input's rows (2·BLOCK_J
+    consecutive columns of each (c, p) row), the store along y's pixels, whole rows of 4G channels."""
     row = tl.program_id(1)
     n = (row // H2).to(tl.int64)
     i = row % H2
-    jj = tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)
-    j = jj - COL0
-    k = tl.arange(0, CP)
-    p = k // (2 * C)
-    p2 = (k // C) % 2
-    c = k % C
-    source = x + n * sxn + (c * sxc + (2 * i + p) * sxh + p2 * sxw)[None, :] + (2 * j * sxw)[:, None]
-    values = tl.load(source, mask=((j >= 0) & (j < W2))[:, None] & (k < 4 * C)[None, :], other=0.0)
-    target = y + n * syn + i * syh + (jj * syw)[:, None] + k[None, :]
-    tl.store(target, values.to(y.dtype.element_ty), mask=(jj < W2P)[:, None])
+    j0 = tl.program_id(0) * BLOCK_J
+    r = tl.arange(0, 2 * G)  # (c, p)
+    c = r // 2
+    p = r % 2
+    col = 2 * (j0 - COL0) + tl.arange(0, 2 * BLOCK_J)  # (j, p'): input column 2j + p'
+    source = x + n * sxn + (c * sxc + (2 * i + p) * sxh)[:, None] + (col * sxw)[None, :]
+    values = tl.load(source, mask=(c < C)[:, None] & ((col >= 0) & (col < W))[None, :], other=0.0)
+    values = tl.permute(tl.reshape(values, [G, 2, BLOCK_J, 2]), [2, 1, 3, 0])  # j, p, p', c
+    values = tl.reshape(values, [BLOCK_J, 4 * G])
+    if QUANT != 0:
+        values = quantize(values, inv_scale, QUANT)
+    else:
+        values = values.to(y.dtype.element_ty)
+    jj = j0 + tl.arange(0, BLOCK_J)
+    target = y + n * syn + i * syh + (jj * syw)[:, None] + tl.arange(0, 4 * G)[None, :]
+    tl.store(target, values, mask=(jj < W2P)[:, None])
+
+
+_QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}
 
 
 def space_to_depth(
-    x: torch.Tensor, out: torch.Tensor, columns: tuple[int, int] = (0, 0), block_j: int = 64, num_warps: int = 4
+    x: torch.Tensor,
+    out: torch.Tensor,
+    columns: tuple[int, int] = (0, 0),
+    scale: float | None = None,
+    block_j: int = 64,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """`out` [N, CP, H/2, W/2 + before + after] (channels_last, CP ≥ 4C a power of two) overwritten with the 2×2
-    blocks of `x` [N, C, H, W] (any strides and float type; H, W even), converted to out's type, between
-    `columns` = (before, after) zero columns, its channels past 4C zero (`kernels.space_to_depth`); returns out.
-    One pass: each program reads a row pair of the input and writes BLOCK_J whole pixels."""
+    """`out` [N, 4G, H/2, W/2 + before + after] (channels_last, G ≥ C a power of two) overwritten with the 2×2
+    blocks of `x` [N, C, H, W] (any strides and float type; H, W even), channel (2p + p')·G + c, converted to
+    out's type (int8 or E4M3: quantized by `scale`), between `columns` = (before, after) zero columns, the slots
+    c ≥ C zero (`kernels.space_to_depth`); returns out."""
     n, channels, h, w = x.shape
-    cp = out.shape[1]
+    group = out.shape[1] // 4
     width = w // 2 + sum(columns)
-    if h % 2 or w % 2 or tuple(out.shape) != (n, cp, h // 2, width) or cp < 4 * channels or cp & (cp - 1):
+    if h % 2 or w % 2 or tuple(out.shape) != (n, 4 * group, h // 2, width) or group < channels or group & (group - 1):
         raise ValueError(
-            f"space_to_depth: {list(x.shape)} into {list(out.shape)}: an even map, and out [N, CP, H/2, W/2 + "
-            f"{sum(columns)}] with CP ≥ 4C a power of two"
+            f"space_to_depth: {list(x.shape)} into {list(out.shape)}: an even map, and out [N, 4G, H/2, W/2 + "
+            f"{sum(columns)}] with G ≥ C a power of two"
         )
     if out.stride(1) != 1:
         raise ValueError(f"space_to_depth: out must be channels_last (strides {list(out.stride())})")
+    quant = _QUANT_CODES.get(out.dtype, 0)
+    if quant and not (scale and scale > 0):
+        raise ValueError(f"space_to_depth: a {out.dtype} output needs a positive scale, not {scale!r}")
     block_j = min(block_j, triton.next_power_of_2(width))
     _space_to_depth[(triton.cdiv(width, block_j), n * (h // 2))](
-        x, out, channels, h // 2, w // 2, columns[0], width, *x.stride(), out.stride(0), out.stride(2),
-        out.stride(3), CP=cp, BLOCK_J=block_j, num_warps=num_warps,
+        x, out, channels, h // 2, w, columns[0], width, 1.0 / scale if quant else 1.0, *x.stride(), out.stride(0),
+        out.stride(2), out.stride(3), G=group, BLOCK_J=block_j, QUANT=quant, num_warps=num_warps,
     )  # fmt: skip
     return out
