@@ -68,11 +68,17 @@ def blocked_weight(weight: torch.Tensor, pads_begin: Sequence[int], align: int =
 
 
 def blocked_input(
-    x: torch.Tensor, dtype: torch.dtype, align: int = 8, columns: tuple[int, int] = (0, 0), scale: float | None = None
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    align: int = 8,
+    columns: tuple[int, int] = (0, 0),
+    scale: float | None = None,
+    through: torch.dtype | None = None,
 ) -> torch.Tensor:
     """X [N, C, H, W] (any memory format and float type; H and W even) → X' [N, 4G, H/2, W/2 + before + after]
-    channels_last in `dtype` (int8 or E4M3: quantized by `scale` as a kernel quantizes on load), between `columns`
-    = (before, after) zero columns, the slots c ≥ C zero: on CUDA one pass of `triton.copy.space_to_depth`,
+    channels_last in `dtype` (int8 or E4M3: quantized by `scale` as a kernel quantizes on load, after a rounding
+    to `through` when given: the 16-bit input a layer's fp16 / bf16 variant quantizes), between `columns` =
+    (before, after) zero columns, the slots c ≥ C zero: on CUDA one pass of `triton.copy.space_to_depth`,
     elsewhere torch's strided copy into a zeroed tensor."""
     n, channels, h, w = x.shape
     if h % 2 or w % 2:
@@ -82,8 +88,9 @@ def blocked_input(
     shape = (n, 4 * group, h // 2, w // 2 + before + after)
     out = torch.empty(shape, dtype=dtype, device=x.device).contiguous(memory_format=torch.channels_last)
     if x.is_cuda:
-        return space_to_depth(x, out, columns, scale)
+        return space_to_depth(x, out, columns, scale, through)
     if dtype in (torch.int8, torch.float8_e4m3fn):
+        x = x if through is None else x.to(through)
         x = quantize_activation(x, scale, "int8" if dtype == torch.int8 else "fp8e4m3")
     blocks = x.unflatten(2, (h // 2, 2)).unflatten(4, (w // 2, 2)).permute(0, 3, 5, 1, 2, 4)  # n, p, p', c, i, j
     out.zero_()

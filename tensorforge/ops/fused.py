@@ -7,10 +7,12 @@ at least float32 and rounded once to the output type).
 - `FusedConv(X, W, B?, Z?)`: `Y = post(pre(Conv(X, W) + B) + Z)` with every Conv attribute.
 - `QuantizedConv(X, Wq, B?, Z?, Ws)`: FusedConv on quantized operands, `Y = post(pre(acc · x_scale · Ws[c] + B)
   + Z)` with `acc = Conv(Q(X), Wq)` (exact in int32 for int8): `Q(X)` quantizes X per tensor by the float
-  attribute `x_scale` (int8: `clamp(round(X / x_scale), −128, 127)` rounding half to even, as QuantizeLinear
-  with zero point 0; fp8: `X / x_scale` as float8e4m3fn, saturating), `Wq` is the constant weight in that type
-  (`quant`: "int8" or "fp8e4m3") and `Ws` its per-output-channel float32 scales. Equal to FusedConv over
-  `DequantizeLinear(QuantizeLinear(X))` and the dequantized weight: the INT8 engine's layer. `explicit=1`
+  attribute `x_scale` (int8: `clamp(round(X · (1 / x_scale)), −128, 127)` rounding half to even, the inverse
+  in float32, as every kernel quantizes; fp8: `X · (1 / x_scale)` as float8e4m3fn, saturating), `Wq` is the
+  constant weight in that type (`quant`: "int8" or "fp8e4m3") and `Ws` its per-output-channel float32 scales.
+  FusedConv over `DequantizeLinear(QuantizeLinear(X))` and the dequantized weight, up to QuantizeLinear's
+  division (one step on the rare elements within a float32 rounding of a boundary): the INT8 engine's layer.
+  `explicit=1`
   marks one made from the model's own Q/DQ, whose arithmetic the model prescribes (no float fallback).
   Quantized activations between layers: an X already of `quant`'s type is taken as `Q(X)` (not quantized again;
   x_scale is its scale), and a positive float `y_scale` makes the layer write `Q(Y)` on the grid of `quant` with
@@ -147,22 +149,22 @@ Scale = float | torch.Tensor  # per tensor, or per channel (a float32 tensor of 
 
 
 def quantize_activation(x: torch.Tensor, x_scale: Scale, quant: str) -> torch.Tensor:
-    """`Q(X)` of QuantizedConv: X on the grid of `quant` (as that type), dividing in float32 by the scale (one, or
-    one per channel along axis 1)."""
-    from .quantize import quantize
-
+    """`Q(X)` of QuantizedConv: X on the grid of `quant` (as that type), multiplied in float32 by the inverse of the
+    scale (one, or one per channel along axis 1), as every kernel quantizes: rounded half to even and saturated
+    for int8, to nearest even and saturated (NaN kept) for E4M3. QuantizeLinear divides instead; the two differ
+    by one step on the rare elements within a float32 rounding of a boundary of the grid (a few in ten million),
+    which a reference that divided would count against every kernel that quantizes a float input."""
     if quant not in QUANT_TYPES:
         raise ValueError(f"unknown quantized type {quant!r}; known: {sorted(QUANT_TYPES)}")
     if isinstance(x_scale, torch.Tensor):
         scale = x_scale.to(device=x.device, dtype=torch.float32).reshape(-1)
-        divisor = scale.reshape(1, -1, *[1] * (x.dim() - 2))
+        inverse = (1.0 / scale).reshape(1, -1, *[1] * (x.dim() - 2))
     else:
-        scale = divisor = torch.full((), x_scale, dtype=torch.float32, device=x.device)
+        inverse = torch.full((), 1.0 / x_scale, dtype=torch.float32, device=x.device)
+    scaled = x.to(torch.float32) * inverse
     if quant == "int8":
-        # QuantizeLinear's int8 arithmetic (`ops.quantize.quantize`: the same float32 division, rounding half
-        # to even, saturation) without its float64 detour: bit for bit its result, in a third of the time.
-        return (x.to(torch.float32) / divisor).round_().clamp_(-128, 127).to(torch.int8)
-    return quantize(x, scale, None, QUANT_TYPES[quant], axis=1)
+        return scaled.round_().clamp_(-128, 127).to(torch.int8)
+    return scaled.clamp_(-448.0, 448.0).to(QUANT_TYPES[quant].torch)
 
 
 def is_quantized_tensor(x: torch.Tensor) -> bool:

@@ -312,15 +312,16 @@ def _s2d_channels(node: Node) -> int:
 
 
 def _s2d_input(
-    x: torch.Tensor, begin, kernel, out_w: int, dtype: torch.dtype, scale: float | None = None
+    x: torch.Tensor, begin, kernel, out_w: int, dtype: torch.dtype, scale: float | None = None, through=None
 ) -> tuple[torch.Tensor, list[int]]:
     """The float input of a stem padded by `begin` as `column_taps`' view of its blocks in `dtype` (quantized by
-    `scale` for int8 / E4M3; the zero columns written by the blocking pass) and the padding of the KH' × 1
-    convolution over it."""
+    `scale` for int8 / E4M3, after rounding to `through`; the zero columns written by the blocking pass) and the
+    padding of the KH' × 1 convolution over it."""
     pads = blocked_pads(begin)
     taps = blocked_taps(kernel, begin)[1]
     after = max(0, out_w + taps - 1 - pads[1] - x.shape[3] // 2)
-    return column_taps(blocked_input(x, dtype, columns=(pads[1], after), scale=scale), taps, out_w), [pads[0], 0]
+    blocked = blocked_input(x, dtype, columns=(pads[1], after), scale=scale, through=through)
+    return column_taps(blocked, taps, out_w), [pads[0], 0]
 
 
 def _s2d_weight(weight: torch.Tensor, begin: tuple[int, ...], k_major: bool = False) -> torch.Tensor:
@@ -415,7 +416,8 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
                     x, packed(w), w_scale.float(), x_scale, b, z, strides=(2, 2), pads_begin=begin, **common
                 )
                 return (y,)
-            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype, x_scale)
+            through = dtype if dtype in (torch.float16, torch.bfloat16) else None  # the variant's rounded input
+            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype, x_scale, through)
             y = conv2d_nhwc_quantized(
                 view, blocked(w, tuple(begin)), w_scale.float(), x_scale, b, z, pads_begin=pads, **common
             )

@@ -110,11 +110,24 @@ QUANTIZED_BLOCKING = [
 ]
 
 
+def _straddling(scale: float, count: int) -> torch.Tensor:
+    """`count` values whose quantization differs by a step between a float32 division by `scale` (QuantizeLinear)
+    and a multiplication by its float32 inverse (the kernels, and the reference QuantizedConv)."""
+    x = torch.randn(20_000_000, generator=torch.Generator().manual_seed(3)) * 3
+    inverse = torch.tensor(1.0 / scale, dtype=torch.float32)
+    differ = (x / torch.tensor(scale)).round() != (x * inverse).round()
+    assert int(differ.sum()) >= count
+    return x[differ][:count]
+
+
 @pytest.mark.parametrize(("dtype", "kind", "device"), QUANTIZED_BLOCKING)
 def test_the_blocking_kernel_quantizes_as_a_kernel_quantizes_on_load(dtype, kind, device):
+    """Exactly, on values where a division would round to the other step."""
     torch.manual_seed(4)
-    x = (torch.randn(2, 3, 12, 16) * 3).to(device)
-    scale = 0.05
+    scale = 0.0347
+    x = torch.randn(2, 3, 12, 16) * 3
+    x.view(-1)[::97] = _straddling(scale, x[0].numel() * 2 // 97 + 1)[: x.view(-1)[::97].numel()]
+    x = x.to(device)
     out = torch.full((2, 16, 6, 11), 7, dtype=torch.int8, device=device).view(dtype)
     out = out.contiguous(memory_format=torch.channels_last)
     got = copy.space_to_depth(x, out, (2, 1), scale)

@@ -174,11 +174,12 @@ def _space_to_depth(
     x, y, C, H2, W, COL0, W2P, inv_scale,
     sxn, sxc, sxh, sxw,
     syn, syh, syw,
-    G: tl.constexpr, BLOCK_J: tl.constexpr, QUANT: tl.constexpr,
+    G: tl.constexpr, BLOCK_J: tl.constexpr, QUANT: tl.constexpr, THROUGH: tl.constexpr,
 ):  # fmt: skip
     """y[n, i, COL0 + j, (2p + p')·G + c] = x[n, c, 2i + p, 2j + p'] for BLOCK_J of the W2P pixels of row i of
     image n (`program_id(1)` = n·H2 + i), the slots c ≥ C and the columns outside [COL0, COL0 + W/2) zero;
-    quantized by `inv_scale` when QUANT (1 int8, 2 E4M3). The load runs along the input's rows (2·BLOCK_J
+    quantized by `inv_scale` when QUANT (1 int8, 2 E4M3), after a rounding to fp16 (THROUGH 1) or bf16 (2) when
+    asked. The load runs along the input's rows (2·BLOCK_J
     consecutive columns of each (c, p) row), the store along y's pixels, whole rows of 4G channels."""
     row = tl.program_id(1)
     n = (row // H2).to(tl.int64)
@@ -192,6 +193,10 @@ def _space_to_depth(
     values = tl.load(source, mask=(c < C)[:, None] & ((col >= 0) & (col < W))[None, :], other=0.0)
     values = tl.permute(tl.reshape(values, [G, 2, BLOCK_J, 2]), [2, 1, 3, 0])  # j, p, p', c
     values = tl.reshape(values, [BLOCK_J, 4 * G])
+    if THROUGH == 1:
+        values = values.to(tl.float16)
+    elif THROUGH == 2:
+        values = values.to(tl.bfloat16)
     if QUANT != 0:
         values = quantize(values, inv_scale, QUANT)
     else:
@@ -202,6 +207,7 @@ def _space_to_depth(
 
 
 _QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}
+_THROUGH = {None: 0, torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def space_to_depth(
@@ -209,13 +215,15 @@ def space_to_depth(
     out: torch.Tensor,
     columns: tuple[int, int] = (0, 0),
     scale: float | None = None,
+    through: torch.dtype | None = None,
     block_j: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """`out` [N, 4G, H/2, W/2 + before + after] (channels_last, G ≥ C a power of two) overwritten with the 2×2
     blocks of `x` [N, C, H, W] (any strides and float type; H, W even), channel (2p + p')·G + c, converted to
-    out's type (int8 or E4M3: quantized by `scale`), between `columns` = (before, after) zero columns, the slots
-    c ≥ C zero (`kernels.space_to_depth`); returns out."""
+    out's type (int8 or E4M3: quantized by `scale`, after rounding to `through`, float16 or bfloat16, if given),
+    between `columns` = (before, after) zero columns, the slots c ≥ C zero (`kernels.space_to_depth`); returns
+    out."""
     n, channels, h, w = x.shape
     group = out.shape[1] // 4
     width = w // 2 + sum(columns)
@@ -232,6 +240,7 @@ def space_to_depth(
     block_j = min(block_j, triton.next_power_of_2(width))
     _space_to_depth[(triton.cdiv(width, block_j), n * (h // 2))](
         x, out, channels, h // 2, w, columns[0], width, 1.0 / scale if quant else 1.0, *x.stride(), out.stride(0),
-        out.stride(2), out.stride(3), G=group, BLOCK_J=block_j, QUANT=quant, num_warps=num_warps,
+        out.stride(2), out.stride(3), G=group, BLOCK_J=block_j, QUANT=quant, THROUGH=_THROUGH[through],
+        num_warps=num_warps,
     )  # fmt: skip
     return out
