@@ -18,6 +18,8 @@ per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it rea
   (`z_scale` = s): the residual rounded onto the grid its X readers quantize it to anyway. When no C_i reads Y
   as X (a residual-only tensor: the last convolution of a ResNet stage's first block, added by the downsample
   convolution), s is Y's own calibrated scale (`y_range_scale`, set by the lowering), if it has one.
+- `THROUGH_MAX_POOL` (exact): Y's one reader is a 2-D MaxPool whose readers all read its output as in
+  `INPUT_CHAINS` (int8): P writes Q_s(Y) and the pool passes the integers on (max commutes with the rounding).
 When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them.
 A float layer therefore breaks a stream where it stands as P (nothing is written quantized) or as any reader (Y
 stays float for every reader); as the producer of an adder's own X it leaves the adder's residual quantized.
@@ -186,8 +188,53 @@ class ResidualStreams(ChainRule):
         return None
 
 
+class ThroughMaxPool(ChainRule):
+    """P's output read by a 2-D MaxPool alone, whose output every reader quantizes as X with one scale s (int8):
+    P writes Q_s(Y) and the pool pools the integers, which is exactly Q_s(MaxPool(Y)), what the readers quantize
+    anyway (the rounding is monotone, so the maximum commutes with it; every window holds a cell of the input).
+    A ResNet stem's output then travels to the pool and on to the first block in int8. Exact: the Q/DQ
+    simulation has nothing to round for it."""
+
+    def serves(self, readers: Readers, view: ChainView) -> bool:
+        if len(readers) != 1:
+            return False
+        (pool, index) = readers[0]
+        return index == 0 and qualified_op(pool) == "MaxPool" and not any(v.name for v in pool.outputs[1:])
+
+    def problem(
+        self, producer: Node, readers: Readers, view: ChainView, eligible: Collection[Node] | None = None
+    ) -> str | None:
+        output, layer = producer.outputs[0], view.layer(producer)
+        assert layer is not None
+        if layer.quant != "int8":
+            return f"a max pool passes int8 through, not {layer.quant}"
+        if _is_graph_output(output) or output.dtype not in _FLOAT_OUTPUTS:
+            return f"{output.name!r} is a graph output or not a float activation"
+        pooled = readers[0][0].outputs[0]
+        if _is_graph_output(pooled):
+            return f"{pooled.name!r}, the max pool's output, is a graph output: it stays float"
+        pool_readers = list(pooled.uses())
+        scales: set[float] = set()
+        for reader, index in pool_readers:
+            problem = INPUT_CHAINS.reader_problem(reader, index, pooled, layer.quant, view, scales)
+            if problem:
+                return problem
+        if len(scales) != 1:
+            return f"the readers of {pooled.name!r} quantize it with scales {sorted(scales)}"
+        if eligible is not None:
+            for node in [producer, *(reader for reader, _ in pool_readers)]:
+                if node not in eligible:
+                    return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
+        return None
+
+    def scale(self, producer: Node, readers: Readers, view: ChainView) -> float:
+        reader = next(iter(readers[0][0].outputs[0].uses()))[0]
+        return view.layer(reader).x_scale
+
+
 INPUT_CHAINS = InputChains()
 RESIDUAL_STREAMS = ResidualStreams()
+THROUGH_MAX_POOL = ThroughMaxPool()
 
 
 def _adds(reader: Node, index: int, view: ChainView) -> bool:

@@ -28,11 +28,18 @@ of QuantizedConv readers C_j, and at least one reader quantizes Y as its X with 
 which rounds the residual onto the grid its X readers quantize it to anyway (the one approximation chaining
 adds; `quant.simulate_quantized(residuals=True)` rounds it too, so the accuracy-target search measures it).
 When Y is only added (no reader quantizes it as X), s is Y's own calibrated scale (`y_range_scale`, which the
-lowering sets from the calibration table), a second approximation of the same kind. Only readers that already
-read their X quantized take a quantized Z: their float fallback then reads only quantized activations, which it
-dequantizes exactly. A ResNet's block outputs, read by the next block's first convolution and added by its last,
-travel in int8, and so does the output of a stage's first block's last convolution, which its downsample
-convolution adds.
+lowering sets from the calibration table), a second approximation of the same kind. An adder may read its own
+X quantized or in float (quantizing it on load). A ResNet's block outputs, read by the next block's first
+convolution and added by its last, travel in int8, and so does the output of a stage's first block's last
+convolution, which its downsample convolution adds.
+
+Through a max pool (with the input chains; exact): when P's one reader is a 2-D MaxPool whose readers all
+quantize its output as X with scale s (int8),
+
+    C_i(MaxPool(P(...))) = C_i'(MaxPool(P'(...)))    with P' = P(y_scale = s)
+
+since the rounding is monotone and max commutes with it. ResNet's stem then writes int8, the pool pools int8,
+and the first block's two convolutions read it.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from ..ops.chain_rules import (
     INPUT_CHAINS,
     QUANTIZED_LAYERS,
     RESIDUAL_STREAMS,
+    THROUGH_MAX_POOL,
     Z_INPUT,
     ChainRule,
     ChainView,
@@ -102,6 +110,21 @@ class RequantizeForReaders(_RequantizeOutput):
         return f"writes {quant} (scale {scale:.6g}) for {len(match.readers)} quantized reader(s)"
 
 
+class RequantizeThroughMaxPool(_RequantizeOutput):
+    """`C_i(MaxPool(P(...))) = C_i'(MaxPool(P(...; y_scale = s)))` when P's one reader is a max pool whose readers
+    all quantize its output with scale s (int8): the pool pools the integers, exactly."""
+
+    name = "requantize-through-max-pool"
+    chain_rule = THROUGH_MAX_POOL
+
+    def rewrite(self, match: _Chain, ctx: PassContext) -> str:
+        quant, scale = self._requantize(match)
+        pool = match.readers[0][0]
+        pool.outputs[0].dtype = QUANT_TYPES[quant]
+        readers = len(list(pool.outputs[0].uses()))
+        return f"writes {quant} (scale {scale:.6g}) through {pool.label} for {readers} quantized reader(s)"
+
+
 class RequantizeResidualStream(_RequantizeOutput):
     """`C_j(..., Z = P(...)) = C_j'(..., Z = P(...; y_scale = s))` with C_j' taking `z_scale` = s, when P's readers
     quantize its output as X with scale s or add it as the residual of a QuantizedConv that reads X quantized."""
@@ -122,10 +145,13 @@ class ChainQuantizedLayers(RulePass):
     the quantization lowering and the Q/DQ fold, before tactics are chosen."""
 
     name = "chain-quantized-layers"
-    rules = (RequantizeForReaders,)
+    rules = (RequantizeForReaders, RequantizeThroughMaxPool)
 
     def __init__(self, eligible: Collection[Node] | None = None) -> None:
-        self.rules = (functools.partial(RequantizeForReaders, eligible),)
+        self.rules = (
+            functools.partial(RequantizeForReaders, eligible),
+            functools.partial(RequantizeThroughMaxPool, eligible),
+        )
 
 
 class ChainResidualStreams(RulePass):

@@ -101,6 +101,21 @@ def test_max_pool_tiles_and_nan(device, config):
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(("shape", "attributes"), CASES)
+def test_an_int8_max_pool_is_exact_and_pads_with_the_lowest_integer(device, channels_last, shape, attributes):
+    """int8 (a quantized activation a max pool passes on): the maximum of the integers, the padding below every
+    value (all negative here: a padding read as 0, as -inf converted to int8 may be, would show)."""
+    x = -torch.randint(1, 129, shape, dtype=torch.int16, device=device).to(torch.int8)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    kernel, strides, dilations, begin, _, out = _geometry(shape, attributes)
+    want = _reference(x, attributes)
+    poisoned = torch.full(want.shape, 7, dtype=torch.int8, device=device)
+    got = max_pool2d(x, kernel, strides, begin, dilations, out, block_c=32, out=poisoned)
+    assert got.dtype == torch.int8 and torch.equal(got, want) and (want < 0).all()
+
+
 AVERAGE_CASES = [
     ((2, 5, 9, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ((2, 5, 9, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
@@ -168,6 +183,8 @@ def test_bad_input_is_refused_with_the_reason():
         max_pool2d(x, [2, 2], [2, 2], [0, 0], [1, 1], [2, 2], block_p=6)
     with pytest.raises(ValueError, match="4-D float tensor"):
         avg_pool2d(x.int(), [2, 2], [2, 2], [0, 0], [0, 0], [1, 1], [2, 2])
+    with pytest.raises(ValueError, match="4-D float or int8 tensor"):
+        max_pool2d(x.int(), [2, 2], [2, 2], [0, 0], [1, 1], [2, 2])
     with pytest.raises(ValueError, match="out is"):
         global_avg_pool(x, torch.empty(1, 2, 1, 1, dtype=torch.float16))
     with pytest.raises(ValueError, match="splits must be"):

@@ -21,7 +21,7 @@ from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.quant.lower import engine_layers, quantize_layers
 from tests.helpers import make_model, run_onnxruntime, tensor_info
-from tests.quant.chain_support import batches, calibrated, copy, downsample_proto, lowered
+from tests.quant.chain_support import batches, calibrated, copy, downsample_proto, lowered, pool_proto
 
 
 def _node(model, name):
@@ -251,3 +251,41 @@ def test_an_explicitly_quantized_model_chains_and_still_matches_onnx_runtime(tmp
     x = batches(1, seed=5)[0]["x"]
     got = Executor(model).run({"x": x})["y"].numpy()
     np.testing.assert_array_equal(got, run_onnxruntime(str(target), {"x": x})["y"])
+
+
+def _pool_model(quant: str = "int8", **options):
+    model, table = calibrated(pool_proto(**options))
+    quantize_layers(model, table, quant=quant)
+    infer_model(model, check=False)
+    return model
+
+
+def test_a_max_pool_passes_int8_from_its_producer_to_its_readers_exactly():
+    """conv0 → MaxPool → conv1 and convd: conv0 writes int8 on its readers' scale, the pool pools the integers,
+    and the chained graph computes exactly what the unchained one does (the maximum commutes with the rounding)."""
+    unchained = _pool_model()
+    chained, section = chain_quantized(copy(unchained), residuals=False)
+    conv0, pool = _node(chained, "conv0"), _node(chained, "pool")
+    readers = [reader for reader, _ in pool.outputs[0].uses()]
+    assert sorted(reader.name for reader in readers) == ["conv1", "convd"]
+    assert conv0.outputs[0].dtype == pool.outputs[0].dtype == DType.INT8
+    assert conv0.attributes["y_scale"] == readers[0].attributes["x_scale"] == readers[1].attributes["x_scale"] > 0
+    assert conv0.outputs[0].name in section["chained"] and "conv0" not in section["float"]
+    for feed in batches(3, seed=7):
+        want = Executor(unchained).run(feed)["y"]
+        got = Executor(chained).run(feed)["y"]
+        assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+
+
+def test_a_max_pool_passes_nothing_where_its_output_must_stay_float():
+    chained, section = chain_quantized(_pool_model(pooled_output=True), residuals=False)
+    assert _node(chained, "pool").outputs[0].dtype == DType.FLOAT
+    assert "the max pool's output, is a graph output" in section["float"]["conv0"]
+    chained, section = chain_quantized(_pool_model("fp8e4m3"), residuals=False)
+    assert _node(chained, "pool").outputs[0].dtype == DType.FLOAT
+    assert "a max pool passes int8 through, not fp8e4m3" in section["float"]["conv0"]
+    model = _pool_model()
+    eligible = [node for node in model.graph.nodes if node.name != "convd"]
+    chained, section = chain_quantized(model, residuals=False, eligible=eligible)
+    assert _node(chained, "pool").outputs[0].dtype == DType.FLOAT
+    assert "runs as its float original" in section["float"]["conv0"]

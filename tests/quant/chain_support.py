@@ -128,6 +128,35 @@ def downsample_proto(seed: int = 0) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", list(SHAPE))], [tensor_info("y", [2, 4, 8, 8])], 17, initializers)
 
 
+def pool_proto(seed: int = 0, pooled_output: bool = False) -> onnx.ModelProto:
+    """A ResNet stem and first block's entry: x[2,3,8,8] → conv0 3→8 + Relu → MaxPool 3×3/2 (pads 1) = p →
+    conv1 1×1 8→8 + Relu → conv2 1×1 8→4 = y, and convd 1×1 8→4 on p added to it. Both readers of the pool's
+    output quantize it with its scale, so conv0 writes int8 through the pool. With `pooled_output`, p is a graph
+    output too (it stays float)."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "w0": rng.normal(0, 0.4, (8, 3, 3, 3)),
+        "w1": rng.normal(0, 0.3, (8, 8, 1, 1)),
+        "w2": rng.normal(0, 0.3, (4, 8, 1, 1)),
+        "wd": rng.normal(0, 0.3, (4, 8, 1, 1)),
+    }
+    for name in ("b0", "b1", "b2", "bd"):
+        weights[name] = rng.normal(0, 0.1, weights["w" + name[1:]].shape[0])
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["t0"], name="relu0"),
+        helper.make_node("MaxPool", ["t0"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+        helper.make_node("Conv", ["p", "w1", "b1"], ["c1"], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["t1"], name="relu1"),
+        helper.make_node("Conv", ["t1", "w2", "b2"], ["c2"], name="conv2"),
+        helper.make_node("Conv", ["p", "wd", "bd"], ["cd"], name="convd"),
+        helper.make_node("Add", ["c2", "cd"], ["y"], name="add2"),
+    ]
+    initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
+    outputs = [tensor_info("y", [2, 4, 4, 4])] + ([tensor_info("p", [2, 8, 4, 4])] if pooled_output else [])
+    return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
+
+
 def calibrated(proto: onnx.ModelProto | None = None) -> tuple[Model, CalibrationTable]:
     """`proto` (by default `chain_proto()`) imported and optimized as a build does, and its minmax table."""
     model, _ = optimize(import_model(proto if proto is not None else chain_proto()))

@@ -203,16 +203,28 @@ def _check_tile(name: str, block_p: int, block_c: int, num_warps: int) -> None:
         )
 
 
-def _output(name: str, x: torch.Tensor, shape: Sequence[int], out: torch.Tensor | None) -> torch.Tensor:
-    """`out` after checking it against `shape` and x's dtype and device, or a new tensor in x's memory format."""
-    if x.dim() != 4 or not x.is_floating_point():
-        raise ValueError(f"{name}: x must be a 4-D float tensor (N, C, H, W), got {x.dtype} {list(x.shape)}")
+def _output(
+    name: str, x: torch.Tensor, shape: Sequence[int], out: torch.Tensor | None, int8: bool = False
+) -> torch.Tensor:
+    """`out` after checking it against `shape` and x's dtype and device, or a new tensor in x's memory format
+    (`int8`: an int8 x is allowed too)."""
+    if x.dim() != 4 or not (x.is_floating_point() or (int8 and x.dtype == torch.int8)):
+        kinds = "float or int8" if int8 else "float"
+        raise ValueError(f"{name}: x must be a 4-D {kinds} tensor (N, C, H, W), got {x.dtype} {list(x.shape)}")
     shape = tuple(int(s) for s in shape)
     if out is None:
         return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(x))
     if tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(f"{name}: out is {out.dtype} {list(out.shape)} on {out.device}, needs {x.dtype} {list(shape)}")
     return out
+
+
+def _fill(dtype: torch.dtype, average: bool) -> float:
+    """What a window cell outside the input reads: 0 for a sum, the type's lowest value for a maximum (-inf for
+    floats; an integer type has no infinity, and -inf would convert to an undefined integer)."""
+    if average:
+        return 0.0
+    return float("-inf") if dtype.is_floating_point else float(torch.iinfo(dtype).min)
 
 
 def _window_pool(
@@ -223,17 +235,17 @@ def _window_pool(
     _check_tile(name, block_p, block_c, num_warps)
     n, c, h, w = x.shape
     oh, ow = out_shape
-    y = _output(name, x, (n, c, oh, ow), out)
+    average = counted is not None
+    y = _output(name, x, (n, c, oh, ow), out, int8=not average)
     pixels = n * oh * ow
     if pixels == 0 or c == 0:
         return y
-    average = counted is not None
     (h0, h1), (w0, w1) = counted if average else ((0, h), (0, w))
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
     _pool2d[grid](
         x, y, pixels, h, w, c, oh, ow, *x.stride(), *y.stride(),
         strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1], h0, h1, w0, w1,
-        KH=kernel[0], KW=kernel[1], AVERAGE=average, FILL=0.0 if average else float("-inf"),
+        KH=kernel[0], KW=kernel[1], AVERAGE=average, FILL=_fill(x.dtype, average),
         BLOCK_P=block_p, BLOCK_C=block_c, num_warps=num_warps,
     )  # fmt: skip
     return y
@@ -252,7 +264,8 @@ def max_pool2d(
     block_p: int = 32,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """`x` (N, C, H, W) max-pooled into (N, C, *out_shape), in `x`'s memory format or into `out`."""
+    """`x` (N, C, H, W; float, or int8: exact, the maximum of the integers) max-pooled into (N, C, *out_shape), in
+    `x`'s memory format or into `out`."""
     return _window_pool(
         "max_pool2d", x, kernel, strides, pads_begin, dilations, out_shape, None, out, block_p, block_c, num_warps
     )
