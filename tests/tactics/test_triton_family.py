@@ -111,7 +111,13 @@ def test_pool_supports_give_reasons():
     integer = Node(
         "MaxPool", [Value("x", DType.INT8, [1, 4, 9, 9])], [Value("y", DType.INT8)], {"kernel_shape": [2, 2]}
     )
-    assert "INT8" in maxpool.supports(integer, 17, CUDA)
+    assert maxpool.supports(integer, 17, CUDA) is None  # a quantized activation passed through the pool
+    wide = Node("MaxPool", [Value("x", DType.INT32, [1, 4, 9, 9])], [Value("y", DType.INT32)], {"kernel_shape": [2, 2]})
+    assert "INT32" in maxpool.supports(wide, 17, CUDA)
+    averaged = Node(
+        "AveragePool", [Value("x", DType.INT8, [1, 4, 9, 9])], [Value("y", DType.INT8)], {"kernel_shape": [2, 2]}
+    )
+    assert "INT8" in avgpool.supports(averaged, 17, CUDA)
     with_indices = Node(
         "MaxPool",
         [Value("x", DType.FLOAT, [1, 4, 9, 9])],
