@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..ir import Node
+from ..ir import DType, Node
 from ..ops import load_all
 from ..ops.conv import convolution
 from ..ops.fused import (
@@ -620,11 +620,16 @@ class CublasInt8GemmTactic(Tactic):
         return kernel
 
 
+_POOLED_IN_FLOAT = (DType.INT8, DType.UINT8, DType.INT16, DType.UINT16)
+
+
 @register_tactic
 class TorchMaxPoolTactic(Tactic):
     """MaxPool through torch's pooling kernels (cuDNN / oneDNN). Symmetric padding up to half the window is
     torch's own; any other ONNX padding is applied as -inf first (a copy). The window count must come out as
-    ONNX's (ceil mode), else the kernel raises and the gate refuses it."""
+    ONNX's (ceil mode), else the kernel raises and the gate refuses it. Integers of up to 16 bits (an int8
+    activation a max pool passes on) are pooled in float32, exactly: torch's own int8 pooling fails on
+    channels_last tensors on the CPU, and the reference's takes 27 times as long."""
 
     family = "vendor"
     name = "torch-maxpool"
@@ -636,8 +641,9 @@ class TorchMaxPoolTactic(Tactic):
         rank = node.inputs[0].rank
         if rank not in (3, 4, 5):
             return f"torch pools 1-D to 3-D windows; the input has rank {rank}"
-        if node.inputs[0].dtype.is_integer:
-            return "torch's max pooling is float only"
+        dtype = node.inputs[0].dtype
+        if dtype.is_integer and dtype not in _POOLED_IN_FLOAT:
+            return f"torch pools floats; {dtype.name} is pooled in float32 only up to 16 bits"
         return None
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
@@ -646,6 +652,8 @@ class TorchMaxPoolTactic(Tactic):
 
         def kernel(inputs):
             x = inputs[0]
+            if not x.is_floating_point():  # a quantized activation: its integers are exact in float32
+                return (kernel([x.float()])[0].to(x.dtype),)
             begin, end, out = windows.at(x.shape[2:])
             padding = 0
             if begin == end and all(2 * b <= k for b, k in zip(begin, windows.kernel, strict=True)):

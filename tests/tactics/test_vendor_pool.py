@@ -2,6 +2,7 @@
 
 import math
 
+import onnx
 import pytest
 import torch
 from onnx import helper
@@ -39,3 +40,25 @@ def test_vendor_maxpool_matches_the_reference(device, attributes):
         [x]
     )[0]
     assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("attributes", CASES[:2])
+def test_vendor_maxpool_pools_int8_exactly(device, attributes):
+    """An int8 activation (a max pool passing a quantized tensor on), channels_last: pooled in float32, exactly the
+    reference's integer maximum; all values negative, so a padding read as 0 would show."""
+    proto = make_model(
+        [helper.make_node("MaxPool", ["x"], ["y"], **attributes)],
+        [tensor_info("x", [2, 3, 9, 11], onnx.TensorProto.INT8)],
+        [tensor_info("y", None, onnx.TensorProto.INT8)],
+    )
+    (node,) = import_model(proto).graph.nodes
+    x = -torch.randint(1, 129, (2, 3, 9, 11), dtype=torch.int16).to(torch.int8)
+    x = x.to(device).contiguous(memory_format=torch.channels_last)
+    choice = autotune(node, 17, [x], device, effort=0)
+    vendor = next(c for c in choice.candidates if c.tactic == "vendor.torch-maxpool")
+    assert math.isfinite(vendor.median_ms), vendor.note
+    ours = build_layer_kernel(tactic_by_key("vendor.torch-maxpool"), node, 17, torch.device(device), vendor.config, {})
+    reference = build_layer_kernel(tactic_by_key("reference.registry"), node, 17, torch.device(device), {}, {})
+    got = ours([x])[0]
+    assert got.dtype == torch.int8 and torch.equal(got, reference([x])[0])
