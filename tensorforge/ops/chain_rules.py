@@ -128,11 +128,7 @@ class ChainRule:
             return f"no quantized layer reads {output.name!r} as its input and it has no calibrated scale"
         if len(scales) > 1:
             return f"the readers of {output.name!r} quantize it with different scales {sorted(scales)}"
-        if eligible is not None:
-            for node in [producer, *(reader for reader, _ in readers)]:
-                if node not in eligible:
-                    return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
-        return None
+        return _ineligible([producer, *(reader for reader, _ in readers)], eligible)
 
     def own_scale(self, producer: QuantizedLayer) -> float:
         """The scale of the producer's output when no reader quantizes it as its input (0: none)."""
@@ -221,11 +217,7 @@ class ThroughMaxPool(ChainRule):
                 return problem
         if len(scales) != 1:
             return f"the readers of {pooled.name!r} quantize it with scales {sorted(scales)}"
-        if eligible is not None:
-            for node in [producer, *(reader for reader, _ in pool_readers)]:
-                if node not in eligible:
-                    return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
-        return None
+        return _ineligible([producer, *(reader for reader, _ in pool_readers)], eligible)
 
     def scale(self, producer: Node, readers: Readers, view: ChainView) -> float:
         reader = next(iter(readers[0][0].outputs[0].uses()))[0]
@@ -235,6 +227,15 @@ class ThroughMaxPool(ChainRule):
 INPUT_CHAINS = InputChains()
 RESIDUAL_STREAMS = ResidualStreams()
 THROUGH_MAX_POOL = ThroughMaxPool()
+
+
+def _ineligible(nodes: Iterable[Node], eligible: Collection[Node] | None) -> str | None:
+    """Why a chain through `nodes` does not form when the build names the layers that run quantized (`eligible`):
+    the first of them that runs as its float original."""
+    for node in nodes if eligible is not None else ():
+        if node not in eligible:
+            return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
+    return None
 
 
 def _adds(reader: Node, index: int, view: ChainView) -> bool:

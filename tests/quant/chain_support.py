@@ -97,22 +97,23 @@ def skip_proto(seed: int = 0, b_output: bool = False) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
 
 
+def _weights(seed: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """Normal weights of `shapes` (w0 the widest spread, as a stem's) and a bias b… for each w…."""
+    rng = np.random.default_rng(seed)
+    weights = {name: rng.normal(0, 0.4 if name == "w0" else 0.3, shape) for name, shape in shapes.items()}
+    for name, shape in shapes.items():
+        weights["b" + name[1:]] = rng.normal(0, 0.1, shape[0])
+    return weights
+
+
 def downsample_proto(seed: int = 0) -> onnx.ModelProto:
     """A ResNet stage's first block: x[2,3,8,8] → conv0 3→8 + Relu = t0 → conv1 1×1 8→8 + Relu = t1 → conv2 1×1
     8→16 = c2; the shortcut convd 1×1 8→16 on t0 = cd; c2 + cd, Relu = t2 → conv3 1×1 16→4 = y.
 
     The optimizer folds the Add into one of conv2 / convd as its residual; the other's output is then only added
     (no layer reads it as its input): it chains on its own calibrated scale."""
-    rng = np.random.default_rng(seed)
-    weights = {
-        "w0": rng.normal(0, 0.4, (8, 3, 3, 3)),
-        "w1": rng.normal(0, 0.3, (8, 8, 1, 1)),
-        "w2": rng.normal(0, 0.3, (16, 8, 1, 1)),
-        "wd": rng.normal(0, 0.3, (16, 8, 1, 1)),
-        "w3": rng.normal(0, 0.3, (4, 16, 1, 1)),
-    }
-    for name in ("b0", "b1", "b2", "bd"):
-        weights[name] = rng.normal(0, 0.1, weights["w" + name[1:]].shape[0])
+    weights = _weights(seed, {"w0": (8, 3, 3, 3), "w1": (8, 8, 1, 1), "w2": (16, 8, 1, 1), "wd": (16, 8, 1, 1)})
+    weights["w3"] = np.random.default_rng(seed + 1).normal(0, 0.3, (4, 16, 1, 1))
     nodes = [
         helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c0"], ["t0"], name="relu0"),
@@ -133,15 +134,7 @@ def pool_proto(seed: int = 0, pooled_output: bool = False) -> onnx.ModelProto:
     conv1 1×1 8→8 + Relu → conv2 1×1 8→4 = y, and convd 1×1 8→4 on p added to it. Both readers of the pool's
     output quantize it with its scale, so conv0 writes int8 through the pool. With `pooled_output`, p is a graph
     output too (it stays float)."""
-    rng = np.random.default_rng(seed)
-    weights = {
-        "w0": rng.normal(0, 0.4, (8, 3, 3, 3)),
-        "w1": rng.normal(0, 0.3, (8, 8, 1, 1)),
-        "w2": rng.normal(0, 0.3, (4, 8, 1, 1)),
-        "wd": rng.normal(0, 0.3, (4, 8, 1, 1)),
-    }
-    for name in ("b0", "b1", "b2", "bd"):
-        weights[name] = rng.normal(0, 0.1, weights["w" + name[1:]].shape[0])
+    weights = _weights(seed, {"w0": (8, 3, 3, 3), "w1": (8, 8, 1, 1), "w2": (4, 8, 1, 1), "wd": (4, 8, 1, 1)})
     nodes = [
         helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c0"], ["t0"], name="relu0"),
