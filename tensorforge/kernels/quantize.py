@@ -8,9 +8,10 @@ agree. `W_q = clip(round(W / scale))` divides in float32, as the reference Quant
 scales: int8 rounds half to even and saturates to [−128, 127]; E4M3 clips to ±448 and rounds to nearest even.
 
 Activations quantize per tensor as the kernels do it on load, multiplying by `1/scale` in float32
-(`quantize_activation`): its result is bit for bit what a kernel that quantizes its input would read. The
-reference QuantizedConv divides by the scale instead; the two differ only where x / scale lies within one
-float32 rounding of a rounding tie.
+(`quantize_activation`): its result is bit for bit what a kernel that quantizes its input would read, and what
+the reference QuantizedConv computes (`ops.fused.quantize_activation`, which states it for the graph; the two are
+tested bit for bit). QuantizeLinear divides instead; the two differ only where x / scale lies within one float32
+rounding of a rounding tie.
 """
 
 from __future__ import annotations

@@ -119,6 +119,11 @@ class ChainRule:
             return f"{output.name!r} is a graph output: it stays float"
         if output.dtype not in _FLOAT_OUTPUTS:
             return f"{output.name!r} is {output.dtype.name}, not a float activation"
+        problem = self.readers_problem(layer, output, readers, view)
+        return problem or _ineligible([producer, *(reader for reader, _ in readers)], eligible)
+
+    def readers_problem(self, layer: QuantizedLayer, output: Value, readers: Readers, view: ChainView) -> str | None:
+        """Why `readers` keep `output` (of `layer`'s type) float, or None when they take it on one scale."""
         scales: set[float] = set()
         for reader, index in readers:
             problem = self.reader_problem(reader, index, output, layer.quant, view, scales)
@@ -128,7 +133,7 @@ class ChainRule:
             return f"no quantized layer reads {output.name!r} as its input and it has no calibrated scale"
         if len(scales) > 1:
             return f"the readers of {output.name!r} quantize it with different scales {sorted(scales)}"
-        return _ineligible([producer, *(reader for reader, _ in readers)], eligible)
+        return None
 
     def own_scale(self, producer: QuantizedLayer) -> float:
         """The scale of the producer's output when no reader quantizes it as its input (0: none)."""
@@ -210,18 +215,11 @@ class ThroughMaxPool(ChainRule):
         if _is_graph_output(pooled):
             return f"{pooled.name!r}, the max pool's output, is a graph output: it stays float"
         pool_readers = list(pooled.uses())
-        scales: set[float] = set()
-        for reader, index in pool_readers:
-            problem = INPUT_CHAINS.reader_problem(reader, index, pooled, layer.quant, view, scales)
-            if problem:
-                return problem
-        if len(scales) != 1:
-            return f"the readers of {pooled.name!r} quantize it with scales {sorted(scales)}"
-        return _ineligible([producer, *(reader for reader, _ in pool_readers)], eligible)
+        problem = INPUT_CHAINS.readers_problem(layer, pooled, pool_readers, view)
+        return problem or _ineligible([producer, *(reader for reader, _ in pool_readers)], eligible)
 
     def scale(self, producer: Node, readers: Readers, view: ChainView) -> float:
-        reader = next(iter(readers[0][0].outputs[0].uses()))[0]
-        return view.layer(reader).x_scale
+        return INPUT_CHAINS.scale(producer, list(readers[0][0].outputs[0].uses()), view)
 
 
 INPUT_CHAINS = InputChains()

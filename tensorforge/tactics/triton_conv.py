@@ -400,6 +400,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         y_scale = float(node.attributes.get("y_scale", 0.0))
         pre, post = _activations(node)
         dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
+        through = dtype if dtype in (torch.float16, torch.bfloat16) else None  # the variant's rounded input
         tiles = {k: v for k, v in config.items() if k not in ("precision", "layout")}
         packed = PerWeight(lambda w: pack_weight(w, 1, k_major=True))
         blocked = PerWeight(lambda w, begin: _s2d_weight(w, begin, k_major=True))
@@ -416,7 +417,6 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
                     x, packed(w), w_scale.float(), x_scale, b, z, strides=(2, 2), pads_begin=begin, **common
                 )
                 return (y,)
-            through = dtype if dtype in (torch.float16, torch.bfloat16) else None  # the variant's rounded input
             view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype, x_scale, through)
             y = conv2d_nhwc_quantized(
                 view, blocked(w, tuple(begin)), w_scale.float(), x_scale, b, z, pads_begin=pads, **common

@@ -55,9 +55,11 @@ class Variant:
         return {"NCHW": torch.contiguous_format, "NHWC": torch.channels_last}.get(self.layout)
 
 
-def has_float_activation(node: Node) -> bool:
-    """Whether `node` reads or writes a float32 activation (a value that is not a constant)."""
-    return any(v is not None and not v.is_const and v.dtype == DType.FLOAT for v in (*node.inputs, *node.outputs))
+def has_float_activation(node: Node, constants: bool = False) -> bool:
+    """Whether `node` reads or writes a float32 activation (a value that is not a constant; any float32 value with
+    `constants`)."""
+    values = (*node.inputs, *node.outputs)
+    return any(v is not None and (constants or not v.is_const) and v.dtype == DType.FLOAT for v in values)
 
 
 def precision_choices(node: Node, allowed: Sequence[str], computes_in_it: bool = False) -> list[str]:
@@ -65,8 +67,7 @@ def precision_choices(node: Node, allowed: Sequence[str], computes_in_it: bool =
     constants count only for a tactic that computes in the variant's type (`computes_in_it`, the float fallback
     of a quantized layer): a quantized kernel between quantized activations (int8 in, int8 out, a float32 bias
     and scales) is the same kernel in every precision, which would only be timed again and again."""
-    values = [v for v in (*node.inputs, *node.outputs) if v is not None and (computes_in_it or not v.is_const)]
-    if not any(v.dtype == DType.FLOAT for v in values):
+    if not has_float_activation(node, constants=computes_in_it):
         return ["fp32"]
     choices = [p for p in PRECISION_DTYPE if p in allowed]
     if qualified_op(node) not in TF32_OPS:
