@@ -11,6 +11,8 @@ from today), and cuDNN's fused fp16 convolution. Results as JSON (every configur
     python bench/conv_configs.py --batch 256 --precision int8 --out DIR
     python bench/conv_configs.py --batch 256 --precision int8 --kernel tma --persistent 0 2 --out DIR   (`conv_tma`,
         each tiling also as a persistent walk of two programs per multiprocessor)
+    python bench/conv_configs.py --kernel tma --layers final-1x1-56 --tiles 64x64 128x64 --stages 1 3 --out DIR
+        (a narrower grid)
 
 Every configuration is fitted to the layer's channels as the tactics fit it (`fit_configs`: a 64-channel layer
 gets 64-wide K tiles).
@@ -57,12 +59,20 @@ LAYERS = [
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (64, 256), (128, 256), (256, 128))
 
 
-def grid(tma: bool = False) -> list[dict]:
+def grid(
+    tma: bool = False, tiles=TILES, block_ks=(64, 128), warps=(4, 8), stages=(1, 2, 3)
+) -> list[dict]:  # fmt: skip
     """Tiles × K depth × warps × pipeline stages, wider than any effort level (`tma`: of `conv_tma`'s kernel)."""
     return [
-        dict(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages, tma=tma)
-        for (bm, bn), bk, warps, stages in itertools.product(TILES, (64, 128), (4, 8), (1, 2, 3))
+        dict(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=s, tma=tma)
+        for (bm, bn), bk, w, s in itertools.product(tiles, block_ks, warps, stages)
     ]
+
+
+def _tile(text: str) -> tuple[int, int]:
+    """'128x64' as (128, 64)."""
+    m, n = text.lower().split("x")
+    return int(m), int(n)
 
 
 def walks(configs: list[dict], persistent: list[int]) -> list[dict]:
@@ -190,6 +200,11 @@ def main() -> None:
         "--persistent", nargs="+", type=int, default=[0], metavar="N",
         help="TMA configurations also as persistent walks of N programs per multiprocessor (0: one per tile)",
     )  # fmt: skip
+    parser.add_argument("--tiles", nargs="+", type=_tile, default=TILES, metavar="MxN", help="grid tiles (BMxBN)")
+    parser.add_argument("--block-k", nargs="+", type=int, default=[64, 128], help="grid K depths")
+    parser.add_argument("--warps", nargs="+", type=int, default=[4, 8], help="grid warp counts")
+    parser.add_argument("--stages", nargs="+", type=int, default=[1, 2, 3], help="grid pipeline depths")
+    parser.add_argument("--tag", default="", help="appended to the result file's name")
     parser.add_argument("--device", default="cuda", help="cuda; cpu runs the Triton interpreter (a smoke run)")
     parser.add_argument("--seconds", type=float, default=300, help="stop starting new layers after this")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -201,7 +216,8 @@ def main() -> None:
     print(f"device copy {peak:.0f} GB/s", flush=True)
     quantized = args.precision == "int8"
     effort0 = {"gather": quantized_conv_configs(0) if quantized else conv_configs(0), "tma": tma_configs(0, quantized)}
-    configs = [c for kernel in args.kernel for c in (effort0[kernel] if args.effort0 else grid(kernel == "tma"))]
+    wide = dict(tiles=args.tiles, block_ks=args.block_k, warps=args.warps, stages=args.stages)
+    configs = [c for k in args.kernel for c in (effort0[k] if args.effort0 else grid(k == "tma", **wide))]
     configs = walks(configs, args.persistent)
     results = []
     for name, cin, cout, k, side, residual in LAYERS:
@@ -235,7 +251,7 @@ def main() -> None:
         results.append(dict(layer=name, cin=cin, cout=cout, kernel=k, side=side, residual=residual, bytes=case.nbytes,
                             by_kernel=by_kernel, cudnn_fp16_ms=peer_ms, configs=rows))  # fmt: skip
         kernels = "" if args.kernel == ["gather"] else "-" + "-".join(args.kernel)
-        (args.out / f"conv-configs-{args.precision}{kernels}-b{args.batch}.json").write_text(
+        (args.out / f"conv-configs-{args.precision}{kernels}-b{args.batch}{args.tag}.json").write_text(
             json.dumps(dict(copy_gbps=peak, batch=args.batch, precision=args.precision, layers=results), indent=1)
         )
 

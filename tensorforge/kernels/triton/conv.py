@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from . import conv_tma
-from .epilogue import activate, activation_args, dequantize_bias_pre, quantize
+from .epilogue import activate, activation_args, dequantize_bias_pre, quantize, widen
 from .tiles import swizzle, wave_slots
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
@@ -81,7 +81,7 @@ def _epilogue(
     if HAS_RES:
         res_rows = image * srn + oh * srh + ow * srw
         z = tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)
-        acc += z.to(tl.float32) * z_scale
+        acc += widen(z) * z_scale
     acc = activate(acc, POST, post0, post1)
     out_rows = image * syn + oh * syh + ow * syw
     if QUANT_Y != 0:

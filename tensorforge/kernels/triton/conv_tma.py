@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .epilogue import activate, dequantize_bias_pre, quantize
+from .epilogue import activate, dequantize_bias_pre, quantize, widen
 from .tiles import swizzle, wave_slots
 
 _ALIGN_BYTES = 16  # TMA: global addresses and every stride but the last in multiples of 16 bytes
@@ -150,7 +150,7 @@ def _conv_tile(
             z = tl.reshape(z_desc.load([i0, oh0, ow0, off_n]), [BLOCK_M, BLOCK_N])
         else:
             z = z_desc.load([off_m, off_n])
-        acc += z.to(tl.float32) * z_scale
+        acc += widen(z) * z_scale
     acc = activate(acc, POST, post0, post1)
     if QUANT_Y != 0:
         out = quantize(acc, y_inv_scale, QUANT_Y)

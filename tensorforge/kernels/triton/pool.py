@@ -5,8 +5,8 @@ channels, channels innermost, so on a channels_last (NHWC) tensor every window c
 contiguous channel runs; any strides work. The output size and the begin pads come from the caller (ONNX's
 ceil mode and auto-padding rules live in `ops.pool.window_geometry`).
 
-- MaxPool: cells outside the input never win (they read as -inf); NaN propagates, as the reference's amax does.
-  A maximum is exact in any precision.
+- MaxPool: cells outside the input never win (they read as -inf, or an integer type's lowest value); NaN
+  propagates, as the reference's amax does. A maximum is exact in any precision: it is taken in the input's type.
 - AveragePool: the window's float32 sum over the count of its cells inside the input, or with
   count_include_pad inside the explicitly padded input, rows [-pads_begin, H + pads_end) (cells a ceil-mode
   window hangs past the end padding never count), rounded once. The count of a window is the product of its
@@ -58,7 +58,7 @@ def _pool2d(
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     x_tile = x + (image * sxn + ih0 * sxh + iw0 * sxw)[:, None] + (channels * sxc)[None, :]  # window cell (0, 0)
-    acc = tl.full([BLOCK_P, BLOCK_C], FILL, tl.float32)
+    acc = tl.full([BLOCK_P, BLOCK_C], FILL, tl.float32 if AVERAGE else x.dtype.element_ty)
     for kh in tl.static_range(KH):
         ih = ih0 + kh * DH
         row_ok = pixel_ok & (ih >= 0) & (ih < H)
@@ -66,10 +66,10 @@ def _pool2d(
             iw = iw0 + kw * DW
             ok = row_ok & (iw >= 0) & (iw < W)
             mask = ok[:, None] & channel_ok[None, :]
-            value = tl.load(x_tile + (kh * DH * sxh + kw * DW * sxw), mask=mask, other=FILL).to(tl.float32)
+            value = tl.load(x_tile + (kh * DH * sxh + kw * DW * sxw), mask=mask, other=FILL)
             if AVERAGE:
-                acc += value
-            else:
+                acc += value.to(tl.float32)
+            else:  # in the input's own type: exact, and no conversion instruction per cell
                 acc = tl.maximum(acc, value, propagate_nan=tl.PropagateNan.ALL)
     if AVERAGE:
         rows = tl.zeros([BLOCK_P], dtype=tl.float32)
