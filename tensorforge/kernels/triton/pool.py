@@ -219,12 +219,13 @@ def _output(
     return out
 
 
-def _fill(dtype: torch.dtype, average: bool) -> float:
+def _fill(dtype: torch.dtype, average: bool) -> float | int:
     """What a window cell outside the input reads: 0 for a sum, the type's lowest value for a maximum (-inf for
-    floats; an integer type has no infinity, and -inf would convert to an undefined integer)."""
+    floats; an integer type has no infinity, and -inf would convert to an undefined integer), as a Python int for
+    an integer type (the maximum is taken in that type)."""
     if average:
         return 0.0
-    return float("-inf") if dtype.is_floating_point else float(torch.iinfo(dtype).min)
+    return float("-inf") if dtype.is_floating_point else int(torch.iinfo(dtype).min)
 
 
 def _window_pool(
