@@ -6,7 +6,9 @@ in its parts, each timed on its own beside cuDNN's fused fp16 convolution in the
   per tap (4×4 taps of 16 channels) and per row of taps (`column_taps`: 4 × 1 taps of 64 channels), over the
   effort-0 configurations of `triton.conv-s2d`; in fp16, and int8 (quantized by the blocking pass, int8 out, as
   a chained int8 stem writes);
-- the 3×3 stride-2 max pool that reads the stem's output.
+- the blocking pass's tiles (pixels a program × warps), fp16 and int8;
+- the 3×3 stride-2 max pool that reads the stem's output: torch's in fp16, ours (`kernels.triton.pool`) over its
+  effort-1 tiles in fp16 and int8.
 
 Every result is checked against the float32 reference before it is timed.
 
@@ -45,10 +47,13 @@ from tensorforge.kernels.triton.conv import (
     quantized_conv_configs,
     tma_configs,
 )
+from tensorforge.kernels.triton.copy import space_to_depth
 from tensorforge.kernels.triton.epilogue import activation_args
+from tensorforge.kernels.triton.pool import max_pool2d, pool_configs
 from tensorforge.tactics.timing import measure
 
 KERNEL, PAD, COUT = 7, 3, 64
+BLOCKING_TILES = [(j, w) for j in (32, 64, 128, 256) for w in (2, 4, 8)]  # (pixels a program, warps)
 
 
 def timed(fn: Callable[[], object], device: torch.device) -> float:
@@ -74,6 +79,20 @@ def best(
             row["note"] = f"wrong: {err:.3g}"
     timed_rows = [r for r in rows if "ms" in r]
     top = min(timed_rows, key=lambda r: r["ms"], default={"ms": float("inf"), "config": "none ran"})
+    return top["ms"], top["config"], rows
+
+
+def exact_best(run: Callable, want: torch.Tensor, choices, describe_choice: Callable, device):
+    """The fastest of `choices` whose `run(choice)` equals `want` exactly: (ms, description, rows of every one)."""
+    rows = []
+    for choice in choices:
+        row = {"config": describe_choice(choice)}
+        rows.append(row)
+        if torch.equal(run(choice), want):
+            row["ms"] = timed(lambda choice=choice: run(choice), device)
+        else:
+            row["note"] = "wrong"
+    top = min((r for r in rows if "ms" in r), key=lambda r: r["ms"], default={"ms": float("inf"), "config": "none ran"})
     return top["ms"], top["config"], rows
 
 
@@ -169,8 +188,29 @@ def main() -> None:
     ms, cfg, rows = best(run8, error8, 1.01, fit_configs(quantized, 16 * taps, COUT, 32), device)
     record("s2d conv int8 -> int8, per row of taps", ms, cfg, rows)
 
+    for name, dtype, scale in (("fp16", torch.float16, None), ("int8", torch.int8, sx)):
+        want = blocked_input(x, dtype, columns=columns, scale=scale)
+        got = torch.empty_like(want)
+
+        def block(tile, got=got, scale=scale):
+            got.fill_(-7)
+            return space_to_depth(x, got, columns, scale, block_j=tile[0], num_warps=tile[1])
+
+        ms, tile, rows = exact_best(block, want, BLOCKING_TILES, lambda t: f"{t[0]} pixels, {t[1]} warps", device)
+        record(f"blocking pass {name}, best tile", ms, tile, rows)
+
     stem = cudnn()
     record("max pool 3x3/2 fp16 (torch)", timed(lambda: F.max_pool2d(stem, 3, 2, 1), device))
+    stem8 = quantize_activation(stem.float(), sy, "int8").contiguous(memory_format=torch.channels_last)
+    for name, source in (("fp16", stem), ("int8", stem8)):
+        want = F.max_pool2d(source.float(), 3, 2, 1).to(source.dtype)
+
+        def pool(cfg, source=source, side=want.shape[2:]):
+            return max_pool2d(source, (3, 3), (2, 2), (1, 1), (1, 1), side, **cfg)
+
+        describe_pool = "{block_p}x{block_c}, {num_warps} warps".format_map
+        ms, tile, rows = exact_best(pool, want, pool_configs(1), describe_pool, device)
+        record(f"max pool 3x3/2 {name} (ours), best tile", ms, tile, rows)
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {
