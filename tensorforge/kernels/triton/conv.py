@@ -207,9 +207,9 @@ def _conv2d_igemm(
             a = tl.load(a_ptrs)  # an unpadded window over whole blocks of channels: every element is inside
         if QUANTIZE_X and X_CHANNELS:
             inv = tl.load(x_inv + g * CG + c, mask=c < CG, other=0.0)
-            a = quantize(a, inv[None, :], QUANT)
+            a = quantize(a, inv[None, :], QUANT, OPERAND=True)
         elif QUANTIZE_X:
-            a = quantize(a, x_inv_scale, QUANT)  # after the masked load: padding quantizes to 0
+            a = quantize(a, x_inv_scale, QUANT, OPERAND=True)  # after the masked load: padding quantizes to 0
         if W_K_MAJOR:
             b = tl.load(w_group + w_rows[:, None], mask=w_mask, other=0.0)
         else:

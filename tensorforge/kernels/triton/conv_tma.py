@@ -129,7 +129,7 @@ def _conv_tile(
         else:
             a = a_desc.load([off_m, c0])
         if QUANTIZE_X:
-            a = quantize(a, x_inv_scale, QUANT)  # zeros quantize to 0
+            a = quantize(a, x_inv_scale, QUANT, OPERAND=True)  # zeros quantize to 0
         k = tap * CIN + c0
         if W_K_MAJOR:
             b = b_desc.load([off_n, k]).T
