@@ -139,8 +139,8 @@ def main() -> None:
     xbc = blocked_input(x, torch.float16, columns=columns)
     view = column_taps(xbc, taps, side)
     wb = blocked_weight(wh, [PAD, PAD])
-    out = torch.empty(args.batch, COUT, side, side, dtype=torch.float16, device=device).contiguous(
-        memory_format=torch.channels_last
+    out = torch.empty(
+        args.batch, COUT, side, side, dtype=torch.float16, device=device, memory_format=torch.channels_last
     )
     space = tma_configs(0) + conv_configs(0)
     forms = {
@@ -169,9 +169,7 @@ def main() -> None:
     x_steps = quantize_activation(x, sx, "int8").float()
     qref = torch.relu(F.conv2d(x_steps * sx, w_steps.float() * ws[:, None, None, None], bias, stride=2, padding=PAD))
     qref = qref.clamp(max=127 * sy)
-    out8 = torch.empty(args.batch, COUT, side, side, dtype=torch.int8, device=device).contiguous(
-        memory_format=torch.channels_last
-    )
+    out8 = torch.empty(args.batch, COUT, side, side, dtype=torch.int8, device=device, memory_format=torch.channels_last)
     packed8 = pack_weight(column_tap_weight(wq), 1, k_major=True)
 
     def run8(cfg):

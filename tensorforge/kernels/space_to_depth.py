@@ -86,7 +86,7 @@ def blocked_input(
     group = blocked_channels(channels, align) // 4
     before, after = columns
     shape = (n, 4 * group, h // 2, w // 2 + before + after)
-    out = torch.empty(shape, dtype=dtype, device=x.device).contiguous(memory_format=torch.channels_last)
+    out = torch.empty(shape, dtype=dtype, device=x.device, memory_format=torch.channels_last)
     if x.is_cuda:
         return space_to_depth(x, out, columns, scale, through)
     if dtype in (torch.int8, torch.float8_e4m3fn):

@@ -83,7 +83,7 @@ __device__ __forceinline__ float activate(float x, float p0, float p1) {
 def nhwc_output(x: torch.Tensor, shape: tuple[int, ...], out: torch.Tensor | None, who: str) -> torch.Tensor:
     """`out`, checked to be a channels_last tensor of `shape` in `x`'s dtype, or a new one."""
     if out is None:
-        return torch.empty(shape, dtype=x.dtype, device=x.device).to(memory_format=torch.channels_last)
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous(memory_format=torch.channels_last):
         raise ValueError(f"{who}: out must be a channels_last {x.dtype} tensor of shape {list(shape)}")
     return out
