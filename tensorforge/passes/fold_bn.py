@@ -34,6 +34,10 @@ class Layer:
     weight: Value
     bias: Value | None
 
+    @classmethod
+    def of(cls, node: Node) -> Layer:
+        return cls(node, node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None)
+
     @property
     def op(self) -> str:
         return self.node.op_type
@@ -166,7 +170,7 @@ class _FoldAffine(Rule):
         producer = next((p for p in map(_layer, filter(None, sources)) if p is not None), None)
         if producer is None:
             return None
-        layer = Layer(producer, producer.inputs[1], producer.inputs[2] if len(producer.inputs) > 2 else None)
+        layer = Layer.of(producer)
         if not self.candidate(node, layer, graph):
             return None
         weight = _initializer(graph, layer.weight)
@@ -339,8 +343,64 @@ def _vector(tensor: torch.Tensor, layer: Layer) -> torch.Tensor | str:
     return _per_channel(tensor, rank, layer.channel_axis(), layer.channels())
 
 
+@dataclass
+class _Distribute:
+    mul: Node
+    add: Node
+    layer: Layer
+    scale: torch.Tensor  # the Mul's constant, as given
+    shift: torch.Tensor  # the Add's constant, as given
+
+
+class DistributeChannelMul(Rule):
+    """`((W ⊛ x) + b)·c` = `(W ⊛ x)·c + b·c` for per-channel constants b and c, so that `fold-channel-mul` can
+    fold c into W: a MatMul has no bias input, so its bias is an Add that stands between it and a scale (a
+    layer scale after a Linear, once `transposes.HoistThroughTranspose` has brought it next to the layer)."""
+
+    name = "distribute-channel-mul"
+    op_types = ("Mul",)
+
+    def match(self, node: Node, ctx: PassContext) -> _Distribute | None:
+        graph = ctx.model.graph
+        for side in (0, 1):
+            add = node.inputs[side].producer() if node.inputs[side] is not None else None
+            scale = _initializer(graph, node.inputs[1 - side])
+            if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or scale is None:
+                continue
+            for add_side in (0, 1):
+                producer = _layer(add.inputs[add_side])
+                shift = _initializer(graph, add.inputs[1 - add_side])
+                if producer is not None and shift is not None:
+                    return _Distribute(node, add, Layer.of(producer), scale, shift)
+        return None
+
+    def check(self, match: _Distribute, ctx: PassContext) -> str | None:
+        between = match.add.outputs[0]
+        if is_graph_output(between) or len(between.uses()) != 1:
+            return "the bias Add's output is read elsewhere"
+        for name, tensor in (("scale", match.scale), ("bias", match.shift)):
+            if not tensor.is_floating_point():
+                return f"the {name} is not floating point"
+            vector = _vector(tensor, match.layer)
+            if isinstance(vector, str):
+                return f"the {name}: {vector}"
+        return layer_problem(match.layer.node, ctx.model.graph)
+
+    def rewrite(self, match: _Distribute, ctx: PassContext) -> str:
+        graph = ctx.model.graph
+        product, out = match.layer.output, match.mul.outputs[0]
+        scaled = ctx.new_value(product.name, like=product)
+        graph.append(Node("Mul", [product, _new_constant(ctx, "scale", match.scale)], [scaled]))
+        shift = (match.shift.double() * match.scale.double()).to(match.shift.dtype)
+        add = Node("Add", [scaled, _new_constant(ctx, "shift", shift)], [ctx.new_value(out.name, like=out)])
+        bias_add = match.add
+        replace_node(match.mul, add)
+        graph.remove(bias_add)
+        return f"distributed a channel Mul over the bias Add of {match.layer.op} {match.layer.node.name!r}"
+
+
 class FoldBatchNorm(RulePass):
     """Folds BatchNormalization and per-channel Mul/Add constants into Conv/ConvTranspose/Gemm/MatMul."""
 
     name = "fold-batchnorm"
-    rules = (FoldBatchNormalization, FoldChannelMul, FoldChannelAdd)
+    rules = (FoldBatchNormalization, FoldChannelMul, FoldChannelAdd, DistributeChannelMul)

@@ -3,7 +3,8 @@
 The order matters: folding and cleanup first expose the plain structure (constant subgraphs gone, no-op
 Identity/Dropout removed) and shape inference fills the dims folding made computable, CSE merges duplicates
 before patterns are matched, pattern recognition turns decomposed GELU/LayerNorm/softmax into single ops and
-then attention (two MatMuls around a softmax) into one, BatchNorm is folded into its convolution before the
+then attention (two MatMuls around a softmax) into one, pointwise ops after a layer's transposed output move
+above the Transpose (next to the layer that can absorb them), BatchNorm is folded into its convolution before the
 epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
 explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
 merged once their epilogues are settled, squeeze-and-excitation blocks (pool, two 1×1 convolutions, the gating
@@ -32,6 +33,7 @@ from .patterns import RecognizePatterns
 from .pointwise import FusePointwise
 from .shapes import InferShapes
 from .squeeze_excite import FuseSqueezeExcite
+from .transposes import HoistThroughTransposes
 
 
 def default_passes(device: str | None = None) -> list[Pass]:
@@ -46,6 +48,7 @@ def default_passes(device: str | None = None) -> list[Pass]:
         CommonSubexpressions(),
         RecognizePatterns(),
         RecognizeAttention(),
+        HoistThroughTransposes(),
         FoldBatchNorm(),
         FuseEpilogue(),
         FoldExplicitQuantization(),

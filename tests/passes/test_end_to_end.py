@@ -89,9 +89,9 @@ def _zoo(name: str, **options) -> Optimized:
     return _optimize(import_model(zoo.export(name, **options)))
 
 
-def _random(name: str, batch: int = 2) -> dict[str, np.ndarray]:
+def _random(name: str, batch: int = 2, size: int | None = None) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
-    return {"input": rng.standard_normal(zoo.input_shape(name, batch)).astype(np.float32)}
+    return {"input": rng.standard_normal(zoo.input_shape(name, batch, size)).astype(np.float32)}
 
 
 def _activation(node: Node) -> list[str]:
@@ -196,6 +196,18 @@ def test_inception_block_matches_and_merges_parallel_branches(inception):
 @pytest.fixture(scope="module")
 def transformer():
     return _zoo("transformer", size=16)
+
+
+def test_convnext_folds_its_layer_scales_and_fuses_its_residuals_into_the_linear_layers():
+    """Each block ends Linear → Transpose back to NCHW → Mul γ → Add x: hoisted above the Transpose, the layer
+    scale folds into the Linear's weights and the residual fuses into its epilogue (no pass of their own)."""
+    result = _zoo("convnext_tiny", size=32)
+    result.compare(_random("convnext_tiny", size=32))
+    before, ops = result.report.ops_before, result.ops()
+    assert before["Mul"] >= 18 and before["Transpose"] == 46
+    assert ops["Mul"] == 0 and ops["Add"] == 0 and ops["tensorforge::FusedPointwise"] == 0
+    assert len(_with_residual(result.nodes(FUSED_GEMM))) == 18  # every block's second Linear
+    assert ops["Transpose"] < before["Transpose"]
 
 
 def test_transformer_matches_and_fuses(transformer):

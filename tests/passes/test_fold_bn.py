@@ -200,6 +200,27 @@ def test_per_feature_mul_and_add_fold_into_gemm_and_mul_into_matmul():
     assert len(report.fired("fold-channel-mul")) == 2 and len(report.fired("fold-channel-add")) == 1
 
 
+def test_a_scale_after_a_matmuls_bias_add_is_distributed_then_folded():
+    """((x·W) + b)·k = (x·W)·k + b·k, and then x·(W·k) + b·k; a bias Add read elsewhere stays as it is."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"]),
+        helper.make_node("Add", ["p", "b"], ["pb"]),
+        helper.make_node("Mul", ["pb", "k"], ["y"]),
+    ]
+    inits = [init("w", rand(3, 5, seed=1)), init("b", rand(5, seed=2)), init("k", rand(1, 5, seed=3))]
+    model = make_model(nodes, [tensor_info("x", [4, 3])], [tensor_info("y", [4, 5])], initializers=inits)
+    _, report, ops = optimize_and_compare(model, [FoldBatchNorm()], {"x": rand(4, 3)})
+    assert ops == {"MatMul": 1, "Add": 1}
+    assert len(report.fired("distribute-channel-mul")) == 1 and len(report.fired("fold-channel-mul")) == 1
+
+    shared = make_model(
+        nodes, [tensor_info("x", [4, 3])], [tensor_info("y", [4, 5]), tensor_info("pb", [4, 5])], initializers=inits
+    )
+    _, report, ops = optimize_and_compare(shared, [FoldBatchNorm()], {"x": rand(4, 3)})
+    assert ops == {"MatMul": 1, "Add": 1, "Mul": 1}
+    assert "read elsewhere" in report.declined("distribute-channel-mul")[0].detail
+
+
 # -- declines ------------------------------------------------------------------------------------------------
 
 
