@@ -79,9 +79,9 @@ def quantize(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False):
     """A float block on the quantized grid: `v · inv_scale` in float32, clipped, then int8 rounding half to even
     or E4M3 rounding to nearest even (its clip as selects, so NaN stays NaN; an int8 has no NaN, and a NaN clips
     to a bound). A stored int8 result is the low byte of the rounding sum's bits (no conversion instruction); an
-    `OPERAND` (quantized on load, for the tensor cores) is converted: Triton 3.6 on the H200 multiplied wrong int8
-    operands made the bitcast way (every output of a 128×16-tile layer quantizing float32 on load was 0), while
-    stored results made it were exact in every test and engine build."""
+    `OPERAND` (quantized on load, for the tensor cores) is converted with `cvt`: rounded through the bits, the
+    operands of a 128×16-tile layer quantizing float32 on load gave wrong products with Triton 3.6 on the H200
+    (every output 0), while stored results rounded that way were exact in every test and engine build."""
     v = v.to(tl.float32) * inv_scale
     if QUANT == 1:
         v = tl.minimum(tl.maximum(v, -128.0), 127.0) + _MAGIC
