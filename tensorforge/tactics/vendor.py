@@ -16,6 +16,8 @@
 - `vendor.onednn-qconv`: int8 QuantizedConv on the CPU as oneDNN's int8 convolution (VNNI), float32 or int8 out.
 - `vendor.onednn-qlinear`: int8 QuantizedGemm on the CPU as oneDNN's int8 linear (VNNI), float32 or int8 out.
 - `vendor.cublas-int8`: int8 QuantizedGemm on CUDA as cuBLAS's int8 product (`torch._int_mm`), exact int32 sums.
+- `vendor.cublas-gemm`: FusedGemm with a constant weight on CUDA as one cuBLASLt product with its bias (and ReLU)
+  inside (`torch.addmm` / `_addmm_activation`), the rest of the epilogue in place on the output after it.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
   fused CPU kernels: the score matrix is not written out).
@@ -416,6 +418,55 @@ class OneDnnLinearTactic(Tactic):
             else:
                 other = z.expand(*x.shape[:-1], weight.shape[0]).reshape(rows.shape[0], -1).contiguous()
                 y = mkldnn._linear_pointwise.binary(rows, other, weight, bias, "add")
+            return (y.reshape(*x.shape[:-1], y.shape[-1]),)
+
+        return kernel
+
+
+@register_tactic
+class CublasGemmTactic(Tactic):
+    """FusedGemm `post(pre(α·A @ op(B) + β·C) + Z)` on CUDA: cuBLASLt's product with the bias C (and a `pre` ReLU
+    without a residual) in its epilogue, one call; any other activation, the residual and `post` then run in
+    place on the output, one pass each. The product `reference.registry` runs too, but its epilogue widens to
+    float32 and allocates at every step; this one is what cuBLAS gives with the fewest passes, for the autotuner
+    to weigh against our fused Triton GEMMs layer by layer."""
+
+    family = "vendor"
+    name = "cublas-gemm"
+    op_types = (f"{DOMAIN}::FusedGemm",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "cuBLAS runs on CUDA"
+        a = node.attributes
+        weight = node.inputs[1]
+        if not weight.is_const or weight.rank != 2:
+            return "the weight must be a constant matrix"
+        if a.get("transA", 0):
+            return "transA is not supported"
+        return _linear_operands_problem(node, weight.shape[0 if a.get("transB", 0) else 1])
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        pre, pre_params, post, post_params = _epilogue_attributes(node)
+        alpha, beta = float(node.attributes.get("alpha", 1.0)), float(node.attributes.get("beta", 1.0))
+        transposed = bool(node.attributes.get("transB", 0))
+        fused_relu = pre == "Relu"
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            rows = x.reshape(-1, x.shape[-1])
+            matrix = w.t() if transposed else w
+            if b is None:
+                y = torch.mm(rows, matrix) if alpha == 1.0 else torch.mm(rows, matrix).mul_(alpha)
+                y = apply_activation(y, pre, pre_params)
+            elif fused_relu and z is None and alpha == 1.0 and beta == 1.0:
+                y = torch._addmm_activation(b.reshape(-1), rows, matrix, use_gelu=False)
+            else:
+                y = torch.addmm(b.reshape(-1), rows, matrix, beta=beta, alpha=alpha)
+                y = apply_activation(y, pre, pre_params)
+            if z is not None:
+                y.add_(z.reshape(y.shape))
+            y = apply_activation(y, post, post_params)
             return (y.reshape(*x.shape[:-1], y.shape[-1]),)
 
         return kernel
