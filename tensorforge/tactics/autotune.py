@@ -336,6 +336,7 @@ class _Search:
         self.timing_s = 0.0
         self.candidate_s = 0.0
         self.first_run_s = 0.0
+        self.fastest_ms = math.inf  # the fastest candidate scored so far (the budget's give-up ratio refers to it)
         self._clock = threading.Lock()  # worker threads add their candidates' times
 
     def score(self, items: Sequence[tuple[Tactic, dict[str, Any]]]) -> list[Candidate]:
@@ -349,6 +350,7 @@ class _Search:
                 continue
             note = f"cached failure: {cached.error}" if cached.error else "cached"
             results[index] = Candidate(tactic.key, config, cached.median_ms, note)
+            self.fastest_ms = min(self.fastest_ms, cached.median_ms)
         started = time.perf_counter()
         prepared = self._prepare([items[index] for index in pending])
         self.prepare_s += time.perf_counter() - started
@@ -464,11 +466,18 @@ class _Search:
             with torch.inference_mode(), full_float32():
                 kernel(args)
 
-        timing = measure(call, device=self.device, **self.budget.as_kwargs())
+        give_up_ms = self.budget.give_up_ratio * self.fastest_ms
+        timing = measure(call, device=self.device, give_up_ms=give_up_ms, **self.budget.as_kwargs())
         self.calls[_call_key(tactic.key, config)] = call
         if self.cache is not None:
             self.cache.record(self.key, tactic.key, config, timing, description=self.description)
-        note = "" if timing.ok else f"failed while timed: {timing.error}"
+        if not timing.ok:
+            note = f"failed while timed: {timing.error}"
+        elif len(timing.samples) == 1 and timing.median > give_up_ms:
+            note = f"timed once: over {self.budget.give_up_ratio:g}x the fastest so far"
+        else:
+            note = ""
+        self.fastest_ms = min(self.fastest_ms, timing.median)
         return Candidate(tactic.key, config, timing.median, note)
 
 

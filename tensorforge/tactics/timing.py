@@ -76,9 +76,14 @@ class TimingBudget:
     warmup: int
     repeats: int
     min_time_s: float
+    # A candidate whose first timed call takes more than this many times the fastest candidate so far stops there
+    # (its one sample is its time): it cannot win, and its remaining calls are most of a build's timing.
+    give_up_ratio: float = math.inf
 
     def __post_init__(self) -> None:
         _check_budget(self.warmup, self.repeats, self.min_time_s)
+        if not self.give_up_ratio > 1:
+            raise ValueError(f"give_up_ratio must be above 1, not {self.give_up_ratio!r}")
 
     @classmethod
     def for_effort(cls, effort: int) -> TimingBudget:
@@ -92,8 +97,8 @@ class TimingBudget:
 
 
 _EFFORTS = {
-    0: TimingBudget(warmup=2, repeats=10, min_time_s=0.0),
-    1: TimingBudget(warmup=5, repeats=30, min_time_s=0.02),
+    0: TimingBudget(warmup=2, repeats=10, min_time_s=0.0, give_up_ratio=4.0),
+    1: TimingBudget(warmup=5, repeats=30, min_time_s=0.02, give_up_ratio=4.0),
     2: TimingBudget(warmup=10, repeats=100, min_time_s=0.1),
 }
 
@@ -109,16 +114,18 @@ def measure(
     repeats: int = 30,
     flush_l2: bool = True,
     min_time_s: float = 0.02,
+    give_up_ms: float = math.inf,
 ) -> Timing:
     """Time `fn()` on `device` ('cpu' or 'cuda[:i]'); the defaults are effort level 1.
 
     `fn` takes no arguments and, on CUDA, enqueues its work on the current stream. After `warmup` untimed
     calls it is captured in a CUDA graph, whose replays are timed (`METHOD`: the GPU time, without the
     host-side launch cost a graph replay does not pay; a call that cannot be captured is timed eagerly), at
-    least `repeats` times and until the timed calls add up to `min_time_s` (at most
-    10 × `repeats` calls). `flush_l2` applies to CUDA only. If `fn` raises (while warming up, while timed, or
-    in a CUDA error surfacing at synchronization), the result has `error` set and `inf` times. A CUDA error
-    that corrupts the context (an illegal address) is sticky: later candidates will fail too.
+    least `repeats` times and until the timed calls add up to `min_time_s` (at most 10 × `repeats` calls). A first
+    timed call over `give_up_ms` is the only one (on CUDA after one untimed replay, so that a graph's first upload
+    is not timed). `flush_l2` applies to CUDA only. If `fn` raises (while warming up, while timed, or in a CUDA
+    error surfacing at synchronization), the result has `error` set and `inf` times. A CUDA error that corrupts
+    the context (an illegal address) is sticky: later candidates will fail too.
     """
     _check_budget(warmup, repeats, min_time_s)
     device = torch.device(device)
@@ -131,7 +138,7 @@ def measure(
     else:
         raise ValueError(f"measure() times on 'cpu' or 'cuda' devices, not {str(device)!r}")
     try:
-        samples = timer(fn, device, warmup, repeats, flush_l2, min_time_s)
+        samples = timer(fn, device, warmup, repeats, flush_l2, min_time_s, give_up_ms)
     except Exception as exc:
         return Timing.failed(f"{type(exc).__name__}: {exc}")
     return Timing.from_samples(samples)
@@ -172,7 +179,13 @@ def measure_interleaved(
 
 
 def _time_cpu(
-    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int, flush_l2: bool, min_time_s: float
+    fn: Callable[[], object],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    flush_l2: bool,
+    min_time_s: float,
+    give_up_ms: float,
 ) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -181,11 +194,19 @@ def _time_cpu(
         start = time.perf_counter_ns()
         fn()
         samples.append((time.perf_counter_ns() - start) / 1e6)
+        if len(samples) == 1 and samples[0] > give_up_ms:
+            break
     return samples
 
 
 def _time_cuda(
-    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int, flush_l2: bool, min_time_s: float
+    fn: Callable[[], object],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    flush_l2: bool,
+    min_time_s: float,
+    give_up_ms: float,
 ) -> list[float]:
     with torch.cuda.device(device):
         flush = torch.empty(_flush_bytes(device), dtype=torch.uint8, device=device) if flush_l2 else None
@@ -194,6 +215,11 @@ def _time_cuda(
         torch.cuda.synchronize()
         fn = _graphed(fn) or fn
         samples: list[float] = []
+        if math.isfinite(give_up_ms):
+            fn()  # a graph's first replay uploads it: not timed
+            samples.append(_timed_once(fn, flush))
+            if samples[0] > give_up_ms:
+                return samples
         while _wants_more(samples, repeats, min_time_s):
             batch = min(repeats, repeats * _MAX_SAMPLES_FACTOR - len(samples))
             events = []
@@ -209,6 +235,18 @@ def _time_cuda(
             torch.cuda.synchronize()
             samples.extend(start.elapsed_time(end) for start, end in events)
         return samples
+
+
+def _timed_once(fn: Callable[[], object], flush: torch.Tensor | None) -> float:
+    """One call of `fn` after an L2 flush, timed with CUDA events (ms)."""
+    if flush is not None:
+        flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
 
 
 def _graphed(fn: Callable[[], object]) -> Callable[[], object] | None:

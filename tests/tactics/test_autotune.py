@@ -154,6 +154,16 @@ def test_a_tactic_slow_in_its_first_configuration_is_not_tuned_further(tuned_tac
     assert all(math.isfinite(c.median_ms) for c in _tuned(every))
 
 
+def test_a_candidate_far_slower_than_the_fastest_so_far_is_timed_once(tuned_tactic, monkeypatch):
+    monkeypatch.setattr(tuned_tactic, "first_sleep_s", 0.05)
+    node, inputs = _fused_conv_layer()
+    choice = autotune(node, 1, inputs, "cpu", effort=0)
+    (slow,) = _tuned(choice)  # timed after the vendor and reference tactics, each well under 12 ms here
+    assert slow.note.startswith("timed once: over 4x the fastest so far") and slow.median_ms >= 50
+    careful = autotune(node, 1, inputs, "cpu", effort=2)
+    assert all(not c.note.startswith("timed once") for c in careful.candidates)
+
+
 def test_a_tactic_whose_first_configuration_fails_tries_the_others(tuned_tactic, monkeypatch):
     monkeypatch.setattr(tuned_tactic, "first_sleep_s", None)
     node, inputs = _fused_conv_layer()

@@ -116,6 +116,21 @@ def test_budget_drives_measure():
     assert len(calls) == 10
 
 
+def test_a_first_call_over_the_give_up_time_is_the_only_timed_one():
+    fn, calls = counting(sleep_s=0.002)
+    slow = measure(fn, device="cpu", warmup=1, repeats=5, min_time_s=0.0, give_up_ms=0.5)
+    assert len(slow.samples) == 1 and slow.median > 0.5 and len(calls) == 2  # one warm-up, one timed call
+    quick = measure(fn, device="cpu", warmup=1, repeats=5, min_time_s=0.0, give_up_ms=1000.0)
+    assert len(quick.samples) == 5  # under it, the budget as usual
+
+
+def test_efforts_below_two_give_up_on_hopeless_candidates_and_two_never():
+    assert TimingBudget.for_effort(0).give_up_ratio == TimingBudget.for_effort(1).give_up_ratio == 4.0
+    assert TimingBudget.for_effort(2).give_up_ratio == float("inf")
+    with pytest.raises(ValueError, match="give_up_ratio"):
+        TimingBudget(warmup=1, repeats=1, min_time_s=0.0, give_up_ratio=1.0)
+
+
 @pytest.mark.parametrize("effort", [-1, 3, True, "1", 1.0])
 def test_unknown_effort(effort):
     with pytest.raises(ValueError, match="effort must be 0, 1 or 2"):
@@ -207,6 +222,15 @@ def test_a_call_that_cannot_be_captured_is_timed_eagerly():
 
     timing = measure(synchronizing, device="cuda", warmup=1, repeats=5, min_time_s=0.0)
     assert timing.ok and timing.median > 0.0
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_first_replay_over_the_give_up_time_is_the_only_timed_one():
+    x = torch.randn(4096, 4096, device="cuda")
+    slow = measure(lambda: x @ x, device="cuda", warmup=1, repeats=10, min_time_s=0.0, give_up_ms=1e-3)
+    assert slow.ok and len(slow.samples) == 1 and slow.median > 1e-3
+    quick = measure(lambda: x @ x, device="cuda", warmup=1, repeats=10, min_time_s=0.0, give_up_ms=1e3)
+    assert quick.ok and len(quick.samples) == 11  # the first timed call counts, then a batch of `repeats`
 
 
 def test_interleaved_timing_alternates_the_functions_and_pools_their_rounds():
