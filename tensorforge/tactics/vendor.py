@@ -19,6 +19,8 @@
 - `vendor.cublas-gemm`: FusedGemm with a constant weight on CUDA as one cuBLASLt product with its bias (and ReLU)
   inside (`torch.addmm` / `_addmm_activation`), the rest of the epilogue in place on the output after it.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
+- `vendor.torch-upsample-nearest`: Resize, nearest, by integer factors on H and W as torch's `interpolate`
+  (exact there: output pixel o reads input pixel o // s); 8× the reference on the CPU for YOLO's neck.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
   fused CPU kernels: the score matrix is not written out).
 - `vendor.torch-layernorm`: LayerNormalization as torch's one-pass `layer_norm` (statistics in float32).
@@ -53,6 +55,7 @@ from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
 from .base import Kernel, Tactic, register_tactic
 from .channel_scales import ChannelScales
+from .upsample import upsample_factors
 
 _FUSED_CONV = f"{DOMAIN}::FusedConv"
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -715,6 +718,37 @@ class TorchMaxPoolTactic(Tactic):
             if list(y.shape[2:]) != list(out):
                 raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
             return (y,)
+
+        return kernel
+
+
+@register_tactic
+class TorchUpsampleNearestTactic(Tactic):
+    """Resize, nearest, by integer factors on H and W (`tactics.upsample`) as one `F.interpolate`, in the input's
+    memory format: for an integer factor s torch's nearest index floor(o · (1/s)) is o // s, exactly (a test
+    pins it against the reference)."""
+
+    family = "vendor"
+    name = "torch-upsample-nearest"
+    op_types = ("Resize",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        factors = upsample_factors(node, opset)
+        if isinstance(factors, str):
+            return factors
+        if not node.inputs[0].dtype.is_float:
+            return "float inputs only"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        factors = upsample_factors(node, opset)
+        if isinstance(factors, str):
+            raise ValueError(f"{node.label}: {factors}")
+
+        def kernel(inputs):
+            x = inputs[0]
+            size = (x.shape[2] * factors[0], x.shape[3] * factors[1])
+            return (F.interpolate(x, size=size, mode="nearest"),)
 
         return kernel
 
