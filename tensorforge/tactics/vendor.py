@@ -248,6 +248,20 @@ _ONEDNN_UNARY = {
 }
 
 
+# Float convolutions and linear layers also take GELU (erf or tanh, oneDNN's "algorithm").
+_ONEDNN_FLOAT_UNARY = {
+    **_ONEDNN_UNARY,
+    "Gelu": lambda p: ("gelu", ["none"]),
+    "GeluTanh": lambda p: ("gelu", ["tanh"]),
+}
+
+
+def _onednn_float_post_op(name: str, params) -> tuple[str, list[float], str]:
+    """(oneDNN's post-op, its scalars, its algorithm) for the fused activation `name` of a float layer."""
+    unary, scalars = _ONEDNN_FLOAT_UNARY[name](params)
+    return (unary, [], scalars[0]) if unary == "gelu" else (unary, scalars, "")
+
+
 def _onednn_padding_problem(node: Node) -> str | None:
     """Why oneDNN's convolution call cannot take `node`'s padding (it takes explicit, symmetric pads), or None."""
     if node.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
@@ -262,7 +276,8 @@ def _onednn_padding_problem(node: Node) -> str | None:
 class OneDnnFusedConvTactic(Tactic):
     """FusedConv on the CPU as one oneDNN call: convolution, bias, residual add and activation as post-ops,
     with the weight reordered once per input shape into oneDNN's blocked layout (`F.conv2d` reorders it on
-    every call). Float32, 2-D, symmetric padding."""
+    every call). Float32, 2-D. Its padding is worked out per input shape (SAME auto-padding too); oneDNN's call
+    takes symmetric padding, so an asymmetric one (SAME with an odd total) is applied to the input first."""
 
     family = "vendor"
     name = "onednn-fused"
@@ -284,18 +299,17 @@ class OneDnnFusedConvTactic(Tactic):
         if not residual and post:
             return f"without a residual the activation is pre; this layer has post={post!r}"
         activation = post if residual else pre
-        if activation not in _ONEDNN_UNARY:
+        if activation not in _ONEDNN_FLOAT_UNARY:
             return f"oneDNN has no post-op for {activation!r} here"
         if residual and activation not in ("", "Relu"):
             return f"oneDNN follows a residual add only with ReLU; this layer has post={post!r}"
-        return _onednn_padding_problem(node)
+        return None
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         conv = _conv_attributes(node)
         pre, pre_params, post, post_params = _epilogue_attributes(node)
         residual = len(node.inputs) > 3 and node.inputs[3] is not None
-        unary, scalars = _ONEDNN_UNARY[post if residual else pre](post_params if residual else pre_params)
-        padding = list(conv.get("pads") or [0, 0, 0, 0])[:2]
+        unary, scalars, algorithm = _onednn_float_post_op(*((post, post_params) if residual else (pre, pre_params)))
         strides = list(conv.get("strides") or [1, 1])
         dilations = list(conv.get("dilations") or [1, 1])
         group = conv.get("group", 1)
@@ -304,13 +318,23 @@ class OneDnnFusedConvTactic(Tactic):
 
         def kernel(inputs):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            key = tuple(x.shape)
+            begin, end, _ = window_geometry(
+                x.shape[2:], w.shape[2:], strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
+            )
+            padding = begin
+            if begin != end:  # oneDNN's call pads symmetrically: the rest goes on first
+                low = [min(first, last) for first, last in zip(begin, end, strict=True)]
+                x = F.pad(x, [p for i in (1, 0) for p in (begin[i] - low[i], end[i] - low[i])])
+                padding = low
+            key = (*x.shape, *padding)
             weight = packed.get(key)
             if weight is None:
                 weight = mkldnn._reorder_convolution_weight(w, padding, strides, dilations, group, list(x.shape))
                 packed[key] = weight
             if z is None:
-                y = mkldnn._convolution_pointwise(x, weight, b, padding, strides, dilations, group, unary, scalars, "")
+                y = mkldnn._convolution_pointwise(
+                    x, weight, b, padding, strides, dilations, group, unary, scalars, algorithm
+                )
             else:
                 after = None if unary == "none" else unary
                 y = mkldnn._convolution_pointwise.binary(
@@ -358,13 +382,6 @@ def _after_onednn(y, inside: bool, z, pre: str, pre_params, post: str, post_para
     return requantize(y, y_scale, "int8", torch.float32)
 
 
-_ONEDNN_LINEAR_UNARY = {
-    **_ONEDNN_UNARY,
-    "Gelu": lambda p: ("gelu", ["none"]),
-    "GeluTanh": lambda p: ("gelu", ["tanh"]),
-}
-
-
 @register_tactic
 class OneDnnLinearTactic(Tactic):
     """FusedGemm `post(pre(A @ op(B) + C) + Z)` on the CPU as one oneDNN linear: B a constant matrix (packed
@@ -395,15 +412,13 @@ class OneDnnLinearTactic(Tactic):
             return "oneDNN linear adds a residual without an activation around it"
         if post and not residual:
             return f"without a residual the activation is pre; this layer has post={post!r}"
-        if pre not in _ONEDNN_LINEAR_UNARY:
+        if pre not in _ONEDNN_FLOAT_UNARY:
             return f"oneDNN has no linear post-op for {pre!r} here"
         return None
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         pre, pre_params, _, _ = _epilogue_attributes(node)
-        unary, scalars = _ONEDNN_LINEAR_UNARY[pre](pre_params)
-        algorithm = scalars[0] if unary == "gelu" else ""
-        scalars = [] if unary == "gelu" else scalars
+        unary, scalars, algorithm = _onednn_float_post_op(pre, pre_params)
         transposed = bool(node.attributes.get("transB", 0))
         mkldnn = torch.ops.mkldnn
         packed: dict[int, torch.Tensor] = {}
