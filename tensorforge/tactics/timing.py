@@ -138,7 +138,7 @@ def measure(
     else:
         raise ValueError(f"measure() times on 'cpu' or 'cuda' devices, not {str(device)!r}")
     try:
-        samples = timer(fn, device, warmup, repeats, flush_l2, min_time_s, give_up_ms)
+        samples = timer(fn, device, flush_l2, _Plan(warmup, repeats, min_time_s, give_up_ms))
     except Exception as exc:
         return Timing.failed(f"{type(exc).__name__}: {exc}")
     return Timing.from_samples(samples)
@@ -178,49 +178,44 @@ def measure_interleaved(
     ]
 
 
-def _time_cpu(
-    fn: Callable[[], object],
-    device: torch.device,
-    warmup: int,
-    repeats: int,
-    flush_l2: bool,
-    min_time_s: float,
-    give_up_ms: float,
-) -> list[float]:
-    for _ in range(warmup):
+@dataclass(frozen=True)
+class _Plan:
+    """What one `measure` call does: `warmup` untimed calls, then timed ones (see `measure`)."""
+
+    warmup: int
+    repeats: int
+    min_time_s: float
+    give_up_ms: float
+
+
+def _time_cpu(fn: Callable[[], object], device: torch.device, flush_l2: bool, plan: _Plan) -> list[float]:
+    for _ in range(plan.warmup):
         fn()
     samples: list[float] = []
-    while _wants_more(samples, repeats, min_time_s):
+    while _wants_more(samples, plan.repeats, plan.min_time_s):
         start = time.perf_counter_ns()
         fn()
         samples.append((time.perf_counter_ns() - start) / 1e6)
-        if len(samples) == 1 and samples[0] > give_up_ms:
+        if len(samples) == 1 and samples[0] > plan.give_up_ms:
             break
     return samples
 
 
-def _time_cuda(
-    fn: Callable[[], object],
-    device: torch.device,
-    warmup: int,
-    repeats: int,
-    flush_l2: bool,
-    min_time_s: float,
-    give_up_ms: float,
-) -> list[float]:
+def _time_cuda(fn: Callable[[], object], device: torch.device, flush_l2: bool, plan: _Plan) -> list[float]:
+    repeats = plan.repeats
     with torch.cuda.device(device):
         flush = torch.empty(_flush_bytes(device), dtype=torch.uint8, device=device) if flush_l2 else None
-        for _ in range(warmup):
+        for _ in range(plan.warmup):
             fn()
         torch.cuda.synchronize()
         fn = _graphed(fn) or fn
         samples: list[float] = []
-        if math.isfinite(give_up_ms):
+        if math.isfinite(plan.give_up_ms):
             fn()  # a graph's first replay uploads it: not timed
             samples.append(_timed_once(fn, flush))
-            if samples[0] > give_up_ms:
+            if samples[0] > plan.give_up_ms:
                 return samples
-        while _wants_more(samples, repeats, min_time_s):
+        while _wants_more(samples, repeats, plan.min_time_s):
             batch = min(repeats, repeats * _MAX_SAMPLES_FACTOR - len(samples))
             events = []
             for _ in range(batch):
