@@ -19,6 +19,7 @@
 - `vendor.cublas-gemm`: FusedGemm with a constant weight on CUDA as one cuBLASLt product with its bias (and ReLU)
   inside (`torch.addmm` / `_addmm_activation`), the rest of the epilogue in place on the output after it.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
+- `vendor.torch-avgpool`: AveragePool through torch's, where its padding and count rules are ONNX's.
 - `vendor.torch-upsample-nearest`: Resize, nearest, by integer factors on H and W as torch's `interpolate`
   (exact there: output pixel o reads input pixel o // s); 8× the reference on the CPU for YOLO's neck.
 - `vendor.torch-sdpa`: Attention through torch's `scaled_dot_product_attention` (flash / memory-efficient /
@@ -730,6 +731,49 @@ class TorchMaxPoolTactic(Tactic):
             elif any(begin) or any(end):
                 x = F.pad(x, [p for i in reversed(range(len(begin))) for p in (begin[i], end[i])], value=-math.inf)
             y = pool(x, windows.kernel, windows.strides, padding, windows.dilations, ceil_mode=bool(windows.ceil_mode))
+            if list(y.shape[2:]) != list(out):
+                raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
+            return (y,)
+
+        return kernel
+
+
+@register_tactic
+class TorchAveragePoolTactic(Tactic):
+    """AveragePool through torch's pooling kernels (oneDNN / cuDNN), 1-D to 3-D, where torch's rules are ONNX's:
+    symmetric padding up to half the window (torch pads itself; zeros added first would change the count
+    without `count_include_pad`), no dilation; `count_include_pad` and ceil mode as ONNX counts them (a ceil-mode
+    window is clipped to the padded input in both). A window count that differs from ONNX's raises, and the
+    autotuner's gate refuses it."""
+
+    family = "vendor"
+    name = "torch-avgpool"
+    op_types = ("AveragePool",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        rank = node.inputs[0].rank
+        if rank not in (3, 4, 5):
+            return f"torch pools 1-D to 3-D windows; the input has rank {rank}"
+        if not node.inputs[0].dtype.is_float:
+            return "float inputs only"
+        if any(d != 1 for d in node.attributes.get("dilations") or []):
+            return "torch's average pooling has no dilation"
+        return None
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        windows = PoolWindows.of(node.attributes)
+        pool = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}[node.inputs[0].rank]
+        count_padding = bool(node.attributes.get("count_include_pad", 0))
+
+        def kernel(inputs):
+            x = inputs[0]
+            begin, end, out = windows.at(x.shape[2:])
+            if begin != end or any(2 * b > k for b, k in zip(begin, windows.kernel, strict=True)):
+                raise ValueError(f"padding {begin} / {end} is not torch's (symmetric, up to half the window)")
+            y = pool(
+                x, windows.kernel, windows.strides, begin, ceil_mode=bool(windows.ceil_mode),
+                count_include_pad=count_padding,
+            )  # fmt: skip
             if list(y.shape[2:]) != list(out):
                 raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
             return (y,)
