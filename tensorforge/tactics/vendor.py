@@ -693,6 +693,13 @@ class CublasInt8GemmTactic(Tactic):
 _POOLED_IN_FLOAT = (DType.INT8, DType.UINT8, DType.INT16, DType.UINT16)
 
 
+def _onnx_windows(y: torch.Tensor, out) -> torch.Tensor:
+    """`y`, a torch pooling's result, once its window count is ONNX's `out` (else the candidate fails)."""
+    if list(y.shape[2:]) != list(out):
+        raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
+    return y
+
+
 @register_tactic
 class TorchMaxPoolTactic(Tactic):
     """MaxPool through torch's pooling kernels (cuDNN / oneDNN). Symmetric padding up to half the window is
@@ -731,9 +738,7 @@ class TorchMaxPoolTactic(Tactic):
             elif any(begin) or any(end):
                 x = F.pad(x, [p for i in reversed(range(len(begin))) for p in (begin[i], end[i])], value=-math.inf)
             y = pool(x, windows.kernel, windows.strides, padding, windows.dilations, ceil_mode=bool(windows.ceil_mode))
-            if list(y.shape[2:]) != list(out):
-                raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
-            return (y,)
+            return (_onnx_windows(y, out),)
 
         return kernel
 
@@ -774,9 +779,7 @@ class TorchAveragePoolTactic(Tactic):
                 x, windows.kernel, windows.strides, begin, ceil_mode=bool(windows.ceil_mode),
                 count_include_pad=count_padding,
             )  # fmt: skip
-            if list(y.shape[2:]) != list(out):
-                raise ValueError(f"torch made {list(y.shape[2:])} windows, ONNX {list(out)}")
-            return (y,)
+            return (_onnx_windows(y, out),)
 
         return kernel
 
