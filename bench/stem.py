@@ -61,12 +61,12 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def best(
-    run: Callable[[dict], torch.Tensor], error: Callable[[torch.Tensor], float], tolerance: float, configs, device
+    run: Callable, error: Callable[[torch.Tensor], float], tolerance: float, configs, device, named: Callable = describe
 ):
-    """The fastest correct configuration: (ms, description, rows of every configuration)."""
+    """The fastest correct configuration (`named` names it): (ms, description, rows of every configuration)."""
     rows = []
     for cfg in configs:
-        row = {"config": describe(cfg)}
+        row = {"config": named(cfg)}
         rows.append(row)
         try:
             row["error"] = err = error(run(cfg))
@@ -82,18 +82,9 @@ def best(
     return top["ms"], top["config"], rows
 
 
-def exact_best(run: Callable, want: torch.Tensor, choices, describe_choice: Callable, device):
-    """The fastest of `choices` whose `run(choice)` equals `want` exactly: (ms, description, rows of every one)."""
-    rows = []
-    for choice in choices:
-        row = {"config": describe_choice(choice)}
-        rows.append(row)
-        if torch.equal(run(choice), want):
-            row["ms"] = timed(lambda choice=choice: run(choice), device)
-        else:
-            row["note"] = "wrong"
-    top = min((r for r in rows if "ms" in r), key=lambda r: r["ms"], default={"ms": float("inf"), "config": "none ran"})
-    return top["ms"], top["config"], rows
+def exact_best(run: Callable, want: torch.Tensor, choices, named: Callable, device):
+    """`best` among `choices` whose `run(choice)` equals `want` exactly."""
+    return best(run, lambda y: 0.0 if torch.equal(y, want) else 1.0, 0.0, choices, device, named)
 
 
 def main() -> None:

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Value, qualified_op
 from ..ops.fused import DOMAIN
 from .base import PassContext, Rule, RulePass
 from .cleanup import is_graph_input, transpose_perm
 from .utils import add_initializer, constant, is_graph_output, replace_node
 
 POINTWISE = ("Add", "Sub", "Mul", "Div")
-_LAYERS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), (DOMAIN, "FusedGemm"), (DOMAIN, "FusedConv")}
+_LAYERS = {"MatMul", "Gemm", "Conv", f"{DOMAIN}::FusedGemm", f"{DOMAIN}::FusedConv"}
 
 
 @dataclass
@@ -38,10 +38,6 @@ class _Hoist:
     perm: list[int]
     other: Value
     other_const: torch.Tensor | None
-
-
-def _domain(node: Node) -> str:
-    return "" if node.domain in ("", "ai.onnx") else node.domain
 
 
 def _initializer(value: Value) -> torch.Tensor | None:
@@ -58,9 +54,9 @@ def from_layer(value: Value) -> bool:
         producer = value.producer()
         if producer is None or len(value.uses()) != 1 or is_graph_output(value):
             return False
-        if (_domain(producer), producer.op_type) in _LAYERS:
+        if qualified_op(producer) in _LAYERS:
             return True
-        if _domain(producer) or producer.op_type not in POINTWISE:
+        if qualified_op(producer) not in POINTWISE:
             return False
         a, b = producer.inputs[:2]
         if _initializer(b) is not None:
@@ -86,11 +82,11 @@ class HoistThroughTranspose(Rule):
     op_types = POINTWISE
 
     def match(self, node: Node, ctx: PassContext) -> _Hoist | None:
-        if _domain(node) or len(node.inputs) != 2 or None in node.inputs:
+        if qualified_op(node) not in POINTWISE or len(node.inputs) != 2 or None in node.inputs:
             return None
         for side in (0, 1):
             transpose = node.inputs[side].producer()
-            if transpose is None or _domain(transpose) or transpose.op_type != "Transpose":
+            if transpose is None or qualified_op(transpose) != "Transpose":
                 continue
             perm = transpose_perm(transpose)
             other = node.inputs[1 - side]

@@ -317,16 +317,24 @@ class OneDnnFusedConvTactic(Tactic):
         mkldnn = torch.ops.mkldnn
         packed: dict[tuple[int, ...], torch.Tensor] = {}
 
+        paddings: dict[tuple[int, ...], tuple[list[int], list[int] | None]] = {}
+
+        def padding_for(spatial, kernel_hw) -> tuple[list[int], list[int] | None]:
+            """(oneDNN's symmetric padding, the rest for F.pad first or None) for an input's spatial size, once."""
+            if spatial not in paddings:
+                begin, end, _ = window_geometry(
+                    spatial, kernel_hw, strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
+                )
+                low = [min(first, last) for first, last in zip(begin, end, strict=True)]
+                rest = [p for i in (1, 0) for p in (begin[i] - low[i], end[i] - low[i])] if begin != end else None
+                paddings[spatial] = (low, rest)
+            return paddings[spatial]
+
         def kernel(inputs):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            begin, end, _ = window_geometry(
-                x.shape[2:], w.shape[2:], strides, dilations, conv.get("pads"), conv.get("auto_pad", "NOTSET")
-            )
-            padding = begin
-            if begin != end:  # oneDNN's call pads symmetrically: the rest goes on first
-                low = [min(first, last) for first, last in zip(begin, end, strict=True)]
-                x = F.pad(x, [p for i in (1, 0) for p in (begin[i] - low[i], end[i] - low[i])])
-                padding = low
+            padding, rest = padding_for(tuple(x.shape[2:]), w.shape[2:])
+            if rest is not None:  # oneDNN's call pads symmetrically: the rest goes on first
+                x = F.pad(x, rest)
             key = (*x.shape, *padding)
             weight = packed.get(key)
             if weight is None:
