@@ -83,7 +83,7 @@ def test_fp16_engine_on_cuda_matches_onnxruntime(name):
     size, options = CASES[name]
     proto = zoo.export(name, batch=BATCH, size=size, dynamic_batch=False, **options)
     feeds = {key: value.numpy() for key, value in zoo.example_inputs(name, BATCH, size, seed=2).items()}
-    engine = build_engine(import_model(proto), BuildConfig(device="cuda", precisions=("fp16",), effort=0))
+    engine = build_engine(import_model(proto), BuildConfig(device="cuda", precisions=("fp32", "fp16"), effort=0))
     got = engine.create_context().run(feeds)["output"].float().cpu().numpy()
     assert relative_error(got, run_onnxruntime(proto, feeds)["output"]) <= FP16_TOL
 

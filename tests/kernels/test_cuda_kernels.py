@@ -41,6 +41,15 @@ def test_depthwise_compiles_for_every_storage_type_and_vector_width(storage, vec
 
 
 @needs_nvrtc
+@pytest.mark.parametrize(("px", "stride", "dilation"), [(8, 1, 1), (16, 1, 1), (4, 2, 2)])
+def test_depthwise_compiles_wide_filters_and_long_pixel_runs(px, stride, dilation):
+    """A 7×7 filter with up to 16 pixels a thread: the row of shared cells is (PX-1)·S + 6·D + 1 long."""
+    defines = _depthwise_defines(DT=1, VEC=4, PX=px, KH=7, KW=7, SH=stride, SW=stride, DH=dilation, DW=dilation)
+    cubin = nvrtc.compile_cubin(depthwise.SOURCE, "depthwise_nhwc", defines, "sm_90")
+    assert len(cubin) > 1000
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES.values()))
 def test_direct_conv_compiles_with_every_activation(activation):
     defines = _direct_defines(PRE=activation, POST=activation, KH=7, KW=7, SH=2, SW=2)
@@ -111,6 +120,7 @@ DEPTHWISE_CASES = [
     ((1, 7, 9, 11), (3, 3), (2, 1), (0, 1, 2, 1), (1, 1)),
     ((2, 96, 14, 14), (7, 7), (1, 1), (3, 3, 3, 3), (1, 1)),
     ((1, 34, 12, 12), (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
+    ((2, 20, 13, 15), (3, 3), (2, 2), (2, 1, 2, 1), (2, 2)),
 ]
 
 

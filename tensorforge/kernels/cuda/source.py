@@ -4,7 +4,8 @@ A kernel source starts with `PRELUDE`, compiled with `-D` definitions:
 - `DT`: storage type of activations and weights, 0 float32, 1 float16, 2 bfloat16 (math is float32);
 - `PRE`, `POST`: activation codes of `kernels.activations` (the epilogue `post(pre(acc + bias) + z)`);
 - `VEC`: channels a thread loads at once (1, 2 or 4; the caller guarantees alignment).
-Half and bfloat16 conversions are inline PTX, so no CUDA header is needed. The host-side checks of the
+`load_vec` / `store_vec` move VEC channels in one access. Half and bfloat16 conversions are inline PTX, so no
+CUDA header is needed. The host-side checks of the
 kernels' operands are here too.
 """
 
@@ -51,6 +52,24 @@ __device__ __forceinline__ void load_vec(const store_t* p, float* out) {
   uint2 v = *reinterpret_cast<const uint2*>(p);
   out[0] = to_f((unsigned short)(v.x & 0xffffu)); out[1] = to_f((unsigned short)(v.x >> 16));
   out[2] = to_f((unsigned short)(v.y & 0xffffu)); out[3] = to_f((unsigned short)(v.y >> 16));
+#endif
+}
+
+// VEC floats stored as VEC consecutive elements of p (aligned to VEC elements), one vector store.
+__device__ __forceinline__ void store_vec(store_t* p, const float* v) {
+#if VEC == 1
+  p[0] = to_store(v[0]);
+#elif DT == 0 && VEC == 2
+  float2 t; t.x = v[0]; t.y = v[1]; *reinterpret_cast<float2*>(p) = t;
+#elif DT == 0 && VEC == 4
+  float4 t; t.x = v[0]; t.y = v[1]; t.z = v[2]; t.w = v[3]; *reinterpret_cast<float4*>(p) = t;
+#elif VEC == 2
+  *reinterpret_cast<unsigned int*>(p) = (unsigned int)to_store(v[0]) | ((unsigned int)to_store(v[1]) << 16);
+#elif VEC == 4
+  uint2 t;
+  t.x = (unsigned int)to_store(v[0]) | ((unsigned int)to_store(v[1]) << 16);
+  t.y = (unsigned int)to_store(v[2]) | ((unsigned int)to_store(v[3]) << 16);
+  *reinterpret_cast<uint2*>(p) = t;
 #endif
 }
 
