@@ -50,6 +50,30 @@ def test_depthwise_compiles_wide_filters_and_long_pixel_runs(px, stride, dilatio
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("storage", [0, 1, 2])
+@pytest.mark.parametrize("vec", [1, 2, 4])
+def test_tiled_depthwise_compiles_for_every_storage_type_and_vector_width(storage, vec):
+    defines = _depthwise_defines(DT=storage, VEC=vec, KH=7, KW=7, TH=8, TW=16, PX=8, CB=32, HAS_RES=1)
+    cubin = nvrtc.compile_cubin(depthwise.TILED_SOURCE, "depthwise_tiled_nhwc", defines, "sm_90")
+    assert len(cubin) > 1000
+
+
+@pytest.mark.parametrize(
+    ("config", "kernel", "strides", "words"),
+    [
+        ({"th": 8, "tw": 8, "px": 3, "cb": 32}, (3, 3), (1, 1), "multiple of px"),
+        ({"th": 32, "tw": 32, "px": 1, "cb": 32}, (3, 3), (1, 1), "8192 threads"),
+        ({"th": 8, "tw": 8, "px": 4, "cb": 32}, (31, 31), (4, 4), "shared memory"),  # a 59×59 patch
+    ],
+)
+def test_tiled_depthwise_refuses_a_tile_that_does_not_fit(config, kernel, strides, words):
+    x = torch.zeros(1, 32, 8, 8).contiguous(memory_format=torch.channels_last)
+    weight = depthwise.pack_depthwise_weight(torch.zeros(32, 1, *kernel))
+    with pytest.raises(ValueError, match=words):
+        depthwise.depthwise_conv2d(x, weight, kernel, strides=strides, out_hw=(8, 8), config=config)
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES.values()))
 def test_direct_conv_compiles_with_every_activation(activation):
     defines = _direct_defines(PRE=activation, POST=activation, KH=7, KW=7, SH=2, SW=2)

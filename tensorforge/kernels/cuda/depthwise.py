@@ -6,6 +6,11 @@ accumulated in float32: for each window row it loads the row's input cells those
 ((PX - 1)·SW + (KW - 1)·DW + 1 of them, against KW·PX loads tap by tap: 14 against 56 for a 7×7 filter and 8
 pixels) and its channels' KW taps, then makes every product from registers. Threads of a block side by side in
 channels make every load and store coalesced; `rows` threads per block stack along pixels.
+
+Two kernels share that scheme: `depthwise_nhwc` reads its cells from global memory (L1/L2 serve the overlap
+between threads), `depthwise_tiled_nhwc` first stages its block's input patch in shared memory. On the H200
+the first ran ConvNeXt's 56×56 7×7 layer at batch 64 no faster than cuDNN (0.18-0.24 ms for 77 MB: latency
+bound, every thread waiting on its window rows' loads), which is what the second is for.
 """
 
 from __future__ import annotations
@@ -99,21 +104,144 @@ extern "C" __global__ void depthwise_nhwc(
 )
 
 
+# The tiled variant: a block stages the input patch of a TH×TW tile of output pixels × CB channels (with its halo,
+# zero outside the image) in shared memory as float32, once, then each thread makes PX pixels × VEC channels of
+# the tile from there, with the same row-of-cells reuse as above. Each input cell crosses from L2 once per tile
+# (1 + halo) instead of once per window row of every thread, and converts to float32 once.
+TILED_SOURCE = (
+    PRELUDE
+    + r"""
+#define PTH ((TH - 1) * SH + (KH - 1) * DH + 1)
+#define PTW ((TW - 1) * SW + (KW - 1) * DW + 1)
+#define LANES (CB / VEC)
+
+__device__ __forceinline__ void put_shared(float* s, const float* v) {
+#if VEC == 4
+  float4 t; t.x = v[0]; t.y = v[1]; t.z = v[2]; t.w = v[3]; *reinterpret_cast<float4*>(s) = t;
+#elif VEC == 2
+  float2 t; t.x = v[0]; t.y = v[1]; *reinterpret_cast<float2*>(s) = t;
+#else
+  s[0] = v[0];
+#endif
+}
+
+__device__ __forceinline__ void get_shared(const float* s, float* v) {
+#if VEC == 4
+  const float4 t = *reinterpret_cast<const float4*>(s); v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+#elif VEC == 2
+  const float2 t = *reinterpret_cast<const float2*>(s); v[0] = t.x; v[1] = t.y;
+#else
+  v[0] = s[0];
+#endif
+}
+
+extern "C" __global__ void depthwise_tiled_nhwc(
+    const store_t* __restrict__ x, const store_t* __restrict__ w, const store_t* __restrict__ bias,
+    const store_t* __restrict__ z, store_t* __restrict__ y,
+    int N, int H, int W, int C, int OH, int OW, int PH, int PW, int tiles_h, int tiles_w,
+    float pre0, float pre1, float post0, float post1) {
+  extern __shared__ float patch[];  // [PTH][PTW][CB]
+  const int tile = blockIdx.x;
+  const int tw = tile % tiles_w, th = (tile / tiles_w) % tiles_h, n = tile / (tiles_w * tiles_h);
+  const int c0 = blockIdx.y * CB;
+  const int ih0 = th * TH * SH - PH, iw0 = tw * TW * SW - PW;
+  for (int e = threadIdx.x; e < PTH * PTW * LANES; e += blockDim.x) {
+    const int lane = e % LANES, cell = e / LANES, r = cell / PTW, q = cell % PTW;
+    const int ih = ih0 + r, iw = iw0 + q, c = c0 + lane * VEC;
+    float v[VEC];
+    if (c < C && ih >= 0 && ih < H && iw >= 0 && iw < W) {
+      load_vec(x + (((long long)n * H + ih) * W + iw) * C + c, v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = 0.f;
+    }
+    put_shared(patch + cell * CB + lane * VEC, v);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % LANES, run = threadIdx.x / LANES;
+  const int ty = run / (TW / PX), tx0 = (run % (TW / PX)) * PX;
+  const int oh = th * TH + ty, ow0 = tw * TW + tx0, c = c0 + lane * VEC;
+  if (c >= C || oh >= OH || ow0 >= OW) return;
+  constexpr int SPAN = (PX - 1) * SW + (KW - 1) * DW + 1;
+  float acc[PX][VEC];
+#pragma unroll
+  for (int p = 0; p < PX; ++p)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[p][v] = 0.f;
+#pragma unroll
+  for (int kh = 0; kh < KH; ++kh) {
+    const float* row = patch + ((ty * SH + kh * DH) * PTW + tx0 * SW) * CB + lane * VEC;
+    float taps[KW][VEC];
+#pragma unroll
+    for (int kw = 0; kw < KW; ++kw) load_vec(w + (long long)(kh * KW + kw) * C + c, taps[kw]);
+    float cells[SPAN][VEC];
+#pragma unroll
+    for (int s = 0; s < SPAN; ++s) get_shared(row + s * CB, cells[s]);
+#pragma unroll
+    for (int kw = 0; kw < KW; ++kw)
+#pragma unroll
+      for (int p = 0; p < PX; ++p)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[p][v] = fmaf(cells[p * SW + kw * DW][v], taps[kw][v], acc[p][v]);
+  }
+  float b[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) b[v] = 0.f;
+#if HAS_BIAS
+  load_vec(bias + c, b);
+#endif
+#pragma unroll
+  for (int p = 0; p < PX; ++p) {
+    if (ow0 + p >= OW) break;
+    const long long out = (((long long)n * OH + oh) * OW + ow0 + p) * C + c;
+    float r[VEC];
+#if HAS_RES
+    load_vec(z + out, r);
+#endif
+    float result[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      float a = activate<PRE>(acc[p][v] + b[v], pre0, pre1);
+#if HAS_RES
+      a += r[v];
+#endif
+      result[v] = activate<POST>(a, post0, post1);
+    }
+    store_vec(y + out, result);
+  }
+}
+"""
+)
+
+
 def depthwise_configs(effort: int) -> list[dict[str, int]]:
-    """(px output pixels per thread, lanes of channel vectors per block, rows of threads per block). Effort 0:
-    4 pixels a thread in 32 lanes, and 8 pixels (more reuse of a row's cells under wide filters) in 8 lanes
-    (32 channels of 4: no idle lane for 96, 480 or 672 channels)."""
-    configs = [{"px": 4, "lanes": 32, "rows": 4}, {"px": 8, "lanes": 8, "rows": 16}]
+    """Two kernels' configurations. Per thread rows (`depthwise_nhwc`): px output pixels per thread, lanes of
+    channel vectors per block, rows of threads per block. Tiled (`depthwise_tiled_nhwc`): a th×tw output tile
+    × cb channels per block, px pixels per thread (tw a multiple of px)."""
+    configs = [
+        {"px": 4, "lanes": 32, "rows": 4},
+        {"th": 8, "tw": 8, "px": 4, "cb": 32},
+        {"th": 8, "tw": 16, "px": 8, "cb": 32},
+    ]
     if effort >= 1:
-        configs += [{"px": px, "lanes": lanes, "rows": 128 // lanes} for px in (2, 4, 8) for lanes in (16, 64)]
-        configs += [{"px": 2, "lanes": 32, "rows": 4}, {"px": 8, "lanes": 32, "rows": 4}]
-    if effort >= 2:
+        configs += [{"px": px, "lanes": lanes, "rows": 128 // lanes} for px in (2, 8) for lanes in (8, 32)]
         configs += [
-            {"px": 1, "lanes": 32, "rows": 8},
-            {"px": 16, "lanes": 8, "rows": 16},
-            {"px": 4, "lanes": 8, "rows": 32},
+            {"th": 4, "tw": 16, "px": 4, "cb": 32},
+            {"th": 8, "tw": 8, "px": 8, "cb": 64},
+            {"th": 16, "tw": 8, "px": 4, "cb": 16},
+            {"th": 4, "tw": 8, "px": 2, "cb": 32},
         ]
+    if effort >= 2:
+        configs += [{"px": 1, "lanes": 32, "rows": 8}, {"px": 16, "lanes": 8, "rows": 16}]
+        configs += [{"th": 8, "tw": 16, "px": 4, "cb": 16}, {"th": 2, "tw": 8, "px": 1, "cb": 64}]
     return configs
+
+
+def tiled_shared_bytes(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], config: dict) -> int:
+    """Shared memory of a tiled block: the float32 patch of its output tile with the halo, cb channels deep."""
+    patch_h = (config["th"] - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
+    patch_w = (config["tw"] - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1
+    return 4 * patch_h * patch_w * config["cb"]
 
 
 def pack_depthwise_weight(w: torch.Tensor) -> torch.Tensor:
@@ -128,19 +256,8 @@ def vector_width(channels: int, dtype: torch.dtype) -> int:
     return next(v for v in (4, 2, 1) if channels % v == 0)
 
 
-def compile_depthwise(
-    dtype: torch.dtype, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], pre: int, post: int,
-    has_bias: bool, has_residual: bool, vec: int, px: int, arch: str,
-) -> CudaKernel:  # fmt: skip
-    defines = {
-        "DT": storage_code(dtype), "VEC": vec, "PX": px, "PRE": pre, "POST": post,
-        "KH": kernel[0], "KW": kernel[1], "SH": strides[0], "SW": strides[1], "DH": dilations[0], "DW": dilations[1],
-        "HAS_BIAS": int(has_bias), "HAS_RES": int(has_residual),
-    }  # fmt: skip
-    return CudaKernel(compile_cubin(SOURCE, "depthwise_nhwc", defines, arch), "depthwise_nhwc")
-
-
 _KERNELS: dict[tuple[Any, ...], CudaKernel] = {}
+_SHARED_LIMIT = 96 * 1024
 
 
 def depthwise_conv2d(
@@ -172,19 +289,39 @@ def depthwise_conv2d(
     if y.numel() == 0:
         return y
     vec = vector_width(c, x.dtype)
-    key = (x.device, x.dtype, tuple(kernel), tuple(strides), tuple(dilations), pre[0], post[0],
-           bias is not None, residual is not None, vec, config["px"])  # fmt: skip
-    compiled = _KERNELS.get(key)
-    if compiled is None:
-        compiled = compile_depthwise(
-            x.dtype, kernel, strides, dilations, pre[0], post[0], bias is not None, residual is not None, vec,
-            config["px"], device_arch(x.device),
-        )  # fmt: skip
-        _KERNELS[key] = compiled
+    defines = {
+        "DT": storage_code(x.dtype), "VEC": vec, "PX": config["px"], "PRE": pre[0], "POST": post[0],
+        "KH": kernel[0], "KW": kernel[1], "SH": strides[0], "SW": strides[1], "DH": dilations[0], "DW": dilations[1],
+        "HAS_BIAS": int(bias is not None), "HAS_RES": int(residual is not None),
+    }  # fmt: skip
+    args = [x, w_packed, bias, residual, y, n, h, w, c, oh, ow, pads_begin[0], pads_begin[1]]
+    activations = [pre[1], pre[2], post[1], post[2]]
+    if "th" in config:
+        th, tw, px, cb = config["th"], config["tw"], config["px"], config["cb"]
+        threads = (cb // vec) * th * (tw // px)
+        smem = tiled_shared_bytes(kernel, strides, dilations, config)
+        if tw % px or cb % vec or threads > 1024 or smem > _SHARED_LIMIT:
+            raise ValueError(
+                f"depthwise_conv2d: tile {config} does not fit ({threads} threads of {vec} channels, {smem} B of "
+                f"shared memory for a {list(kernel)} filter; tw must be a multiple of px)"
+            )
+        compiled = _compiled(TILED_SOURCE, "depthwise_tiled_nhwc", {**defines, "TH": th, "TW": tw, "CB": cb}, x, smem)
+        tiles_h, tiles_w = -(-oh // th), -(-ow // tw)
+        grid = (n * tiles_h * tiles_w, -(-c // cb))
+        compiled.launch(grid, (threads,), [*args, tiles_h, tiles_w, *activations], x.device)
+        return y
+    compiled = _compiled(SOURCE, "depthwise_nhwc", defines, x, 0)
     lanes, rows, px = config["lanes"], config["rows"], config["px"]
     runs = n * oh * -(-ow // px)
     grid = (-(-runs // rows), -(-(c // vec) // lanes))
-    args = [x, w_packed, bias, residual, y,
-            n, h, w, c, oh, ow, pads_begin[0], pads_begin[1], pre[1], pre[2], post[1], post[2]]  # fmt: skip
-    compiled.launch(grid, (lanes, rows), args, x.device)
+    compiled.launch(grid, (lanes, rows), [*args, *activations], x.device)
     return y
+
+
+def _compiled(source: str, function: str, defines: dict[str, int], x: torch.Tensor, smem: int) -> CudaKernel:
+    key = (function, x.device, tuple(sorted(defines.items())))
+    compiled = _KERNELS.get(key)
+    if compiled is None:
+        cubin = compile_cubin(source, function, defines, device_arch(x.device))
+        compiled = _KERNELS[key] = CudaKernel(cubin, function, smem)
+    return compiled
