@@ -27,7 +27,7 @@
 #   stem      bench/stem.py: ResNet-50's stem in its parts (space to depth, per tap and per row of taps, fp16 and int8)
 #             beside cuDNN (STEM_BATCH=256, STEM_S=150)
 #   merge     bench/residual_merge.py: ResNet-50's projection shortcuts as today's two layers against one convolution
-#             over the concatenation (fp16, cuDNN; MERGE_BATCH=256, MERGE_S=120)
+#             over the concatenation, each autotuned over every family (fp16; MERGE_BATCH=256, MERGE_S=240)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
 #             (COPIES_BATCH=64, COPIES_S=120)
 #   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches
@@ -142,7 +142,7 @@ for stage in $stages; do
       cat "$out/stem.txt" | cut -c1-160 | tail -12
       ;;
     merge)
-      timeout "${MERGE_S:-120}" python3 bench/residual_merge.py --batch "${MERGE_BATCH:-256}" --out "$out" \
+      timeout "${MERGE_S:-240}" python3 bench/residual_merge.py --batch "${MERGE_BATCH:-256}" --out "$out" \
         > "$out/merge.txt" 2>&1
       tail -6 "$out/merge.txt"
       ;;
