@@ -23,8 +23,60 @@ import torch
 from .nvrtc import CudaKernel, compile_cubin, device_arch
 from .source import PRELUDE, check_operands, nhwc_output, storage_code
 
+# The part both kernels share: a thread's PX outputs × VEC channels from a window row's cells, and their epilogue.
+_RUN = r"""
+constexpr int SPAN = (PX - 1) * SW + (KW - 1) * DW + 1;  // input cells of a window row that PX outputs read
+
+// acc[p] += cells[p·SW + kw·DW] · taps[kw] for one window row, its KW taps loaded from `taps_row` (C apart).
+__device__ __forceinline__ void accumulate_row(float (&acc)[PX][VEC], const float (&cells)[SPAN][VEC],
+                                               const store_t* __restrict__ taps_row, int C) {
+  float taps[KW][VEC];
+#pragma unroll
+  for (int kw = 0; kw < KW; ++kw) load_vec(taps_row + (long long)kw * C, taps[kw]);
+#pragma unroll
+  for (int kw = 0; kw < KW; ++kw)
+#pragma unroll
+    for (int p = 0; p < PX; ++p)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc[p][v] = fmaf(cells[p * SW + kw * DW][v], taps[kw][v], acc[p][v]);
+}
+
+// post(pre(acc + bias) + z) for the first `valid` of a thread's PX outputs, output p at out + p·C (one vector
+// store each); `bias` points at the thread's channels.
+__device__ __forceinline__ void finish_run(const float (&acc)[PX][VEC], const store_t* __restrict__ bias,
+                                           const store_t* __restrict__ z, store_t* __restrict__ y, long long out,
+                                           int valid, int C, float pre0, float pre1, float post0, float post1) {
+  float b[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) b[v] = 0.f;
+#if HAS_BIAS
+  load_vec(bias, b);
+#endif
+#pragma unroll
+  for (int p = 0; p < PX; ++p) {
+    if (p >= valid) break;
+    const long long at = out + (long long)p * C;
+    float r[VEC];
+#if HAS_RES
+    load_vec(z + at, r);
+#endif
+    float result[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      float a = activate<PRE>(acc[p][v] + b[v], pre0, pre1);
+#if HAS_RES
+      a += r[v];
+#endif
+      result[v] = activate<POST>(a, post0, post1);
+    }
+    store_vec(y + at, result);
+  }
+}
+"""
+
 SOURCE = (
     PRELUDE
+    + _RUN
     + r"""
 extern "C" __global__ void depthwise_nhwc(
     const store_t* __restrict__ x, const store_t* __restrict__ w, const store_t* __restrict__ bias,
@@ -41,7 +93,6 @@ extern "C" __global__ void depthwise_nhwc(
   // The SPAN input cells of a window row feed all PX outputs: cell s is column iw0 + s, and output p's tap kw
   // is cell p * SW + kw * DW. Each cell is loaded once per row (not once per tap and output), the row's taps
   // once per thread.
-  constexpr int SPAN = (PX - 1) * SW + (KW - 1) * DW + 1;
   const int iw0 = ow0 * SW - PW;
   float acc[PX][VEC];
 #pragma unroll
@@ -53,9 +104,6 @@ extern "C" __global__ void depthwise_nhwc(
     const int ih = oh * SH - PH + kh * DH;
     if (ih < 0 || ih >= H) continue;
     const store_t* row = x + ((long long)n * H + ih) * W * C + c0;
-    float taps[KW][VEC];
-#pragma unroll
-    for (int kw = 0; kw < KW; ++kw) load_vec(w + (long long)(kh * KW + kw) * C + c0, taps[kw]);
     float cells[SPAN][VEC];
 #pragma unroll
     for (int s = 0; s < SPAN; ++s) {
@@ -67,38 +115,10 @@ extern "C" __global__ void depthwise_nhwc(
         for (int v = 0; v < VEC; ++v) cells[s][v] = 0.f;
       }
     }
-#pragma unroll
-    for (int kw = 0; kw < KW; ++kw)
-#pragma unroll
-      for (int p = 0; p < PX; ++p)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) acc[p][v] = fmaf(cells[p * SW + kw * DW][v], taps[kw][v], acc[p][v]);
+    accumulate_row(acc, cells, w + (long long)kh * KW * C + c0, C);
   }
-  float b[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) b[v] = 0.f;
-#if HAS_BIAS
-  load_vec(bias + c0, b);
-#endif
-#pragma unroll
-  for (int p = 0; p < PX; ++p) {
-    if (ow0 + p >= OW) break;
-    const long long out = (((long long)n * OH + oh) * OW + ow0 + p) * C + c0;
-    float r[VEC];
-#if HAS_RES
-    load_vec(z + out, r);
-#endif
-    float result[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      float a = activate<PRE>(acc[p][v] + b[v], pre0, pre1);
-#if HAS_RES
-      a += r[v];
-#endif
-      result[v] = activate<POST>(a, post0, post1);
-    }
-    store_vec(y + out, result);
-  }
+  finish_run(acc, bias + c0, z, y, (((long long)n * OH + oh) * OW + ow0) * C + c0, OW - ow0, C, pre0, pre1, post0,
+             post1);
 }
 """
 )
@@ -110,6 +130,7 @@ extern "C" __global__ void depthwise_nhwc(
 # (1 + halo) instead of once per window row of every thread, and converts to float32 once.
 TILED_SOURCE = (
     PRELUDE
+    + _RUN
     + r"""
 #define PTH ((TH - 1) * SH + (KH - 1) * DH + 1)
 #define PTW ((TW - 1) * SW + (KW - 1) * DW + 1)
@@ -162,7 +183,6 @@ extern "C" __global__ void depthwise_tiled_nhwc(
   const int ty = run / (TW / PX), tx0 = (run % (TW / PX)) * PX;
   const int oh = th * TH + ty, ow0 = tw * TW + tx0, c = c0 + lane * VEC;
   if (c >= C || oh >= OH || ow0 >= OW) return;
-  constexpr int SPAN = (PX - 1) * SW + (KW - 1) * DW + 1;
   float acc[PX][VEC];
 #pragma unroll
   for (int p = 0; p < PX; ++p)
@@ -171,44 +191,13 @@ extern "C" __global__ void depthwise_tiled_nhwc(
 #pragma unroll
   for (int kh = 0; kh < KH; ++kh) {
     const float* row = patch + ((ty * SH + kh * DH) * PTW + tx0 * SW) * CB + lane * VEC;
-    float taps[KW][VEC];
-#pragma unroll
-    for (int kw = 0; kw < KW; ++kw) load_vec(w + (long long)(kh * KW + kw) * C + c, taps[kw]);
     float cells[SPAN][VEC];
 #pragma unroll
     for (int s = 0; s < SPAN; ++s) get_shared(row + s * CB, cells[s]);
-#pragma unroll
-    for (int kw = 0; kw < KW; ++kw)
-#pragma unroll
-      for (int p = 0; p < PX; ++p)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) acc[p][v] = fmaf(cells[p * SW + kw * DW][v], taps[kw][v], acc[p][v]);
+    accumulate_row(acc, cells, w + (long long)kh * KW * C + c, C);
   }
-  float b[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) b[v] = 0.f;
-#if HAS_BIAS
-  load_vec(bias + c, b);
-#endif
-#pragma unroll
-  for (int p = 0; p < PX; ++p) {
-    if (ow0 + p >= OW) break;
-    const long long out = (((long long)n * OH + oh) * OW + ow0 + p) * C + c;
-    float r[VEC];
-#if HAS_RES
-    load_vec(z + out, r);
-#endif
-    float result[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      float a = activate<PRE>(acc[p][v] + b[v], pre0, pre1);
-#if HAS_RES
-      a += r[v];
-#endif
-      result[v] = activate<POST>(a, post0, post1);
-    }
-    store_vec(y + out, result);
-  }
+  finish_run(acc, bias + c, z, y, (((long long)n * OH + oh) * OW + ow0) * C + c, OW - ow0, C, pre0, pre1, post0,
+             post1);
 }
 """
 )
