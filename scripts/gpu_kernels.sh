@@ -28,6 +28,8 @@
 #             beside cuDNN (STEM_BATCH=256, STEM_S=150)
 #   merge     bench/residual_merge.py: ResNet-50's projection shortcuts as today's two layers against one convolution
 #             over the concatenation, each autotuned over every family (fp16; MERGE_BATCH=256, MERGE_S=240)
+#   epilogue  bench/gemm_epilogue.py: a GEMM's activation epilogue (none, ReLU, tanh and erf GELU) on ConvNeXt's pw1
+#             and BERT's FF1 products beside cuBLAS + torch (EPILOGUE_S=240)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
 #             (COPIES_BATCH=64, COPIES_S=120)
 #   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches
@@ -146,6 +148,10 @@ for stage in $stages; do
         > "$out/merge.txt" 2>&1
       tail -6 "$out/merge.txt"
       ;;
+    epilogue)
+      timeout "${EPILOGUE_S:-240}" python3 bench/gemm_epilogue.py --out "$out" > "$out/epilogue.txt" 2>&1
+      tail -9 "$out/epilogue.txt"
+      ;;
     copies)
       timeout "${COPIES_S:-120}" python3 bench/copies.py --batch "${COPIES_BATCH:-64}" --out "$out" 2>&1 | tail -14
       ;;
@@ -161,7 +167,7 @@ for stage in $stages; do
       grep -E "batch [0-9]+ " "$out/buildtime.txt" | cut -c1-400
       ;;
     *)
-      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile, stem, copies, buildtime)" >&2
+      echo "unknown stage $stage (tests, parallel, sweep, configs, suite, int8, layers, zoo, max, profile, stem, merge, epilogue, copies, buildtime)" >&2
       ;;
   esac
   echo "== $stage: $(($(date +%s) - started)) s"
