@@ -8,6 +8,7 @@ whose epilogue resets the generator, before it re-raises.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,11 +17,15 @@ import torch
 
 def capture(fn: Callable[[], Any], pool: Any = None) -> tuple[torch.cuda.CUDAGraph, Any]:
     """`fn()` captured in a new CUDA graph (in `pool` when given, thread-local error mode): the graph and what
-    `fn` returned. Raises what the capture raised, after resetting the generator."""
+    `fn` returned. Raises what the capture raised, after resetting the generator. A function that launches
+    nothing (a view: Reshape, Flatten) makes an empty graph, whose replay does nothing, which is right; torch's
+    warning about it is not shown."""
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            result = fn()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                result = fn()
     except Exception:
         torch.cuda.synchronize()
         _reset_generator()
