@@ -17,6 +17,9 @@ reference first, the fastest kept):
 so `merged + copy` against `today` says whether the rewrite pays when only y's producer writes in place.
 
     python bench/residual_merge.py --batch 256 --out DIR      (writes residual-merge-bBATCH.json, prints a table)
+
+Each layer is autotuned from cold caches (its Triton candidates compile first), so a stage takes a while on a GPU;
+`--stages` picks the ones to measure.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ def main() -> None:
     parser.add_argument("--effort", type=int, default=0, help="the autotuner's effort for every layer")
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--device", default="cuda", help="cuda; cpu checks the script (float32)")
+    parser.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES, help="which stages' first blocks")
     args = parser.parse_args()
     device = torch.device(args.device)
     model = import_model(zoo.export("resnet50", batch=args.batch, size=224, dynamic_batch=False))
@@ -121,7 +125,7 @@ def main() -> None:
         f"{'stage':<8}{'today ms':>10}{'merged ms':>11}{'copy ms':>9}{'merged+copy':>13}{'gain':>8}  tactics",
         flush=True,
     )
-    for stage in STAGES:
+    for stage in args.stages:
         row = measure_stage(model.graph, opset, stage, device, args.effort)
         rows.append(row)
         tactics = " + ".join(t for t, _ in row["today_layers"]) + f" against {row['merged_tactic']}"

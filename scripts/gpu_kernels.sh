@@ -27,7 +27,8 @@
 #   stem      bench/stem.py: ResNet-50's stem in its parts (space to depth, per tap and per row of taps, fp16 and int8)
 #             beside cuDNN (STEM_BATCH=256, STEM_S=150)
 #   merge     bench/residual_merge.py: ResNet-50's projection shortcuts as today's two layers against one convolution
-#             over the concatenation, each autotuned over every family (fp16; MERGE_BATCH=256, MERGE_S=240)
+#             over the concatenation, each autotuned over every family (fp16; MERGE_BATCH=256, MERGE_S=300,
+#             MERGE_STAGES="layer1 layer2 layer3 layer4")
 #   epilogue  bench/gemm_epilogue.py: a GEMM's activation epilogue (none, ReLU, tanh and erf GELU) on ConvNeXt's pw1
 #             and BERT's FF1 products beside cuBLAS + torch (EPILOGUE_S=240)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
@@ -144,8 +145,9 @@ for stage in $stages; do
       cat "$out/stem.txt" | cut -c1-160 | tail -12
       ;;
     merge)
-      timeout "${MERGE_S:-240}" python3 bench/residual_merge.py --batch "${MERGE_BATCH:-256}" --out "$out" \
-        > "$out/merge.txt" 2>&1
+      # shellcheck disable=SC2086 - MERGE_STAGES is a list of names
+      timeout "${MERGE_S:-300}" python3 bench/residual_merge.py --batch "${MERGE_BATCH:-256}" --out "$out" \
+        --stages ${MERGE_STAGES:-layer1 layer2 layer3 layer4} > "$out/merge.txt" 2>&1
       tail -6 "$out/merge.txt"
       ;;
     epilogue)
