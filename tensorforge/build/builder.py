@@ -55,7 +55,7 @@ from ..tactics.base import tactic_by_key
 from ..tactics.precompile import precompile
 from ..tactics.timing import Timing, TimingBudget, measure
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
-from ..tactics.variant import ConstantCache, has_float_activation
+from ..tactics.variant import ConstantCache, has_float_activation, layout_free
 from .concat_views import concat_views, prefer_concat_into
 from .config import BuildConfig, Profile, QuantizationConfig
 from .memory import plan_graph
@@ -306,9 +306,12 @@ class Builder:
         for precision in precisions:
             for layout in ("NCHW", "NHWC"):
                 options[f"{precision} {layout}"] = [
-                    _uniform(layer, precision, layout, has_float_activation(model.graph.nodes[layer.node]))
+                    _uniform(
+                        layer, precision, layout, has_float_activation(model.graph.nodes[layer.node]),
+                        layout_free(model.graph.nodes[layer.node]),
+                    )
                     for layer in greedy
-                ]
+                ]  # fmt: skip
         distinct: dict[tuple, str] = {}
         for name, layers in options.items():
             distinct.setdefault(tuple((layer.tactic, str(layer.config)) for layer in layers), name)
@@ -348,15 +351,23 @@ class Builder:
         return observed
 
 
-def _uniform(layer: Layer, precision: str, layout: str, floats: bool = True) -> Layer:
+def _uniform(layer: Layer, precision: str, layout: str, floats: bool = True, any_layout: bool = False) -> Layer:
     """`layer`'s fastest candidate in `precision` (or fp32 where it has none) and `layout` (or "any"); in any
-    precision for a layer without float activations (`floats` False: no neighbour sees its precision)."""
+    precision for a layer without float activations (`floats` False: no neighbour sees its precision), in either
+    layout for a layer whose activations are the same memory in both (`any_layout`, `variant.layout_free`)."""
     finite = [c for c in layer.candidates if math.isfinite(c.median_ms)]
-    for wanted_precision, wanted_layout in ((precision, layout), (precision, "any"), ("fp32", layout), ("fp32", "any")):
+    layouts = ("NCHW", "NHWC") if any_layout else (layout,)
+    for wanted_precision, wanted_layouts in (
+        (precision, layouts),
+        (precision, ("any",)),
+        ("fp32", layouts),
+        ("fp32", ("any",)),
+    ):
         matching = [
             c
             for c in finite
-            if c.config.get("layout") == wanted_layout and (not floats or c.config.get("precision") == wanted_precision)
+            if c.config.get("layout") in wanted_layouts
+            and (not floats or c.config.get("precision") == wanted_precision)
         ]
         if matching:
             best = min(matching, key=lambda c: c.median_ms)

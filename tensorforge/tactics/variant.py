@@ -62,6 +62,17 @@ def has_float_activation(node: Node, constants: bool = False) -> bool:
     return any(v is not None and (constants or not v.is_const) and v.dtype == DType.FLOAT for v in values)
 
 
+def layout_free(node: Node) -> bool:
+    """Whether NCHW and NHWC are the same memory for every activation `node` reads or writes: each 4-D one has a
+    1×1 spatial map (a classifier's convolutions after a global pool), so no layout change is ever needed."""
+    for value in (*node.inputs, *node.outputs):
+        if value is None or value.is_const or value.rank != 4:
+            continue
+        if value.shape is None or tuple(value.shape[2:]) != (1, 1):
+            return False
+    return True
+
+
 def precision_choices(node: Node, allowed: Sequence[str], computes_in_it: bool = False) -> list[str]:
     """The precisions worth trying for `node`: only fp32 unless it reads or writes a float32 tensor. Float
     constants count only for a tactic that computes in the variant's type (`computes_in_it`, the float fallback

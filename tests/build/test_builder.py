@@ -205,3 +205,15 @@ def test_a_uniform_plan_takes_any_precision_for_a_layer_without_float_activation
     layer = Layer(3, "triton.conv-igemm-quantized", dict(candidates[2].config), 0.106, candidates)
     assert _uniform(layer, "fp16", "NHWC", floats=False).tactic == "triton.conv-tma-quantized"
     assert _uniform(layer, "fp16", "NHWC", floats=True).tactic == "triton.conv-igemm-quantized"
+
+
+def test_a_uniform_plan_takes_either_layout_for_a_layer_on_one_by_one_maps():
+    """A classifier's convolution after a global pool: its NCHW candidate is the same memory as NHWC, so the NHWC
+    plan may take it; a layer on larger maps keeps to the plan's layout."""
+    candidates = (
+        Candidate("vendor.onednn-fused", {"precision": "fp32", "layout": "NCHW"}, 0.117),
+        Candidate("vendor.torch-direct", {"precision": "fp32", "layout": "NHWC"}, 0.152),
+    )
+    layer = Layer(30, "vendor.torch-direct", dict(candidates[1].config), 0.152, candidates)
+    assert _uniform(layer, "fp32", "NHWC", any_layout=True).tactic == "vendor.onednn-fused"
+    assert _uniform(layer, "fp32", "NHWC", any_layout=False).tactic == "vendor.torch-direct"

@@ -7,7 +7,14 @@ import torch
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops.fused import DOMAIN
 from tensorforge.tactics import variant as variant_module
-from tensorforge.tactics.variant import LayerKernel, Variant, convert, has_float_activation, precision_choices
+from tensorforge.tactics.variant import (
+    LayerKernel,
+    Variant,
+    convert,
+    has_float_activation,
+    layout_free,
+    precision_choices,
+)
 
 
 def _echo(strided: bool) -> LayerKernel:
@@ -69,3 +76,20 @@ def test_only_float_activations_make_precision_choices():
         assert precision_choices(node, allowed) == wanted
         assert precision_choices(node, allowed, computes_in_it=True) == computing
         assert has_float_activation(node) == (out_dtype == DType.FLOAT)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "y_shape", "free"),
+    [
+        ((2, 512, 1, 1), (2, 1280, 1, 1), True),
+        ((1, 64, 7, 7), (1, 64, 1, 1), False),
+        ((1, 8, "h", 1), (1, 8, 1, 1), False),
+    ],
+)
+def test_layout_free_when_every_activation_has_a_one_by_one_map(x_shape, y_shape, free):
+    """NCHW and NHWC are the same memory for (N, C, 1, 1); a map of unknown size is not assumed to be 1×1."""
+    weight = Value("w", DType.FLOAT, (y_shape[1], x_shape[1], 1, 1), const=torch.zeros(y_shape[1], x_shape[1], 1, 1))
+    x, y = Value("x", DType.FLOAT, x_shape), Value("y", DType.FLOAT, y_shape)
+    assert layout_free(Node("FusedConv", [x, weight], [y], {}, domain=DOMAIN)) == free
+    nchw = torch.randn(2, 512, 1, 1)
+    assert nchw.is_contiguous() and nchw.is_contiguous(memory_format=torch.channels_last)
