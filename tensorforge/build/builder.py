@@ -303,15 +303,14 @@ class Builder:
         and each next layer then avoids the cast. Timing whole plans sees the cast is paid only once.
         """
         options = {"greedy": greedy}
+        nodes = [model.graph.nodes[layer.node] for layer in greedy]
+        traits = [(has_float_activation(node), layout_free(node)) for node in nodes]
         for precision in precisions:
             for layout in ("NCHW", "NHWC"):
                 options[f"{precision} {layout}"] = [
-                    _uniform(
-                        layer, precision, layout, has_float_activation(model.graph.nodes[layer.node]),
-                        layout_free(model.graph.nodes[layer.node]),
-                    )
-                    for layer in greedy
-                ]  # fmt: skip
+                    _uniform(layer, precision, layout, floats, any_layout)
+                    for layer, (floats, any_layout) in zip(greedy, traits, strict=True)
+                ]
         distinct: dict[tuple, str] = {}
         for name, layers in options.items():
             distinct.setdefault(tuple((layer.tactic, str(layer.config)) for layer in layers), name)
