@@ -13,9 +13,23 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import GELU_SQUARE, GELU_T, GELU_TAIL
+
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
-PRELUDE = r"""
+# GELU as `kernels.activations` computes it (|x| bounded by 20, past which the tail term is below 1e-80).
+_HORNER = "".join(f"{c!r}f + t * (" for c in GELU_TAIL[:-1]) + f"{GELU_TAIL[-1]!r}f" + ")" * (len(GELU_TAIL) - 1)
+GELU = f"""
+__device__ __forceinline__ float gelu_f(float x) {{
+  const float a = fminf(fabsf(x), 20.f);
+  const float t = rcp_approx(1.f + {GELU_T!r}f * a);
+  const float p = {_HORNER};
+  return (x < 0.f ? 0.f : x) - a * t * exp2_approx(p - {GELU_SQUARE!r}f * a * a);
+}}
+"""
+
+PRELUDE = (
+    r"""
 #if DT == 0
 typedef float store_t;
 __device__ __forceinline__ float to_f(float v) { return v; }
@@ -73,10 +87,22 @@ __device__ __forceinline__ void store_vec(store_t* p, const float* v) {
 #endif
 }
 
-__device__ __forceinline__ float sigmoid_f(float x) {
-  float e = expf(-fabsf(x));
-  return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+// PTX's approximate flush-to-zero reciprocal and power of two: one MUFU each, at most 1 and 2 ulp off.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
 }
+__device__ __forceinline__ float exp2_approx(float x) {
+  float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) {
+  const float e = exp2_approx(-1.4426950408889634f * fabsf(x));  // never overflows
+  const float r = rcp_approx(1.f + e);
+  return x >= 0.f ? r : e * r;
+}
+"""
+    + GELU
+    + r"""
 __device__ __forceinline__ float tanh_f(float x) { return 2.f * sigmoid_f(2.f * x) - 1.f; }
 
 // The activations of kernels/activations.py, by code; clamps are selects so that NaN propagates.
@@ -89,7 +115,7 @@ __device__ __forceinline__ float activate(float x, float p0, float p1) {
   else if constexpr (ACT == 5) { const float v = x * p0 + p1; return v < 0.f ? 0.f : (v > 1.f ? 1.f : v); }
   else if constexpr (ACT == 6) return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
   else if constexpr (ACT == 7) return x * sigmoid_f(x);
-  else if constexpr (ACT == 8) return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+  else if constexpr (ACT == 8) return gelu_f(x);
   else if constexpr (ACT == 9) return 0.5f * x * (1.f + tanh_f(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   else if constexpr (ACT == 10) return tanh_f(x);
   else if constexpr (ACT == 11) return x * tanh_f(fmaxf(x, 0.f) + logf(1.f + expf(-fabsf(x))));
@@ -97,6 +123,7 @@ __device__ __forceinline__ float activate(float x, float p0, float p1) {
   else return x;
 }
 """
+)
 
 
 def nhwc_output(x: torch.Tensor, shape: tuple[int, ...], out: torch.Tensor | None, who: str) -> torch.Tensor:
