@@ -44,8 +44,8 @@ def activation_args(name: str, params: Sequence[float] = ()) -> tuple[int, float
 # polynomial, no branch (libdevice's erff evaluates two branches, predicated, three times the instructions of a
 # GEMM without activation). P's coefficients (constant term first) are a minimax fit for a in [0, 20] (kernels bound
 # a there) with these float32 constants, made by `scripts/fit_gelu_tail.py`: the tail's relative error is 1.2e-7
-# (6.5e-8 from the fit, the rest from rounding P to float32), and the float32 GELU is within 2.4e-7 of the exact one everywhere (torch's float32 GELU, 1 + erf in
-# float32, within 1.1e-6).
+# (6.5e-8 from the fit, the rest from rounding P to float32), and the float32 GELU is within 2.4e-7 of the exact
+# one everywhere (torch's float32 GELU, 1 + erf in float32, within 1.1e-6).
 GELU_T = 0.3535533845424652  # 1/(2√2)
 GELU_SQUARE = 0.7213475108146667  # log2(e)/2
 GELU_TAIL = (
