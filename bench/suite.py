@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -209,7 +210,11 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
         )
         started = time.perf_counter()
         engine = Builder(config, calibration_data=calibration).build(model)
-        return engine, time.perf_counter() - started
+        build_s = time.perf_counter() - started
+        if case.engines is not None:  # every candidate's time: what a smaller tuning space would have lost
+            case.engines.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(config.timing_cache, case.engines / f"{case.name}-b{case.batch}-{precision}.timing.json")
+        return engine, build_s
 
 
 def run_tensorforge(case: Case, precision: str) -> Measurement:
@@ -543,7 +548,13 @@ def run_parser() -> argparse.ArgumentParser:
         "--no-precompile", dest="precompile", action="store_false",
         help="tensorforge builds tune without compiling every layer's candidates first (build-time comparisons)",
     )  # fmt: skip
-    parser.add_argument("--engines", type=Path, metavar="DIR", help="keep each engine as DIR/MODEL-bBATCH-PREC.engine")
+    parser.add_argument(
+        "--engines",
+        type=Path,
+        metavar="DIR",
+        help="keep each engine as DIR/MODEL-bBATCH-PREC.engine and its build's timing cache as "
+        "DIR/MODEL-bBATCH-PREC.timing.json",
+    )
     return parser
 
 

@@ -11,8 +11,8 @@
 #   sweep     bench/conv_sweep.py: every distinct conv layer, our kernels against cuDNN (SWEEP_S=300, SWEEP_ARGS)
 #   configs   bench/conv_configs.py: ResNet-50's convolutions over a wide grid of tiles and pipeline depths (CONFIGS_S=300,
 #             CONFIGS_ARGS)
-#   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite; its engines kept until
-#             the call ends, for `profile`)
+#   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite; its engines kept in
+#             OUTPUT_DIR/engines, for `profile`, with each build's timing cache beside them: *.timing.json)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256", INT8_PRECISIONS="fp16 int8 fp8";
 #             engines kept for `profile`)
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from bench import suite
+from tensorforge.tactics.timing_cache import TimingCache
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("matplotlib")
@@ -98,10 +99,13 @@ def test_combinations_that_cannot_run_are_skipped_not_failed(tmp_path):
 
 
 def test_the_engines_measured_are_kept_and_load(tmp_path):
-    """`--engines DIR` keeps each tensorforge engine the suite measured (for a profile of that very engine)."""
+    """`--engines DIR` keeps each tensorforge engine the suite measured (for a profile of that very engine) and
+    its build's timing cache."""
     suite.main([*TINY, "--systems", "tensorforge", "--engines", str(tmp_path / "engines"), "--out", str(tmp_path)])
     engine = suite.Engine.load(tmp_path / "engines" / "inception-b1-fp32.engine")
     assert engine.plans and engine.report.get("tuning") is not None
+    timings = TimingCache.load(tmp_path / "engines" / "inception-b1-fp32.timing.json")  # its build's candidates
+    assert len(timings) > 0
 
 
 def test_nothing_measured_writes_a_report_without_a_plot(tmp_path):
