@@ -1,22 +1,25 @@
-"""The CUDA C family: our NVRTC-compiled kernels (`kernels/cuda/`) as FusedConv tactics, CUDA only.
+"""The CUDA C family: our NVRTC-compiled kernels (`kernels/cuda/`) as tactics, CUDA only.
 
 - `cuda.depthwise`: depthwise convolutions (group == input channels == output channels);
 - `cuda.direct-conv`: groups = 1, input tiles and filters staged in shared memory;
-- `cuda.winograd`: 3×3 stride-1 groups = 1 as Winograd F(2×2, 3×3) (transforms in CUDA C, GEMMs in cuBLAS).
-Both read channels_last activations, keep the whole epilogue in the kernel and pack the weight once.
+- `cuda.winograd`: 3×3 stride-1 groups = 1 as Winograd F(2×2, 3×3) (transforms in CUDA C, GEMMs in cuBLAS);
+- `cuda.layernorm`: LayerNormalization, one warp a row held in registers.
+The convolutions read channels_last activations, keep the whole epilogue in the kernel and pack the weight once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..ir import Node
+from ..ir import DType, Node
 from ..kernels.activations import ACTIVATION_CODES, activation_args
 from ..kernels.cuda.depthwise import depthwise_configs, depthwise_conv2d, pack_depthwise_weight
 from ..kernels.cuda.direct_conv import direct_configs, direct_conv2d, pack_direct_weight
+from ..kernels.cuda.layer_norm import LONGEST_ROW, layer_norm_configs, layer_norm_rows
 from ..kernels.cuda.nvrtc import unavailable
 from ..kernels.cuda.winograd import pack_winograd_weight, winograd_configs, winograd_conv2d
 from ..ops.fused import DOMAIN
@@ -140,3 +143,59 @@ class CudaWinogradTactic(_CudaConv):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return winograd_configs(effort)
+
+
+@register_tactic
+class CudaLayerNormTactic(Tactic):
+    """LayerNormalization over axes [axis, rank) whose normalized size is static and fits a warp's registers."""
+
+    family = "cuda"
+    name = "layernorm"
+    writes_into = True
+    op_types = ("LayerNormalization", f"{DOMAIN}::LayerNormalization")
+    precisions = ("fp32", "fp16", "bf16")
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA"
+        missing = unavailable()
+        if missing:
+            return missing
+        if any(v.name for v in node.outputs[1:]):
+            return "the Mean and InvStdDev outputs are computed only by the reference"
+        if node.attributes.get("stash_type", 1) != DType.FLOAT.value:
+            return "statistics in float32 only (stash_type=1)"
+        x = node.inputs[0]
+        if x.rank is None or x.rank == 0 or not x.dtype.is_float:
+            return f"a float input of known rank only, got {x.dtype} rank {x.rank}"
+        normalized = x.shape[node.attributes.get("axis", -1) % x.rank :]
+        if not all(isinstance(d, int) for d in normalized):
+            return f"the normalized axes must be static, got {list(normalized)}"
+        if math.prod(normalized) > LONGEST_ROW:
+            return f"rows of {math.prod(normalized)} elements do not fit a warp's registers (at most {LONGEST_ROW})"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return layer_norm_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        x_value = node.inputs[0]
+        normalized = tuple(x_value.shape[node.attributes.get("axis", -1) % x_value.rank :])
+        n = math.prod(normalized)
+        epsilon = float(node.attributes.get("epsilon", 1e-5))
+        vectors: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # scale and bias as float32, made once
+
+        def as_float(t: torch.Tensor) -> torch.Tensor:
+            key = (t.data_ptr(), t.dtype)
+            if key not in vectors:
+                vectors[key] = t.broadcast_to(normalized).reshape(n).float().contiguous()
+            return vectors[key]
+
+        def kernel(inputs, alloc=None):
+            x, scale, bias = (list(inputs) + [None] * 3)[:3]
+            out = allocate(alloc, 0, x.shape, x.dtype, x.device)
+            bias = as_float(bias) if bias is not None else None
+            y = layer_norm_rows(x.contiguous(), as_float(scale), bias, epsilon=epsilon, config=config, out=out)
+            return (y,)
+
+        return kernel

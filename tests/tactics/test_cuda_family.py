@@ -75,3 +75,41 @@ def test_every_cuda_candidate_passes_the_autotuners_check(
     )
     ours = [c for c in choice.candidates if c.tactic == tactic]
     assert ours and all(math.isfinite(c.median_ms) for c in ours), [(c.config, c.note) for c in ours]
+
+
+def _layer_norm(shape, axis=-1, outputs=("y",)):
+    rng = np.random.default_rng(0)
+    normalized = [d for d in shape[axis % len(shape) :]]
+    inits = [
+        numpy_helper.from_array(rng.normal(1, 0.2, normalized).astype(np.float32), "scale"),
+        numpy_helper.from_array(rng.normal(0, 0.2, normalized).astype(np.float32), "bias"),
+    ]
+    node = helper.make_node("LayerNormalization", ["x", "scale", "bias"], list(outputs), axis=axis, epsilon=1e-5)
+    infos = [tensor_info(name, None) for name in outputs]
+    (node,) = import_model(make_model([node], [tensor_info("x", shape)], infos, 17, inits)).graph.nodes
+    return node
+
+
+def test_cuda_layer_norm_declines_with_reasons():
+    tactic = tactic_by_key("cuda.layernorm")
+    assert tactic.supports(_layer_norm([4, 768]), 17, torch.device("cpu")) == "needs CUDA"
+
+
+@pytest.mark.gpu
+def test_cuda_layer_norm_declines_long_dynamic_rows_and_statistics():
+    tactic, cuda = tactic_by_key("cuda.layernorm"), torch.device("cuda")
+    assert tactic.supports(_layer_norm(["batch", 128, 768]), 17, cuda) is None
+    assert "at most 2048" in tactic.supports(_layer_norm([4, 4096]), 17, cuda)
+    assert "static" in tactic.supports(_layer_norm([4, "n"]), 17, cuda)
+    assert "Mean and InvStdDev" in tactic.supports(_layer_norm([4, 64], outputs=("y", "mean")), 17, cuda)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "axis"), [([8, 128, 768], -1), ([2, 5, 6, 16], -2)])
+def test_every_cuda_layer_norm_candidate_passes_the_autotuners_check(shape, axis):
+    node = _layer_norm(shape, axis)
+    x = torch.randn(shape, device="cuda") * 3 + 1
+    choice = autotune(node, 17, [x], "cuda", effort=2, precisions=("fp32", "fp16", "bf16"), exhaustive=True)
+    ours = [c for c in choice.candidates if c.tactic == "cuda.layernorm"]
+    assert {c.config["warps"] for c in ours} == {1, 2, 4, 8, 16}
+    assert all(math.isfinite(c.median_ms) for c in ours), [(c.config, c.note) for c in ours]

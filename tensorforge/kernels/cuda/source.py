@@ -3,7 +3,8 @@
 A kernel source starts with `PRELUDE`, compiled with `-D` definitions:
 - `DT`: storage type of activations and weights, 0 float32, 1 float16, 2 bfloat16 (math is float32);
 - `PRE`, `POST`: activation codes of `kernels.activations` (the epilogue `post(pre(acc + bias) + z)`);
-- `VEC`: channels a thread loads at once (1, 2 or 4; the caller guarantees alignment).
+- `VEC`: channels a thread loads at once (1, 2 or 4, and 8 for 16-bit types: 16 bytes at most; the caller
+  guarantees alignment).
 `load_vec` / `store_vec` move VEC channels in one access. Half and bfloat16 conversions are inline PTX, so no
 CUDA header is needed. The host-side checks of the
 kernels' operands are here too.
@@ -66,6 +67,13 @@ __device__ __forceinline__ void load_vec(const store_t* p, float* out) {
   uint2 v = *reinterpret_cast<const uint2*>(p);
   out[0] = to_f((unsigned short)(v.x & 0xffffu)); out[1] = to_f((unsigned short)(v.x >> 16));
   out[2] = to_f((unsigned short)(v.y & 0xffffu)); out[3] = to_f((unsigned short)(v.y >> 16));
+#elif DT != 0 && VEC == 8
+  uint4 v = *reinterpret_cast<const uint4*>(p);
+  const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = to_f((unsigned short)(words[i] & 0xffffu)); out[2 * i + 1] = to_f((unsigned short)(words[i] >> 16));
+  }
 #endif
 }
 
@@ -84,6 +92,13 @@ __device__ __forceinline__ void store_vec(store_t* p, const float* v) {
   t.x = (unsigned int)to_store(v[0]) | ((unsigned int)to_store(v[1]) << 16);
   t.y = (unsigned int)to_store(v[2]) | ((unsigned int)to_store(v[3]) << 16);
   *reinterpret_cast<uint2*>(p) = t;
+#elif DT != 0 && VEC == 8
+  uint4 t;
+  t.x = (unsigned int)to_store(v[0]) | ((unsigned int)to_store(v[1]) << 16);
+  t.y = (unsigned int)to_store(v[2]) | ((unsigned int)to_store(v[3]) << 16);
+  t.z = (unsigned int)to_store(v[4]) | ((unsigned int)to_store(v[5]) << 16);
+  t.w = (unsigned int)to_store(v[6]) | ((unsigned int)to_store(v[7]) << 16);
+  *reinterpret_cast<uint4*>(p) = t;
 #endif
 }
 
