@@ -51,10 +51,10 @@ def test_layer_norm_matches_float64(dtype, shape, bias, warps):
     n = shape[-1]
     x = (torch.randn(shape, device="cuda") * 3 + 2).to(dtype)  # a mean far from 0: the variance of x − mean
     scale = torch.randn(n, device="cuda") * 0.2 + 1
-    shift = torch.randn(n, device="cuda") * 0.2 if bias else None
+    offset = torch.randn(n, device="cuda") * 0.2 if bias else None
     out = torch.full_like(x, float("nan"))  # poisoned: every element must be written
-    y = layer_norm.layer_norm_rows(x, scale, shift, epsilon=1e-5, config={"warps": warps}, out=out)
-    want = _reference(x, scale, shift, 1e-5)
+    y = layer_norm.layer_norm_rows(x, scale, offset, epsilon=1e-5, config={"warps": warps}, out=out)
+    want = _reference(x, scale, offset, 1e-5)
     assert y is out and not torch.isnan(y).any()
     assert ((y.double() - want).abs().max() / want.abs().max()).item() <= TOLERANCE[dtype]
 
