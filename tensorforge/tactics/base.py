@@ -50,6 +50,15 @@ def allocate(
     return torch.empty(tuple(shape), dtype=dtype, device=device, memory_format=memory_format)
 
 
+def statistics_reason(node: Node) -> str | None:
+    """Why a LayerNormalization kernel that writes Y alone, from float32 statistics, cannot run `node`, or None."""
+    if any(v.name for v in node.outputs[1:]):
+        return "the Mean and InvStdDev outputs are computed only by the reference"
+    if node.attributes.get("stash_type", 1) != 1:
+        return "statistics in float32 only (stash_type=1)"
+    return None
+
+
 class PerWeight:
     """A tensor derived once from each weight a kernel is called with (packed, reordered, cast), kept beside that
     weight so its id is not reused while the entry lives. `derive(weight, *key)`: `key` (e.g. the dtype asked

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..ir import DType, Node
+from ..ir import Node
 from ..kernels.activations import ACTIVATION_CODES, activation_args
 from ..kernels.cuda.depthwise import depthwise_configs, depthwise_conv2d, pack_depthwise_weight
 from ..kernels.cuda.direct_conv import direct_configs, direct_conv2d, pack_direct_weight
@@ -24,7 +24,7 @@ from ..kernels.cuda.nvrtc import unavailable
 from ..kernels.cuda.winograd import pack_winograd_weight, winograd_configs, winograd_conv2d
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
-from .base import Kernel, Tactic, allocate, register_tactic
+from .base import Kernel, PerWeight, Tactic, allocate, register_tactic, statistics_reason
 
 
 def _common_reason(node: Node, device: torch.device) -> str | None:
@@ -161,10 +161,9 @@ class CudaLayerNormTactic(Tactic):
         missing = unavailable()
         if missing:
             return missing
-        if any(v.name for v in node.outputs[1:]):
-            return "the Mean and InvStdDev outputs are computed only by the reference"
-        if node.attributes.get("stash_type", 1) != DType.FLOAT.value:
-            return "statistics in float32 only (stash_type=1)"
+        reason = statistics_reason(node)
+        if reason:
+            return reason
         x = node.inputs[0]
         if x.rank is None or x.rank == 0 or not x.dtype.is_float:
             return f"a float input of known rank only, got {x.dtype} rank {x.rank}"
@@ -183,13 +182,7 @@ class CudaLayerNormTactic(Tactic):
         normalized = tuple(x_value.shape[node.attributes.get("axis", -1) % x_value.rank :])
         n = math.prod(normalized)
         epsilon = float(node.attributes.get("epsilon", 1e-5))
-        vectors: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # scale and bias as float32, made once
-
-        def as_float(t: torch.Tensor) -> torch.Tensor:
-            key = (t.data_ptr(), t.dtype)
-            if key not in vectors:
-                vectors[key] = t.broadcast_to(normalized).reshape(n).float().contiguous()
-            return vectors[key]
+        as_float = PerWeight(lambda t: t.broadcast_to(normalized).reshape(n).float().contiguous())  # scale, bias
 
         def kernel(inputs, alloc=None):
             x, scale, bias = (list(inputs) + [None] * 3)[:3]

@@ -10,7 +10,7 @@ from ..ir import DType, Node
 from ..kernels.triton.norm import layer_norm, row_configs, softmax
 from ..kernels.triton.pointwise import PointwiseKernel, UnsupportedPointwise, pointwise_configs
 from ..ops.fused import DOMAIN
-from .base import Kernel, Tactic, allocate, register_tactic
+from .base import Kernel, Tactic, allocate, register_tactic, statistics_reason
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
@@ -113,10 +113,9 @@ class TritonLayerNormTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "needs CUDA"
-        if any(v.name for v in node.outputs[1:]):
-            return "the Mean and InvStdDev outputs are computed only by the reference"
-        if node.attributes.get("stash_type", 1) != DType.FLOAT.value:
-            return "statistics in float32 only (stash_type=1)"
+        reason = statistics_reason(node)
+        if reason:
+            return reason
         x = node.inputs[0]
         if x.rank is None or x.rank == 0 or x.dtype not in _FLOATS:
             return f"a float16/bfloat16/float32 input of known rank only, got {x.dtype} rank {x.rank}"

@@ -54,7 +54,7 @@ from ..ops.fused import (
 )
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
-from .base import Kernel, Tactic, register_tactic
+from .base import Kernel, Tactic, register_tactic, statistics_reason
 from .channel_scales import ChannelScales
 from .upsample import upsample_factors
 
@@ -830,10 +830,9 @@ class TorchLayerNormTactic(Tactic):
     op_types = ("LayerNormalization", f"{DOMAIN}::LayerNormalization")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if any(v.name for v in node.outputs[1:]):
-            return "the Mean and InvStdDev outputs are computed only by the reference"
-        if node.attributes.get("stash_type", 1) != 1:
-            return "statistics in float32 only (stash_type=1)"
+        reason = statistics_reason(node)
+        if reason:
+            return reason
         if node.inputs[0].rank is None:
             return "the input's rank is unknown"
         return None
