@@ -17,6 +17,8 @@ convolution kernels' epilogue.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -28,7 +30,8 @@ __all__ = ["ACTIVATION_CODES", "activate", "activation_args", "dequantize_bias_p
 # On the GPU a reciprocal and a power of two are PTX's approximate flush-to-zero instructions, one MUFU each (at most
 # 1 and 2 ulp off; Triton's `/` and `exp2` add range checks worth 3 to 4 instructions an element to an epilogue);
 # the interpreter, which runs no PTX, computes the same formulas in plain Triton.
-_PTX = tl.constexpr(not triton.knobs.runtime.interpret)
+_INTERPRETED = triton.knobs.runtime.interpret if hasattr(triton, "knobs") else os.environ.get("TRITON_INTERPRET") == "1"
+_PTX = tl.constexpr(not _INTERPRETED)  # Triton before 3.4 has no knobs: it reads the variable as above
 _MINUS_LOG2E = tl.constexpr(-1.4426950408889634)
 _T = tl.constexpr(GELU_T)
 _SQUARE = tl.constexpr(GELU_SQUARE)
