@@ -16,11 +16,10 @@ bound, every thread waiting on its window rows' loads), which is what the second
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from .nvrtc import CudaKernel, compile_cubin, device_arch
+from .nvrtc import cuda_kernel
 from .source import PRELUDE, check_operands, nhwc_output, storage_code
 
 # The part both kernels share: a thread's PX outputs × VEC channels from a window row's cells, and their epilogue.
@@ -245,7 +244,6 @@ def vector_width(channels: int, dtype: torch.dtype) -> int:
     return next(v for v in (4, 2, 1) if channels % v == 0)
 
 
-_KERNELS: dict[tuple[Any, ...], CudaKernel] = {}
 _SHARED_LIMIT = 96 * 1024
 
 
@@ -294,23 +292,15 @@ def depthwise_conv2d(
                 f"depthwise_conv2d: tile {config} does not fit ({threads} threads of {vec} channels, {smem} B of "
                 f"shared memory for a {list(kernel)} filter; tw must be a multiple of px)"
             )
-        compiled = _compiled(TILED_SOURCE, "depthwise_tiled_nhwc", {**defines, "TH": th, "TW": tw, "CB": cb}, x, smem)
+        tiled = {**defines, "TH": th, "TW": tw, "CB": cb}
+        compiled = cuda_kernel(TILED_SOURCE, "depthwise_tiled_nhwc", tiled, x.device, smem)
         tiles_h, tiles_w = -(-oh // th), -(-ow // tw)
         grid = (n * tiles_h * tiles_w, -(-c // cb))
         compiled.launch(grid, (threads,), [*args, tiles_h, tiles_w, *activations], x.device)
         return y
-    compiled = _compiled(SOURCE, "depthwise_nhwc", defines, x, 0)
+    compiled = cuda_kernel(SOURCE, "depthwise_nhwc", defines, x.device)
     lanes, rows, px = config["lanes"], config["rows"], config["px"]
     runs = n * oh * -(-ow // px)
     grid = (-(-runs // rows), -(-(c // vec) // lanes))
     compiled.launch(grid, (lanes, rows), [*args, *activations], x.device)
     return y
-
-
-def _compiled(source: str, function: str, defines: dict[str, int], x: torch.Tensor, smem: int) -> CudaKernel:
-    key = (function, x.device, tuple(sorted(defines.items())))
-    compiled = _KERNELS.get(key)
-    if compiled is None:
-        cubin = compile_cubin(source, function, defines, device_arch(x.device))
-        compiled = _KERNELS[key] = CudaKernel(cubin, function, smem)
-    return compiled

@@ -12,11 +12,10 @@ warp's filter reads are broadcasts. No tensor cores: this family earns its place
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from .nvrtc import CudaKernel, compile_cubin, device_arch
+from .nvrtc import cuda_kernel
 from .source import PRELUDE, check_operands, nhwc_output, storage_code
 
 _RC = 8  # output channels per thread
@@ -135,9 +134,6 @@ def fitted(config: dict[str, int], kernel, strides, dilations) -> dict[str, int]
     return config
 
 
-_KERNELS: dict[tuple[Any, ...], CudaKernel] = {}
-
-
 def direct_conv2d(
     x: torch.Tensor,
     w_packed: torch.Tensor,
@@ -171,19 +167,14 @@ def direct_conv2d(
         residual = residual.contiguous(memory_format=torch.channels_last)
     if y.numel() == 0:
         return y
-    key = (x.device, x.dtype, tuple(kernel), tuple(strides), tuple(dilations), pre[0], post[0],
-           bias is not None, residual is not None, tuple(sorted(config.items())))  # fmt: skip
-    compiled = _KERNELS.get(key)
-    if compiled is None:
-        defines = {
-            "DT": storage_code(x.dtype), "VEC": 1, "PRE": pre[0], "POST": post[0],
-            "KH": kernel[0], "KW": kernel[1], "SH": strides[0], "SW": strides[1],
-            "DH": dilations[0], "DW": dilations[1], "HAS_BIAS": int(bias is not None),
-            "HAS_RES": int(residual is not None),
-            "TH": config["th"], "TW": config["tw"], "TC": config["tc"], "CT": config["ct"],
-        }  # fmt: skip
-        cubin = compile_cubin(SOURCE, "conv_direct_nhwc", defines, device_arch(x.device))
-        compiled = _KERNELS[key] = CudaKernel(cubin, "conv_direct_nhwc", smem)
+    defines = {
+        "DT": storage_code(x.dtype), "VEC": 1, "PRE": pre[0], "POST": post[0],
+        "KH": kernel[0], "KW": kernel[1], "SH": strides[0], "SW": strides[1],
+        "DH": dilations[0], "DW": dilations[1], "HAS_BIAS": int(bias is not None),
+        "HAS_RES": int(residual is not None),
+        "TH": config["th"], "TW": config["tw"], "TC": config["tc"], "CT": config["ct"],
+    }  # fmt: skip
+    compiled = cuda_kernel(SOURCE, "conv_direct_nhwc", defines, x.device, smem)
     tiles_h, tiles_w = -(-oh // config["th"]), -(-ow // config["tw"])
     grid = (n * tiles_h * tiles_w, -(-co // config["tc"]))
     block = (32 * config["tc"] // _RC,)

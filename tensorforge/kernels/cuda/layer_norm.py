@@ -10,11 +10,9 @@ as float32 vectors (float4 loads, from L1 after the first rows).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from .nvrtc import CudaKernel, compile_cubin, device_arch
+from .nvrtc import cuda_kernel
 from .source import PRELUDE, storage_code
 
 SOURCE = (
@@ -123,9 +121,6 @@ def vector_width(n: int, *tensors: torch.Tensor) -> int:
     )
 
 
-_KERNELS: dict[tuple[Any, ...], CudaKernel] = {}
-
-
 def layer_norm_rows(
     x: torch.Tensor,
     scale: torch.Tensor,
@@ -159,11 +154,7 @@ def layer_norm_rows(
         "ITEMS": -(-n // (32 * vec)),
         "HAS_BIAS": int(bias is not None),
     }
-    key = (x.device, tuple(sorted(defines.items())))
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        cubin = compile_cubin(SOURCE, "layer_norm_rows", defines, device_arch(x.device))
-        kernel = _KERNELS[key] = CudaKernel(cubin, "layer_norm_rows", 0)
+    kernel = cuda_kernel(SOURCE, "layer_norm_rows", defines, x.device)
     warps = config["warps"]
     kernel.launch((-(-rows // warps),), (32 * warps,), [x, scale, bias, y, rows, float(epsilon)], x.device)
     return y

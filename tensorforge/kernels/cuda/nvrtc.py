@@ -1,6 +1,7 @@
 """CUDA C kernels compiled at run time with NVRTC and launched through the driver API (cuda-python).
 
-`compile_cubin(source, name, defines, arch)` compiles one translation unit to a cubin for one GPU architecture;
+`compile_cubin(source, name, defines, arch)` compiles one translation unit to a cubin for one GPU architecture
+(`cuda_kernel(source, function, defines, device)` compiles and loads one function of it, once a process);
 cubins are cached on disk (`$TENSORFORGE_CACHE` or `~/.cache/tensorforge/cuda`) under a hash of the source,
 the options and the NVRTC version, so an engine load does not recompile what its build already compiled, and
 in memory per process. `CudaKernel` loads a cubin's function into the current device's primary context once and
@@ -124,6 +125,22 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.replace(scratch, path)
     except OSError:
         pass
+
+
+_LOADED: dict[tuple[Any, ...], CudaKernel] = {}
+
+
+def cuda_kernel(
+    source: str, function: str, defines: Mapping[str, Any], device: torch.device, shared_bytes: int = 0
+) -> CudaKernel:
+    """`function` of `source` compiled with `defines` for `device`'s architecture, one `CudaKernel` per process
+    for each (source, function, defines, device, shared memory)."""
+    key = (source, function, tuple(sorted(defines.items())), device, shared_bytes)
+    kernel = _LOADED.get(key)
+    if kernel is None:
+        cubin = compile_cubin(source, function, defines, device_arch(device))
+        kernel = _LOADED[key] = CudaKernel(cubin, function, shared_bytes)
+    return kernel
 
 
 class CudaKernel:

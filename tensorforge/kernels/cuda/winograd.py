@@ -15,11 +15,10 @@ few pixels) and loses on memory-bound ones; the autotuner decides.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from .nvrtc import CudaKernel, compile_cubin, device_arch
+from .nvrtc import cuda_kernel
 from .source import PRELUDE, check_operands, nhwc_output, storage_code
 
 SOURCE = (
@@ -122,17 +121,12 @@ def pack_winograd_weight(w: torch.Tensor) -> torch.Tensor:
     return u.reshape(16, w.shape[1], w.shape[0]).to(w.dtype).contiguous()
 
 
-_KERNELS: dict[tuple[Any, ...], tuple[CudaKernel, CudaKernel]] = {}
-
-
 def _kernels(x: torch.Tensor, pre: int, post: int, has_bias: bool, has_residual: bool):
-    key = (x.device, x.dtype, pre, post, has_bias, has_residual)
-    if key not in _KERNELS:
-        defines = {"DT": storage_code(x.dtype), "VEC": 1, "PRE": pre, "POST": post, "HAS_BIAS": int(has_bias),
-                   "HAS_RES": int(has_residual)}  # fmt: skip
-        cubin = compile_cubin(SOURCE, "winograd_f2x2_3x3", defines, device_arch(x.device))
-        _KERNELS[key] = (CudaKernel(cubin, "winograd_input"), CudaKernel(cubin, "winograd_output"))
-    return _KERNELS[key]
+    defines = {"DT": storage_code(x.dtype), "VEC": 1, "PRE": pre, "POST": post, "HAS_BIAS": int(has_bias),
+               "HAS_RES": int(has_residual)}  # fmt: skip
+    return cuda_kernel(SOURCE, "winograd_input", defines, x.device), cuda_kernel(
+        SOURCE, "winograd_output", defines, x.device
+    )
 
 
 def winograd_conv2d(
