@@ -19,6 +19,11 @@ Runs on sm_90 and newer only (TMA, wgmma, setmaxnreg); Triton's interpreter does
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -28,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..triton.epilogue import activate, quantize
 
@@ -279,3 +285,119 @@ def gemm_ws_kernel(
             [1],
             [40],
         )  # fmt: skip
+
+
+# -- launcher --------------------------------------------------------------------------------------------------------
+
+_GL_DTYPES = {
+    torch.float16: gl.float16,
+    torch.bfloat16: gl.bfloat16,
+    torch.int8: gl.int8,
+    torch.float8_e4m3fn: gl.float8e4nv,
+    torch.float32: gl.float32,
+}
+SHARED_LIMIT = 232448 - 2048  # sm_90's opt-in shared memory a block, less the barriers and the compiler's own
+REGISTERS = 65536  # a multiprocessor's 32-bit registers, shared by the warpgroups
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """A tile shape and its pipeline: BLOCK_K-deep steps in a ring of `stages` buffers; `consumers` warpgroups
+    (one: `num_warps` 4 or 8 share each tile; two: 4 warps each, alternate tiles)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    stages: int = 4
+    consumers: int = 1
+    num_warps: int = 4
+
+    def shared_bytes(self, a: torch.dtype, y: torch.dtype, z: torch.dtype | None) -> int:
+        """The shared memory this config takes: the operand ring, the residual pair and one output tile a
+        consumer."""
+        ring = self.stages * (self.block_m + self.block_n) * self.block_k * a.itemsize
+        residual = 2 * self.block_m * self.block_n * z.itemsize if z is not None else 64
+        return ring + residual + self.consumers * self.block_m * self.block_n * y.itemsize
+
+    def maxnreg(self) -> int:
+        """Registers a thread at launch: the warpgroups (the producer's warp takes a whole one) share the file;
+        the compiler's setmaxnreg then moves them from the producer to the consumers."""
+        groups = 1 + (self.consumers if self.consumers == 2 else self.num_warps // 4)
+        return min(256, REGISTERS // (groups * 128) // 8 * 8)
+
+
+def problem(
+    a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None, config: GemmConfig
+) -> str | None:
+    """Why `config` cannot run y = epilogue(a @ bᵀ) (with residual z) on these tensors, or None."""
+    if a.dtype not in (torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn) or b.dtype != a.dtype:
+        return f"operands must be one of fp16, bf16, int8, float8 E4M3 alike; got {a.dtype} and {b.dtype}"
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        return f"a [M, K] and b [N, K] expected; got {tuple(a.shape)} and {tuple(b.shape)}"
+    if y.shape != (a.shape[0], b.shape[0]) or (z is not None and z.shape != y.shape):
+        return "y (and z) must be [M, N]"
+    for name, t in (("a", a), ("b", b), ("y", y), ("z", z)):
+        if t is not None and (t.stride(1) != 1 or t.stride(0) * t.element_size() % 16 or t.data_ptr() % 16):
+            return f"{name} must have unit column stride and 16-byte aligned rows for TMA"
+    if y.dtype not in _GL_DTYPES or (z is not None and z.dtype not in _GL_DTYPES):
+        return f"no Gluon type for y {y.dtype} or z {None if z is None else z.dtype}"
+    if config.consumers not in (1, 2) or (config.consumers == 2 and config.num_warps != 4):
+        return "one consumer of 4 or 8 warps, or two of 4"
+    if config.num_warps not in (4, 8) or config.block_m < 16 * config.num_warps:
+        return f"{config.num_warps} consumer warps need BLOCK_M ≥ {16 * config.num_warps}"
+    if a.dtype == torch.int8 and config.block_n % 16:
+        return "int8 wgmma needs BLOCK_N a multiple of 16"
+    if config.block_k * a.element_size() < 32:
+        return "BLOCK_K must span at least 32 bytes (one wgmma K step)"
+    need = config.shared_bytes(a.dtype, y.dtype, None if z is None else z.dtype)
+    if need > SHARED_LIMIT:
+        return f"{need} bytes of shared memory, more than {SHARED_LIMIT}"
+    return None
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype]))
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def gemm_ws(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    y: torch.Tensor,
+    config: GemmConfig,
+    *,
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    z_scale: float = 1.0,
+    pre: tuple[int, float, float] = (0, 0.0, 0.0),
+    post: tuple[int, float, float] = (0, 0.0, 0.0),
+    quant_y: int = 0,
+    y_inv_scale: float = 1.0,
+) -> torch.Tensor:
+    """y = quantize_or_cast(post(pre(a @ bᵀ · scale + bias) + z · z_scale)), written into y; returns y.
+
+    scale: float32 [N] or None; bias: [N] (any float type) or None; pre / post: (activation code, p0, p1) as
+    `kernels.activations.activation_args` gives them; quant_y: 0 (cast to y's type), 1 (int8) or 2 (E4M3) with
+    y_inv_scale. Check `problem` first: a config it refuses raises here."""
+    reason = problem(a, b, y, z, config)
+    if reason is not None:
+        raise ValueError(f"gemm_ws {config}: {reason}")
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    y_desc = _descriptor(y, [bm, bn])
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    grid = (min(tiles, _multiprocessors(a.device.index or 0)),)
+    gemm_ws_kernel[grid](
+        _descriptor(a, [bm, bk]), _descriptor(b, [bn, bk]), y_desc if z is None else _descriptor(z, [bm, bn]), y_desc,
+        scale if scale is not None else y, bias if bias is not None else y,
+        m, n, k, float(pre[1]), float(pre[2]), float(post[1]), float(post[2]), float(z_scale), float(y_inv_scale),
+        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_RES=z is not None, PRE=pre[0], POST=post[0],
+        QUANT_Y=quant_y, STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8,
+        num_warps=config.num_warps, maxnreg=config.maxnreg(),
+    )  # fmt: skip
+    return y

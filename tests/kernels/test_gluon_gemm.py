@@ -1,0 +1,186 @@
+"""The Gluon warp-specialized GEMM: its launcher's refusals on the CPU, its compilation for sm_90 (Triton's real
+compiler, no GPU needed), and on the GPU every epilogue against a float64 reference with poisoned outputs."""
+
+import pytest
+import torch
+
+from tensorforge.kernels.activations import activation_args
+from tensorforge.ops.fused import apply_activation
+from tests.helpers import compile_for_hopper
+
+gemm = pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
+GemmConfig, gemm_ws, problem = gemm.GemmConfig, gemm.gemm_ws, gemm.problem
+
+# Normwise relative error bounds for float outputs by operand type; quantized outputs are compared on their grid.
+BOUND = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def test_the_launcher_refuses_what_the_kernel_cannot_take_with_the_reason():
+    a = torch.zeros(256, 64, dtype=torch.float16)
+    b = torch.zeros(128, 64, dtype=torch.float16)
+    y = torch.zeros(256, 128, dtype=torch.float16)
+    assert problem(a, b, y, None, GemmConfig()) is None
+    assert "alike" in problem(a, b.float(), y, None, GemmConfig())
+    assert "[M, N]" in problem(a, b, y[:, :64], None, GemmConfig())
+    narrow = torch.zeros(256, 60, dtype=torch.float16)  # 120-byte rows: no TMA box can step along them
+    assert "16-byte aligned" in problem(narrow, narrow[:128], y, None, GemmConfig())
+    assert problem(a[:, :56], b[:, :56], y, None, GemmConfig()) is None  # a view with 128-byte rows is fine
+    assert "BLOCK_M" in problem(a, b, y, None, GemmConfig(block_m=64, num_warps=8))
+    assert "two of 4" in problem(a, b, y, None, GemmConfig(consumers=2, num_warps=8))
+    big = GemmConfig(block_n=256, stages=4)
+    assert "shared memory" in problem(a, torch.zeros(256, 64, dtype=torch.float16), y.new_zeros(256, 256), None, big)
+    i8 = a.to(torch.int8)
+    assert "multiple of 16" in problem(i8, b.to(torch.int8), y, None, GemmConfig(block_n=120))
+    with pytest.raises(ValueError, match="alike"):
+        gemm_ws(a, b.float(), y, GemmConfig())
+
+
+def test_register_and_shared_budgets():
+    # The producer's warp takes a whole warpgroup's registers: 8 warps at 256, 12 at 168 (65536 a multiprocessor).
+    assert GemmConfig().maxnreg() == 256
+    assert GemmConfig(consumers=2).maxnreg() == GemmConfig(num_warps=8).maxnreg() == 168
+    fp16 = torch.float16
+    assert GemmConfig().shared_bytes(fp16, fp16, fp16) == 4 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 128 * 128 * 2
+
+
+_COMPILE_FOR_HOPPER = """
+import re
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import mangle_type
+from tensorforge.kernels.gluon.gemm import _GL_DTYPES, GemmConfig, gemm_ws_kernel as fn
+
+
+def desc(dtype, shape, block):
+    t = torch.empty(shape, dtype=dtype)
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[dtype])
+    return mangle_type(TensorDescriptor.from_tensor(t, block, layout))
+
+
+cases = [  # operands, output, residual, consumers, quantized output, PRE, POST
+    (torch.float16, torch.float16, True, 1, 0, 8, 0),  # GELU
+    (torch.bfloat16, torch.bfloat16, False, 2, 0, 0, 1),
+    (torch.int8, torch.int8, True, 2, 1, 0, 1),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 1, 2, 0, 1),
+]
+for operands, out, residual, consumers, quant_y, pre, post in cases:
+    config = GemmConfig(consumers=consumers, stages=3)
+    constants = dict(
+        HAS_SCALE=quant_y > 0, HAS_BIAS=True, HAS_RES=residual, PRE=pre, POST=post, QUANT_Y=quant_y, STAGES=3,
+        CONSUMERS=consumers, GROUP_M=8, num_warps=4,
+    )
+    signature = {
+        "a_desc": desc(operands, (1024, 512), [128, 64]), "b_desc": desc(operands, (256, 512), [128, 64]),
+        "z_desc": desc(out, (1024, 256), [128, 128]), "y_desc": desc(out, (1024, 256), [128, 128]),
+        "scale": "*fp32", "bias": "*fp32",
+    }
+    for name in fn.arg_names:
+        signature.setdefault(name, "constexpr" if name in constants else "i32" if name in "MNK" else "fp32")
+    kernel = triton.compile(
+        GluonASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4, "maxnreg": config.maxnreg()},
+    )
+    ptx = kernel.asm["ptx"]
+    print(
+        len(re.findall(r"wgmma\\.mma_async", ptx)),
+        len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared[^ ]*\\.global", ptx)),
+        len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared", ptx)),
+        len(re.findall(r"setmaxnreg\\.dec", ptx)),
+        len(re.findall(r"\\.local", ptx)),
+    )
+"""
+
+
+def test_the_kernel_compiles_for_hopper_warp_specialized_on_tma_and_wgmma():
+    """fp16 with a residual and GELU, bf16 with two consumers, int8 and E4M3 in and out with an int8 / E4M3
+    residual: wgmma products, TMA loads (operands and residual) and stores, registers moved between the
+    partitions (setmaxnreg), nothing spilled to local memory."""
+    counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
+    assert len(counts) == 4, counts
+    for wgmma, loads, stores, handed_back, local in counts:
+        assert int(wgmma) > 0 and int(loads) >= 2 and int(stores) >= 1, counts
+        assert int(handed_back) > 0 and int(local) == 0, counts
+
+
+# -- on the GPU ------------------------------------------------------------------------------------------------------
+
+CONFIGS = [
+    GemmConfig(),
+    GemmConfig(consumers=2, stages=3),
+    GemmConfig(num_warps=8, block_n=256, stages=3),
+    GemmConfig(block_m=64, block_n=64, block_k=32, stages=2),
+]
+
+
+def _reference(a, b, scale, bias, z, z_scale, pre, post):
+    v = a.double() @ b.double().T
+    if scale is not None:
+        v = v * scale.double()
+    if bias is not None:
+        v = v + bias.double()
+    v = apply_activation(v, pre)
+    if z is not None:
+        v = v + z.double() * z_scale
+    return apply_activation(v, post)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize(("residual", "pre", "post"), [(False, "Gelu", ""), (True, "", "Relu"), (True, "", "")])
+def test_float_products_match_the_reference(dtype, config, residual, pre, post):
+    """Ragged M and N (the TMA boxes clip at the edges), K not a multiple of the K step (zero-filled)."""
+    torch.manual_seed(0)
+    m, n, k = 1000, 264, 200
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    b = (torch.randn(n, k, device="cuda") / k**0.5).to(dtype)
+    bias = torch.randn(n, device="cuda").to(dtype)
+    z = torch.randn(m, n, device="cuda").to(dtype) if residual else None
+    want = _reference(a, b, None, bias, z, 1.0, pre, post)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    gemm_ws(a, b, y, config, bias=bias, z=z, pre=activation_args(pre, []), post=activation_args(post, []))
+    torch.cuda.synchronize()
+    assert not y.isnan().any()
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() <= BOUND[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_quantized_products_with_a_quantized_residual_and_output(kind, config):
+    """A block-final 1×1 convolution of an int8 (E4M3) engine as a product: quantized input, per-channel weight
+    scales, bias, a quantized residual with its own scale, ReLU, the output quantized; compared on the output's
+    grid (one step of int8, one E4M3 ulp: the float32 epilogue may round a tie the other way than float64)."""
+    torch.manual_seed(1)
+    dtype = torch.int8 if kind == "int8" else torch.float8_e4m3fn
+    m, n, k = 1000, 256, 64
+    if kind == "int8":
+        a = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
+        z = torch.randint(-127, 128, (m, n), device="cuda", dtype=torch.int8)
+    else:
+        a, b, z = (torch.randn(shape, device="cuda").mul(8).to(dtype) for shape in ((m, k), (n, k), (m, n)))
+    scale = torch.rand(n, device="cuda") * 1e-3 + 1e-4
+    bias = torch.randn(n, device="cuda")
+    z_scale, y_scale = 0.02, 0.05
+    v = _reference(a, b, scale, bias, z, z_scale, "", "Relu") / y_scale
+    if kind == "int8":
+        y = torch.full((m, n), -77, device="cuda", dtype=torch.int8)
+        want = v.clamp(-128, 127).round()
+    else:
+        y = torch.full((m, n), float("nan"), device="cuda").to(dtype)
+        want = v.clamp(-448, 448).float().to(dtype).double()
+    gemm_ws(
+        a, b, y, config, scale=scale, bias=bias, z=z, z_scale=z_scale, post=activation_args("Relu", []),
+        quant_y=1 if kind == "int8" else 2, y_inv_scale=1 / y_scale,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    got = y.double()
+    assert not got.isnan().any()
+    step = 1.0 if kind == "int8" else want.abs().clamp(min=2**-6) / 8  # one E4M3 ulp: 3 mantissa bits
+    assert ((got - want).abs() <= step).all()
+    assert (got != want).double().mean().item() < 0.01  # ties only
