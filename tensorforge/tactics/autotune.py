@@ -36,6 +36,7 @@ from . import (  # noqa: F401 - registers the tactic families
     concat,
     cuda_family,
     fallback,
+    gluon_gemm,
     triton_conv,
     triton_family,
     triton_gemm,

@@ -33,7 +33,7 @@ from .autotune import build_layer_kernel, candidate_groups
 from .base import Tactic, tactic_by_key
 from .variant import ConstantCache
 
-COMPILING_FAMILIES = ("triton", "cuda")
+COMPILING_FAMILIES = ("triton", "gluon", "cuda")
 _LAYERS_IN_FLIGHT = 24  # layers whose candidates may be queued at once (they hold their inputs until compiled)
 
 

@@ -21,34 +21,36 @@ from tests.helpers import make_model, tensor_info
 SHAPE = (2, 3, 8, 8)
 
 
-def chain_model(seed: int = 0) -> Model:
+def chain_model(seed: int = 0, width: int = 8) -> Model:
     """`chain_proto` imported."""
-    return import_model(chain_proto(seed))
+    return import_model(chain_proto(seed, width))
 
 
-def chain_proto(seed: int = 0) -> onnx.ModelProto:
+def chain_proto(seed: int = 0, width: int = 8) -> onnx.ModelProto:
     """x[2,3,8,8] → conv1 3→8 (3×3) + Relu = a → conv2 depthwise 3×3 + Relu = b → conv3 1×1 8→8, + a, Relu = d
-    → conv4 1×1 8→16 + Relu = e → GlobalAveragePool → Flatten → fc1 16→10 + Relu → fc2 10→4 = y.
+    → conv4 1×1 8→16 + Relu = e → GlobalAveragePool → Flatten → fc1 16→10 + Relu → fc2 10→4 = y; with
+    `width`, that many channels instead of 8 (and twice as many after conv4).
 
     Chains: b (conv2 → conv3), d (conv3 → conv4), fc1 → fc2. a is also conv3's residual, e is pooled in
     float, y is the graph output: those stay float."""
     rng = np.random.default_rng(seed)
+    w, spread = width, 0.4 * (8 / width) ** 0.5
     weights = {
-        "w1": rng.normal(0, 0.4, (8, 3, 3, 3)),
-        "b1": rng.normal(0, 0.1, 8),
-        "w2": rng.normal(0, 0.4, (8, 1, 3, 3)),
-        "b2": rng.normal(0, 0.1, 8),
-        "w3": rng.normal(0, 0.4, (8, 8, 1, 1)),
-        "w4": rng.normal(0, 0.4, (16, 8, 1, 1)),
-        "b4": rng.normal(0, 0.1, 16),
-        "w5": rng.normal(0, 0.3, (16, 10)),
+        "w1": rng.normal(0, 0.4, (w, 3, 3, 3)),
+        "b1": rng.normal(0, 0.1, w),
+        "w2": rng.normal(0, 0.4, (w, 1, 3, 3)),
+        "b2": rng.normal(0, 0.1, w),
+        "w3": rng.normal(0, spread, (w, w, 1, 1)),
+        "w4": rng.normal(0, spread, (2 * w, w, 1, 1)),
+        "b4": rng.normal(0, 0.1, 2 * w),
+        "w5": rng.normal(0, 0.3 * (8 / width) ** 0.5, (2 * w, 10)),
         "b5": rng.normal(0, 0.1, 10),
         "w6": rng.normal(0, 0.3, (10, 4)),
     }
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["a"], name="relu1"),
-        helper.make_node("Conv", ["a", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1], group=8),
+        helper.make_node("Conv", ["a", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1], group=w),
         helper.make_node("Relu", ["c2"], ["b"], name="relu2"),
         helper.make_node("Conv", ["b", "w3"], ["c3"], name="conv3"),
         helper.make_node("Add", ["c3", "a"], ["s"], name="add"),
@@ -162,9 +164,9 @@ def batches(count: int = 3, seed: int = 1) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.normal(0, 1, SHAPE).astype(np.float32)} for _ in range(count)]
 
 
-def lowered(quant: str = "int8", seed: int = 0) -> Model:
+def lowered(quant: str = "int8", seed: int = 0, width: int = 8) -> Model:
     """`chain_model` optimized, calibrated (minmax) and lowered to quantized layers of type `quant`."""
-    model, _ = optimize(chain_model(seed))
+    model, _ = optimize(chain_model(seed, width))
     infer_model(model, check=False)
     quantize_layers(model, calibrate(model, batches(), "minmax").per_tensor(), quant=quant)
     infer_model(model, check=False)

@@ -1,0 +1,233 @@
+"""The Gluon tactics (Hopper): `kernels.gluon.gemm`'s warp-specialized persistent GEMM, whose producer warp keeps
+TMA loads of the next tiles in flight while the consumer warpgroups multiply and finish tiles.
+
+- `gluon.gemm-ws`: a linear layer (FusedGemm, Gemm or MatMul by a constant 2-D weight; every batch dimension
+  folds into the rows) in fp16 / bf16, bias, activations and residual in the epilogue.
+- `gluon.conv1x1-ws`: a 1×1 FusedConv of stride 1 over channels_last activations, the pixels as rows.
+- `gluon.conv1x1-ws-quantized`: the same for QuantizedConv whose input is already of the layer's quantized type
+  (an int8 or E4M3 chain): the per-channel weight scales times x_scale, a quantized or float residual, the output
+  quantized with y_scale or written in float.
+
+They decline on the CPU, before Hopper, and where this Triton has no Gluon; a call whose tensors the kernel
+cannot take (unaligned rows, a tile that does not fit in shared memory) raises, and the autotuner scores it
+`inf`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import Node, qualified_op
+from ..kernels.triton.conv_tma import hopper_problem
+from ..kernels.triton.epilogue import activation_args
+from ..ops.fused import DOMAIN, QUANT_TYPES
+from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
+from .triton_conv import _float_output
+
+try:
+    from ..kernels.gluon.gemm import GemmConfig, gemm_ws
+except ImportError as missing:  # a Triton without Gluon's Hopper language (before 3.6)
+    GemmConfig = gemm_ws = None
+    _GLUON_MISSING = f"this Triton has no Gluon for Hopper ({missing})"
+else:
+    _GLUON_MISSING = ""
+
+_FUSED_GEMM = f"{DOMAIN}::FusedGemm"
+
+# (block_m, block_n, block_k, stages, consumers, num_warps) by effort; 8-bit operands take twice the K step.
+_SPACE = {
+    0: [(128, 128, 64, 4, 1, 4), (128, 128, 64, 3, 2, 4), (128, 256, 64, 3, 1, 8)],
+    1: [(128, 64, 64, 4, 1, 4), (64, 128, 64, 4, 1, 4), (128, 128, 64, 2, 2, 4), (128, 64, 64, 4, 2, 4)],
+}
+_FIELDS = ("block_m", "block_n", "block_k", "stages", "consumers", "num_warps")
+
+
+def gemm_ws_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
+    """The tuning space at `effort` (each level adds to the one below)."""
+    rows = [row for level in sorted(_SPACE) if level <= effort for row in _SPACE[level]]
+    configs = [dict(zip(_FIELDS, row, strict=True)) for row in rows]
+    if quantized:
+        for config in configs:
+            config["block_k"] *= 2
+    return configs
+
+
+def _gemm_config(config: dict[str, Any]) -> GemmConfig:
+    return GemmConfig(**{field: config[field] for field in _FIELDS})
+
+
+def _device_problem(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "needs CUDA"
+    if _GLUON_MISSING:
+        return _GLUON_MISSING
+    return hopper_problem(device)
+
+
+def _activations(node: Node) -> str | None:
+    for key in ("pre", "post"):
+        try:
+            activation_args(node.attributes.get(key, ""), node.attributes.get(f"{key}_params", ()))
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def _epilogue(node: Node) -> dict[str, tuple[int, float, float]]:
+    a = node.attributes
+    return {key: activation_args(a.get(key, ""), a.get(f"{key}_params", ())) for key in ("pre", "post")}
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A channels_last [N, C, H, W] tensor as its [N·H·W, C] matrix of pixels (a view)."""
+    return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
+
+
+def _pointwise_problem(node: Node) -> str | None:
+    """Why `node` is not a 1×1 convolution of stride 1, no padding, one group, with a constant weight."""
+    a, weight = node.attributes, node.inputs[1]
+    if not weight.is_const or weight.rank != 4 or tuple(weight.shape[2:]) != (1, 1):
+        return "1×1 convolutions by a constant weight only"
+    if a.get("group", 1) != 1 or any(s != 1 for s in (*a.get("strides", (1, 1)), *a.get("dilations", (1, 1)))):
+        return "stride 1, dilation 1 and one group only (the pixels are the product's rows)"
+    if any(a.get("pads", ())) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return "unpadded 1×1 convolutions only"
+    return _activations(node)
+
+
+@register_tactic
+class GluonGemmTactic(Tactic):
+    """`Y = post(pre(A @ B + C) + Z)` for a linear layer: B a constant [K, N] (or [N, K] with transB) weight kept
+    K-major, C absent or a constant vector over the N columns, alpha = beta = 1."""
+
+    family = "gluon"
+    name = "gemm-ws"
+    op_types = ("MatMul", "Gemm", _FUSED_GEMM)
+    precisions = ("fp16", "bf16")
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        problem = _device_problem(device)
+        if problem:
+            return problem
+        a, b = node.inputs[0], node.inputs[1]
+        if not (b.is_const and b.rank == 2) or a.rank is None or a.rank < 2:
+            return "a matrix (or batch of them) times a constant 2-D weight only (a linear layer)"
+        attributes = node.attributes
+        if node.op_type == "MatMul":
+            return None
+        if attributes.get("transA", 0) or float(attributes.get("alpha", 1.0)) != 1.0:
+            return "alpha = 1 and an untransposed A only"
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if c is not None and (not c.is_const or c.rank != 1 or float(attributes.get("beta", 1.0)) != 1.0):
+            return "C must be absent or a constant bias vector (beta = 1)"
+        return _activations(node) if qualified_op(node) == _FUSED_GEMM else None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_ws_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        trans_b = bool(node.attributes.get("transB", 0)) and node.op_type != "MatMul"
+        epilogue = _epilogue(node) if qualified_op(node) == _FUSED_GEMM else {}
+        k_major = PerWeight(lambda w: (w if trans_b else w.T).contiguous())
+        tiles = _gemm_config(config)
+
+        def kernel(inputs, alloc=None):
+            a, w, c, z = (list(inputs) + [None] * 4)[:4]
+            b = k_major(w)
+            out = allocate(alloc, 0, (*a.shape[:-1], b.shape[0]), a.dtype, a.device)
+            rows = a.reshape(-1, a.shape[-1])
+            z_rows = z.reshape(-1, b.shape[0]) if z is not None else None
+            gemm_ws(rows, b, out.view(-1, b.shape[0]), tiles, bias=c, z=z_rows, **epilogue)
+            return (out,)
+
+        return kernel
+
+
+@register_tactic
+class GluonPointwiseConvTactic(Tactic):
+    """A 1×1 FusedConv as the product of its pixels [N·H·W, C] by the weight [C_out, C] (K-major as it is)."""
+
+    family = "gluon"
+    name = "conv1x1-ws"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp16", "bf16")
+    layouts = ("NHWC",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        return _device_problem(device) or _pointwise_problem(node)
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_ws_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        epilogue = _epilogue(node)
+        matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).contiguous())
+        tiles = _gemm_config(config)
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            x = x.contiguous(memory_format=torch.channels_last)
+            shape = (x.shape[0], w.shape[0], *x.shape[2:])
+            out = allocate(alloc, 0, shape, x.dtype, x.device, torch.channels_last)
+            z_rows = _rows(z.contiguous(memory_format=torch.channels_last)) if z is not None else None
+            gemm_ws(_rows(x), matrix(w), _rows(out), tiles, bias=b, z=z_rows, **epilogue)
+            return (out,)
+
+        return kernel
+
+
+@register_tactic
+class GluonQuantizedPointwiseConvTactic(Tactic):
+    """A 1×1 QuantizedConv of an input already of its quantized type: int8 products summed in int32 (E4M3 ones in
+    float32), times x_scale · w_scale[c], then the epilogue; the output requantized with y_scale or in float."""
+
+    family = "gluon"
+    name = "conv1x1-ws-quantized"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    precisions = ("fp16", "bf16", "fp32")
+    layouts = ("NHWC",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        problem = _device_problem(device) or _pointwise_problem(node)
+        if problem:
+            return problem
+        quant = node.attributes.get("quant", "int8")
+        if node.inputs[0].dtype != QUANT_TYPES[quant]:
+            return f"an input already of the layer's {quant} type only (a quantized chain), not {node.inputs[0].dtype}"
+        if len(node.inputs) > 5 and node.inputs[5] is not None:
+            return "per-tensor input scales only (no per-channel Xs)"
+        return None
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_ws_configs(effort, quantized=True)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        x_scale = float(a["x_scale"])
+        y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
+        quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if y_scale else 0
+        epilogue = _epilogue(node)
+        matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).contiguous())
+        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
+        tiles = _gemm_config(config)
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            x = x.contiguous(memory_format=torch.channels_last)
+            out_dtype = w.dtype if y_scale else _float_output(x, b, z)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *x.shape[2:]), out_dtype, x.device, torch.channels_last)
+            z_rows = _rows(z.contiguous(memory_format=torch.channels_last)) if z is not None else None
+            quantized_z = z is not None and z.dtype == w.dtype
+            gemm_ws(
+                _rows(x), matrix(w), _rows(out), tiles, scale=column_scales(w_scale), bias=b, z=z_rows,
+                z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y, y_inv_scale=1.0 / y_scale if y_scale else 1.0,
+                **epilogue,
+            )  # fmt: skip
+            return (out,)
+
+        return kernel

@@ -1,0 +1,128 @@
+"""The Gluon tactics: where they decline and why, their tuning space, and on the GPU every candidate passing the
+autotuner's check against the reference (float layers and an int8 / E4M3 chain's 1×1 layers)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+from tensorforge.frontend import import_model
+from tensorforge.ops.fused import QUANT_TYPES
+from tensorforge.passes.pipeline import optimize
+from tensorforge.passes.quant_chain import chain_quantized
+from tensorforge.tactics.autotune import autotune
+from tensorforge.tactics.base import tactic_by_key
+from tensorforge.tactics.gluon_gemm import _pointwise_problem, gemm_ws_configs
+from tests.helpers import make_model, tensor_info
+from tests.quant.chain_support import lowered
+
+TACTICS = ("gluon.gemm-ws", "gluon.conv1x1-ws", "gluon.conv1x1-ws-quantized")
+
+
+def _conv(channels: int, out_channels: int, kernel: int, stride: int, residual: bool):
+    """A Conv (+ residual Add) + Relu at 15×15, batch 2, optimized into one FusedConv; its random inputs."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((out_channels, channels, kernel, kernel)) / channels**0.5).astype(np.float32)
+    b = rng.standard_normal(out_channels).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[kernel // 2] * 4, strides=[stride] * 2)
+    nodes, last, inputs = [conv], "c", [tensor_info("x", [2, channels, 15, 15])]
+    out_hw = (15 + 2 * (kernel // 2) - kernel) // stride + 1
+    if residual:
+        inputs.append(tensor_info("r", [2, out_channels, out_hw, out_hw]))
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        last = "s"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    model, _ = optimize(import_model(make_model(nodes, inputs, [tensor_info("y", None)], 17, inits)))
+    (node,) = model.graph.nodes
+    extra = [torch.randn(2, out_channels, out_hw, out_hw)] if residual else []
+    return node, [torch.randn(2, channels, 15, 15), None, None, *extra]
+
+
+def _linear(activation: str):
+    """x[4, 50, 256] @ W[256, 512] + b, then `activation`: one FusedGemm; its random inputs."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((256, 512)) / 16).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(512).astype(np.float32), "b"),
+    ]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"])]
+    nodes.append(helper.make_node(activation, ["s"], ["y"]))
+    model, _ = optimize(
+        import_model(make_model(nodes, [tensor_info("x", [4, 50, 256])], [tensor_info("y", None)], 17, inits))
+    )
+    (node,) = model.graph.nodes
+    return node, [torch.randn(4, 50, 256), None, None]
+
+
+def test_the_gluon_tactics_decline_on_the_cpu():
+    node, _ = _conv(64, 128, 1, 1, True)
+    for key in TACTICS:
+        reason = tactic_by_key(key).supports(node, 17, torch.device("cpu"))
+        assert reason == "needs CUDA" or "no Gluon" in reason
+
+
+def test_only_unpadded_stride_1_pointwise_convolutions_are_products():
+    assert _pointwise_problem(_conv(64, 128, 1, 1, True)[0]) is None
+    assert "1×1" in _pointwise_problem(_conv(64, 128, 3, 1, False)[0])
+    assert "stride 1" in _pointwise_problem(_conv(64, 128, 1, 2, False)[0])
+
+
+def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
+    assert len(gemm_ws_configs(1)) > len(gemm_ws_configs(0)) > 0
+    assert gemm_ws_configs(0)[0] == gemm_ws_configs(1)[0]
+    float_steps = [c["block_k"] for c in gemm_ws_configs(1)]
+    assert [c["block_k"] for c in gemm_ws_configs(1, quantized=True)] == [2 * k for k in float_steps]
+
+
+def _finite(choice, tactic: str) -> list:
+    ours = [c for c in choice.candidates if c.tactic == tactic]
+    assert ours, [c.tactic for c in choice.candidates]
+    assert all(math.isfinite(c.median_ms) for c in ours), [(c.config, c.note) for c in ours]
+    return ours
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("residual", [False, True])
+def test_every_pointwise_convolution_candidate_passes_the_autotuners_check(residual):
+    node, inputs = _conv(64, 128, 1, 1, residual)
+    inputs = [t.cuda() if t is not None else None for t in inputs]
+    choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
+                      exhaustive=True)  # fmt: skip
+    _finite(choice, "gluon.conv1x1-ws")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["Relu", "Gelu"])
+def test_every_linear_layer_candidate_passes_the_autotuners_check(activation):
+    node, inputs = _linear(activation)
+    inputs = [t.cuda() if t is not None else None for t in inputs]
+    choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
+                      exhaustive=True)  # fmt: skip
+    _finite(choice, "gluon.gemm-ws")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
+@pytest.mark.parametrize("layer", ["conv3", "conv4"])
+def test_a_chains_pointwise_layers_pass_the_autotuners_check(quant, layer):
+    """conv3 reads int8 (E4M3), adds a quantized residual and writes quantized; conv4 reads quantized and writes
+    float (a chain 64 channels wide, so that the rows suit TMA)."""
+    model, _ = chain_quantized(lowered(quant, width=64))
+    node = next(n for n in model.graph.nodes if n.name == layer)
+    generator = torch.Generator().manual_seed(0)
+    storage = QUANT_TYPES[quant].torch
+    inputs = []
+    for value in node.inputs:
+        if value is None or value.is_const:
+            inputs.append(None)
+        elif value.dtype == QUANT_TYPES[quant]:
+            inputs.append(torch.randn(value.shape, generator=generator).mul(30).clamp(-127, 127).round().to(storage))
+        else:
+            inputs.append(torch.randn(value.shape, generator=generator).relu())
+    inputs = [t.cuda() if t is not None else None for t in inputs]
+    choice = autotune(node, 1, inputs, "cuda", effort=1, precisions=("fp32", "fp16"), families=["gluon"],
+                      exhaustive=True)  # fmt: skip
+    _finite(choice, "gluon.conv1x1-ws-quantized")
