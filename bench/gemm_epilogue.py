@@ -1,5 +1,6 @@
 """What a GEMM's activation epilogue costs: our Triton GEMM with no activation, ReLU, the tanh GELU and the erf
-GELU on the same product, beside cuBLAS (`torch.addmm`) followed by torch's GELU, in one run.
+GELU on the same product, beside cuBLAS (`torch.addmm`) followed by torch's GELU, in one run; on Hopper also the
+warp-specialized Gluon GEMM (`kernels.gluon.gemm`), whose producer warp loads the next tiles during the epilogue.
 
 The layers: ConvNeXt-Tiny's first-stage pw1 Linear at batch 64 (M = 64·56·56, K = 96, N = 384: two K steps, so
 the epilogue is most of the kernel) and BERT-base's feed-forward up-projection at batch 64 (M = 64·128, K = 768,
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tensorforge.kernels.activations import activation_args
 from tensorforge.kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
 from tensorforge.ops.fused import apply_activation
 from tensorforge.tactics.timing import measure
@@ -59,6 +61,39 @@ def ours(a, b, bias, activation: str, configs, device) -> tuple[float, dict]:
     return best
 
 
+def warp_specialized(a, b, bias, activation: str, device) -> tuple[float, dict]:
+    """The fastest correct config of the Gluon warp-specialized GEMM (ms, config); (nan, {}) where this Triton or
+    device has none."""
+    try:
+        from tensorforge.kernels.gluon.gemm import GemmConfig, gemm_ws
+        from tensorforge.tactics.gluon_gemm import gemm_ws_configs
+    except ImportError:
+        return math.nan, {}
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return math.nan, {}
+    want = reference(a, b, bias, activation)
+    k_major = b.T.contiguous()
+    out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=device)
+    pre = activation_args(activation)
+    best = (math.nan, {})
+    for config in gemm_ws_configs(1):
+        tiles = GemmConfig(**config)
+        run = lambda tiles=tiles: gemm_ws(a, k_major, out, tiles, bias=bias, pre=pre)  # noqa: E731
+        try:
+            out.fill_(float("nan"))
+            run()
+        except Exception as err:  # a config this layer cannot take: skipped, said so
+            print(f"  gluon {activation} {config}: {type(err).__name__}: {err}"[:200], flush=True)
+            continue
+        error = ((out.float() - want).abs().max() / want.abs().max()).item()
+        if not error <= TOLERANCE[a.dtype]:
+            raise SystemExit(f"gluon {activation} {config}: wrong result, error {error:.2e}")
+        ms = measure(run, device=device, warmup=3, repeats=20).median
+        if not ms >= best[0]:
+            best = (ms, config)
+    return best
+
+
 def cublas(a, b, bias, activation: str, device) -> float:
     """cuBLAS's product and bias, then the activation as torch's own kernel (what a framework runs; the
     reference's `apply_activation` computes GELU in float64)."""
@@ -82,7 +117,7 @@ def main() -> None:
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     configs = gemm_configs(args.effort) + (gemm_tma_configs(args.effort) if device.type == "cuda" else [])
     rows = []
-    print(f"{'layer':<18}{'epilogue':<10}{'ours ms':>9}{'cuBLAS+torch ms':>17}", flush=True)
+    print(f"{'layer':<18}{'epilogue':<10}{'ours ms':>9}{'gluon ws ms':>13}{'cuBLAS+torch ms':>17}", flush=True)
     for name, (m, k, n) in LAYERS.items():
         m = max(1, int(m * args.scale))
         torch.manual_seed(0)
@@ -91,10 +126,12 @@ def main() -> None:
         bias = torch.randn(n, device=device).to(dtype)
         for activation in ACTIVATIONS:
             ms, config = ours(a, b, bias, activation, configs, device)
+            ws_ms, ws_config = warp_specialized(a, b, bias, activation, device)
             vendor = cublas(a, b, bias, activation, device)
             rows.append({"layer": name, "m": m, "k": k, "n": n, "activation": activation, "ours_ms": ms,
-                         "config": config, "cublas_torch_ms": vendor})  # fmt: skip
-            print(f"{name:<18}{activation or 'none':<10}{ms:>9.4f}{vendor:>17.4f}", flush=True)
+                         "config": config, "gluon_ws_ms": ws_ms, "gluon_ws_config": ws_config,
+                         "cublas_torch_ms": vendor})  # fmt: skip
+            print(f"{name:<18}{activation or 'none':<10}{ms:>9.4f}{ws_ms:>13.4f}{vendor:>17.4f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     meta = {"device": device_name, "date": time.strftime("%Y-%m-%d"), "dtype": str(dtype), "effort": args.effort}
