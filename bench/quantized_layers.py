@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="timings of the engines in alternation")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--families", nargs="+", metavar="FAMILY", help="tactic families (opt-in ones when named)")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
     size = BENCH_SIZES.get(args.model, 224)
-    case = Case(args.model, args.batch, size, device, args.runs, args.warmup, args.effort)
+    families = tuple(args.families) if args.families else None
+    case = Case(args.model, args.batch, size, device, args.runs, args.warmup, args.effort, families=families)
     feeds = {k: v.to(device) for k, v in case.feeds.items()}
     built = {}
     for chain in args.chain:

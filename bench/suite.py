@@ -162,10 +162,11 @@ class Case:
         effort: int,
         engines: Path | None = None,
         precompile: bool = True,
+        families: tuple[str, ...] | None = None,
     ):
         self.name, self.batch, self.size, self.device = name, batch, size, device
         self.runs, self.warmup, self.effort, self.engines = runs, warmup, effort, engines
-        self.precompile = precompile
+        self.precompile, self.families = precompile, families
         self.feeds = zoo.example_inputs(name, batch, size, seed=1)
         self.proto = zoo.export(name, batch=batch, size=size, dynamic_batch=False)
         reference = zoo.build(name, size=size).double().to(device)
@@ -207,6 +208,7 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
             timing_cache=str(Path(scratch) / "timing.json"),
             quantization=QuantizationConfig(method="minmax", chain=chain) if calibration else None,
             precompile=case.precompile,
+            tactic_families=case.families,
         )
         started = time.perf_counter()
         engine = Builder(config, calibration_data=calibration).build(model)
@@ -504,7 +506,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     for name in args.models:
         size = sizes.get(name, sizes.get("*", BENCH_SIZES.get(name, zoo.MODELS[name].default_size)))
         for batch in args.batch or [1]:
-            case = Case(name, batch, size, device, args.runs, args.warmup, args.effort, args.engines, args.precompile)
+            case = Case(
+                name, batch, size, device, args.runs, args.warmup, args.effort, args.engines, args.precompile,
+                tuple(args.families) if args.families else None,
+            )  # fmt: skip
             for precision in args.precision or ["fp32"]:
                 for system in args.systems:
                     reason = not_applicable(system, precision, device)
@@ -547,6 +552,10 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-precompile", dest="precompile", action="store_false",
         help="tensorforge builds tune without compiling every layer's candidates first (build-time comparisons)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--families", nargs="+", metavar="FAMILY",
+        help="tensorforge builds try only these tactic families (opt-in ones such as gluon only when named)",
     )  # fmt: skip
     parser.add_argument(
         "--engines",

@@ -14,9 +14,9 @@
 #   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite; its engines kept in
 #             OUTPUT_DIR/engines, for `profile`, with each build's timing cache beside them: *.timing.json)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256", INT8_PRECISIONS="fp16 int8 fp8";
-#             engines kept for `profile`)
+#             engines kept for `profile`; INT8_ARGS, e.g. "--families vendor triton cuda fallback gluon")
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
-#             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all)
+#             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all, LAYERS_ARGS)
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500
 #             shared by the models; ZOO_MODELS, ZOO_BATCHES to choose: a depthwise net's build takes about 130 s)
 #   max       fp16 engines beside torch.compile max-autotune (MAX_S=550 shared by the models; MAX_MODELS=resnet50,
@@ -84,7 +84,7 @@ for stage in $stages; do
       precisions=()
       for precision in ${INT8_PRECISIONS:-fp16 int8 fp8}; do precisions+=(--precision "$precision"); done
       timeout "${INT8_S:-500}" python3 bench/suite.py --models resnet50 "${batches[@]}" --systems tensorforge \
-        "${precisions[@]}" --effort 0 --runs 30 --merge --out "$out/suite" --engines "$out/engines" \
+        "${precisions[@]}" --effort 0 --runs 30 --merge --out "$out/suite" --engines "$out/engines" ${INT8_ARGS:-} \
         > "$out/int8.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/int8.txt" | cut -c1-160
       ;;
@@ -94,7 +94,7 @@ for stage in $stages; do
         left=$(( deadline - $(date +%s) ))
         (( left > 0 )) || break
         timeout "$left" python3 bench/quantized_layers.py --model resnet50 --batch "${LAYERS_BATCH:-256}" \
-          --precision "${pair%%:*}" --chain "${pair##*:}" --out "$out" >> "$out/layers.txt" 2>&1
+          --precision "${pair%%:*}" --chain "${pair##*:}" --out "$out" ${LAYERS_ARGS:-} >> "$out/layers.txt" 2>&1
       done
       grep -E "win|chain" "$out/layers.txt" | cut -c1-200
       ;;

@@ -224,6 +224,9 @@ def candidate_groups(
     for tactic in tactics_for(node, None):
         if families is not None and tactic.family not in families and tactic.family != "reference":
             continue
+        if families is None and tactic.opt_in:
+            yield tactic, f"the {tactic.family} family is opt-in: name it in the build's tactic families", []
+            continue
         reason = tactic.supports(node, opset, device)
         if reason is not None:
             yield tactic, reason, []

@@ -10,7 +10,7 @@ TMA loads of the next tiles in flight while the consumer warpgroups multiply and
 
 They decline on the CPU, before Hopper, and where this Triton has no Gluon; a call whose tensors the kernel
 cannot take (unaligned rows, a tile that does not fit in shared memory) raises, and the autotuner scores it
-`inf`.
+`inf`. The family is opt-in (a build names "gluon" among its tactic families) until its kernels have run on a GPU.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class GluonGemmTactic(Tactic):
     K-major, C absent or a constant vector over the N columns, alpha = beta = 1."""
 
     family = "gluon"
+    opt_in = True
     name = "gemm-ws"
     op_types = ("MatMul", "Gemm", _FUSED_GEMM)
     precisions = ("fp16", "bf16")
@@ -151,6 +152,7 @@ class GluonPointwiseConvTactic(Tactic):
     """A 1×1 FusedConv as the product of its pixels [N·H·W, C] by the weight [C_out, C] (K-major as it is)."""
 
     family = "gluon"
+    opt_in = True
     name = "conv1x1-ws"
     op_types = (f"{DOMAIN}::FusedConv",)
     precisions = ("fp16", "bf16")
@@ -186,6 +188,7 @@ class GluonQuantizedPointwiseConvTactic(Tactic):
     float32), times x_scale · w_scale[c], then the epilogue; the output requantized with y_scale or in float."""
 
     family = "gluon"
+    opt_in = True
     name = "conv1x1-ws-quantized"
     op_types = (f"{DOMAIN}::QuantizedConv",)
     precisions = ("fp16", "bf16", "fp32")

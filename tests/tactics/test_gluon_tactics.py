@@ -12,7 +12,7 @@ from tensorforge.frontend import import_model
 from tensorforge.ops.fused import QUANT_TYPES
 from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
-from tensorforge.tactics.autotune import autotune
+from tensorforge.tactics.autotune import autotune, candidate_groups
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.gluon_gemm import _pointwise_problem, gemm_ws_configs
 from tests.helpers import make_model, tensor_info
@@ -62,6 +62,15 @@ def test_the_gluon_tactics_decline_on_the_cpu():
     for key in TACTICS:
         reason = tactic_by_key(key).supports(node, 17, torch.device("cpu"))
         assert reason == "needs CUDA" or "no Gluon" in reason
+
+
+def test_the_family_is_tried_only_when_a_build_names_it():
+    node, _ = _conv(64, 128, 1, 1, True)
+    cpu = torch.device("cpu")
+    default = {t.key: reason for t, reason, _ in candidate_groups(node, 17, cpu, 0, ("fp32",), None)}
+    assert "opt-in" in default["gluon.conv1x1-ws"]
+    named = {t.key: reason for t, reason, _ in candidate_groups(node, 17, cpu, 0, ("fp32",), ["gluon"])}
+    assert named["gluon.conv1x1-ws"] == "needs CUDA" or "no Gluon" in named["gluon.conv1x1-ws"]
 
 
 def test_only_unpadded_stride_1_pointwise_convolutions_are_products():
