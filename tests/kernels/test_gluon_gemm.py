@@ -61,25 +61,32 @@ def desc(dtype, shape, block):
     return mangle_type(TensorDescriptor.from_tensor(t, block, layout))
 
 
-cases = [  # operands, output, residual, consumers, quantized output, PRE, POST
-    (torch.float16, torch.float16, True, 1, 0, 8, 0),  # GELU
-    (torch.bfloat16, torch.bfloat16, False, 2, 0, 0, 1),
-    (torch.int8, torch.int8, True, 2, 1, 0, 1),
-    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 1, 2, 0, 1),
+cases = [  # operands, output, residual, consumers, quantized output, PRE, POST, boxed (a 3×3 convolution)
+    (torch.float16, torch.float16, True, 1, 0, 8, 0, False),  # GELU
+    (torch.bfloat16, torch.bfloat16, False, 2, 0, 0, 1, False),
+    (torch.int8, torch.int8, True, 2, 1, 0, 1, False),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 1, 2, 0, 1, False),
+    (torch.float16, torch.float16, True, 2, 0, 0, 1, True),
+    (torch.int8, torch.int8, True, 1, 1, 0, 1, True),
 ]
-for operands, out, residual, consumers, quant_y, pre, post in cases:
+ints = ("num_m", "N", "k_steps", "c_steps", "C", "boxes_h", "boxes_w", "PH", "PW", "DH", "DW")
+for operands, out, residual, consumers, quant_y, pre, post, boxed in cases:
     config = GemmConfig(consumers=consumers, stages=3)
     constants = dict(
         HAS_SCALE=quant_y > 0, HAS_BIAS=True, HAS_RES=residual, PRE=pre, POST=post, QUANT_Y=quant_y, STAGES=3,
-        CONSUMERS=consumers, GROUP_M=8, num_warps=4,
+        CONSUMERS=consumers, GROUP_M=8, BOXED=boxed, KW=3 if boxed else 1, num_warps=4,
     )
-    signature = {
-        "a_desc": desc(operands, (1024, 512), [128, 64]), "b_desc": desc(operands, (256, 512), [128, 64]),
-        "z_desc": desc(out, (1024, 256), [128, 128]), "y_desc": desc(out, (1024, 256), [128, 128]),
-        "scale": "*fp32", "bias": "*fp32",
-    }
+    k = 64 if operands.itemsize == 2 else 128
+    if boxed:  # input [8, 56, 56, 64] in boxes of 2 × 8 × 8 pixels, output [8, 56, 56, 128]
+        a = desc(operands, (8, 56, 56, 64), [2, 8, 8, k])
+        y = desc(out, (8, 56, 56, 128), [2, 8, 8, 128])
+        b = desc(operands, (128, 9 * 64), [128, k])
+    else:
+        a, b, y = desc(operands, (1024, 512), [128, k]), desc(operands, (256, 512), [128, k]), None
+        y = desc(out, (1024, 256), [128, 128])
+    signature = {"a_desc": a, "b_desc": b, "z_desc": y, "y_desc": y, "scale": "*fp32", "bias": "*fp32"}
     for name in fn.arg_names:
-        signature.setdefault(name, "constexpr" if name in constants else "i32" if name in "MNK" else "fp32")
+        signature.setdefault(name, "constexpr" if name in constants else "i32" if name in ints else "fp32")
     kernel = triton.compile(
         GluonASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
         options={"num_warps": 4, "maxnreg": config.maxnreg()},
@@ -87,8 +94,8 @@ for operands, out, residual, consumers, quant_y, pre, post in cases:
     ptx = kernel.asm["ptx"]
     print(
         len(re.findall(r"wgmma\\.mma_async", ptx)),
-        len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared[^ ]*\\.global", ptx)),
-        len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared", ptx)),
+        len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.shared[^ ]*\\.global", ptx)),
+        len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.global\\.shared", ptx)),
         len(re.findall(r"setmaxnreg\\.dec", ptx)),
         len(re.findall(r"\\.local", ptx)),
     )
@@ -97,10 +104,10 @@ for operands, out, residual, consumers, quant_y, pre, post in cases:
 
 def test_the_kernel_compiles_for_hopper_warp_specialized_on_tma_and_wgmma():
     """fp16 with a residual and GELU, bf16 with two consumers, int8 and E4M3 in and out with an int8 / E4M3
-    residual: wgmma products, TMA loads (operands and residual) and stores, registers moved between the
-    partitions (setmaxnreg), nothing spilled to local memory."""
+    residual, and 3×3 convolutions over boxes of pixels (fp16, int8): wgmma products, TMA loads (operands and
+    residual) and stores, registers moved between the partitions (setmaxnreg), nothing spilled to local memory."""
     counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert len(counts) == 4, counts
+    assert len(counts) == 6, counts
     for wgmma, loads, stores, handed_back, local in counts:
         assert int(wgmma) > 0 and int(loads) >= 2 and int(stores) >= 1, counts
         assert int(handed_back) > 0 and int(local) == 0, counts
@@ -184,3 +191,59 @@ def test_quantized_products_with_a_quantized_residual_and_output(kind, config):
     step = 1.0 if kind == "int8" else want.abs().clamp(min=2**-6) / 8  # one E4M3 ulp: 3 mantissa bits
     assert ((got - want).abs() <= step).all()
     assert (got != want).double().mean().item() < 0.01  # ties only
+
+
+def test_the_convolution_launcher_refuses_a_weight_of_the_wrong_packing():
+    x = torch.zeros(2, 64, 8, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    y = torch.zeros(2, 128, 8, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = gemm.pack_conv_weight(torch.zeros(128, 64, 3, 3, dtype=torch.float16))
+    assert w.shape == (128, 9 * 64)
+    with pytest.raises(ValueError, match="KH·KW·C"):
+        gemm.conv_ws(x, w, y, GemmConfig(), kernel=(1, 1))
+    with pytest.raises(ValueError, match="channels_last"):
+        gemm.conv_ws(x.contiguous(), w, y, GemmConfig(), kernel=(3, 3), pads=(1, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize(("kernel", "pads", "dilations"), [((3, 3), (1, 1), (1, 1)), ((5, 3), (2, 0), (1, 2))])
+def test_boxed_convolutions_match_the_reference(config, kernel, pads, dilations):
+    """fp16, 3×3 and an uneven 5×3 with dilation; 20×20 maps (boxes past the edges), 72 input channels (a K
+    step reaching past a tap's channels into zeros), a residual and ReLU."""
+    torch.manual_seed(2)
+    cl = torch.channels_last
+    x = torch.randn(3, 72, 20, 20, device="cuda").half().contiguous(memory_format=cl)
+    w = (torch.randn(136, 72, *kernel, device="cuda") / (72 * kernel[0] * kernel[1]) ** 0.5).half()
+    bias = torch.randn(136, device="cuda")
+    want = torch.nn.functional.conv2d(x.double(), w.double(), bias.double(), padding=pads, dilation=dilations)
+    z = torch.randn(want.shape, device="cuda").half().contiguous(memory_format=cl)
+    want = torch.relu(want + z.double())
+    y = torch.full(want.shape, float("nan"), device="cuda").half().contiguous(memory_format=cl)
+    gemm.conv_ws(
+        x, gemm.pack_conv_weight(w), y, config, kernel=kernel, pads=pads, dilations=dilations, bias=bias, z=z,
+        post=activation_args("Relu", []),
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert not y.isnan().any()
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() <= BOUND[torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=str)
+def test_an_int8_boxed_convolution_with_a_quantized_output(config):
+    torch.manual_seed(3)
+    cl = torch.channels_last
+    x = torch.randint(-127, 128, (4, 64, 14, 14), device="cuda", dtype=torch.int8).contiguous(memory_format=cl)
+    w = torch.randint(-127, 128, (128, 64, 3, 3), device="cuda", dtype=torch.int8)
+    scale = torch.rand(128, device="cuda") * 1e-4 + 1e-5
+    v = torch.nn.functional.conv2d(x.double(), w.double(), padding=1) * scale.double()[None, :, None, None]
+    y_scale = 0.02
+    want = torch.relu(v).div(y_scale).clamp(-128, 127).round()
+    y = torch.full(want.shape, -77, device="cuda", dtype=torch.int8).contiguous(memory_format=cl)
+    gemm.conv_ws(
+        x, gemm.pack_conv_weight(w), y, config, kernel=(3, 3), pads=(1, 1), scale=scale,
+        post=activation_args("Relu", []), quant_y=1, y_inv_scale=1 / y_scale,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert ((y.double() - want).abs() <= 1).all()
+    assert (y.double() != want).double().mean().item() < 0.01

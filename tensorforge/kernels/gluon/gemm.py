@@ -35,7 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..triton.epilogue import activate, quantize
+from ..triton.conv_tma import spatial_box
+from ..triton.epilogue import activate, quantize, widen
 
 # Triton 3.7 renamed the TMA copies (3.6 is the oldest Gluon this kernel is written for).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -53,13 +54,23 @@ def _tile(t, num_m, num_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def _box_origin(pid_m, boxes_h, boxes_w, BI: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr):
+    """Row block `pid_m` of a convolution as its box's first (image, row, column) in the output."""
+    return (pid_m // (boxes_h * boxes_w)) * BI, (pid_m // boxes_w % boxes_h) * BH, (pid_m % boxes_w) * BW
+
+
+@gluon.jit
 def _producer(
     a_desc, b_desc, z_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
-    num_m, num_n, k_steps, HAS_RES: gl.constexpr, GROUP_M: gl.constexpr,
+    num_m, num_n, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
+    HAS_RES: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr,
 ):  # fmt: skip
-    """One warp: TMA loads of every K step's A and B tiles into the ring, and of each tile's residual block."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    """One warp: TMA loads of every K step's A and B tiles into the ring, and of each tile's residual block.
+
+    K step k is tap k // c_steps (row-major over KH × KW) and channels (k % c_steps)·BLOCK_K on; a product is one
+    tap. A box of output pixels reads the same box of input pixels shifted by the tap (coordinates off the input
+    read zeros: the padding); the weight's K runs over (tap, channel), so its tile starts at tap·C + channels."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[len(a_desc.block_type.shape) - 1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     Z_STAGES: gl.constexpr = z_bufs.type.shape[0]
@@ -67,19 +78,33 @@ def _producer(
     local = 0
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pid_m, pid_n = _tile(t, num_m, num_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
+        if BOXED:
+            box: gl.constexpr = a_desc.block_type.shape
+            n0, h0, w0 = _box_origin(pid_m, boxes_h, boxes_w, box[0], box[1], box[2])
+        else:
+            off_m = pid_m * a_desc.block_type.shape[0]
         if HAS_RES:
             slot = local % Z_STAGES
             mbarrier.wait(z_empty.index(slot), ((local // Z_STAGES) & 1) ^ 1)
             mbarrier.expect(z_ready.index(slot), z_desc.block_type.nbytes)
-            _tma_load(z_desc, [off_m, off_n], z_ready.index(slot), z_bufs.index(slot))
+            if BOXED:
+                _tma_load(z_desc, [n0, h0, w0, off_n], z_ready.index(slot), z_bufs.index(slot))
+            else:
+                _tma_load(z_desc, [off_m, off_n], z_ready.index(slot), z_bufs.index(slot))
         for k in range(k_steps):
+            tap = k // c_steps
+            channel = (k % c_steps) * BLOCK_K
             s = step % STAGES
             mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
             mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            _tma_load(a_desc, [off_m, k * BLOCK_K], ready.index(s), a_bufs.index(s))
-            _tma_load(b_desc, [off_n, k * BLOCK_K], ready.index(s), b_bufs.index(s))
+            if BOXED:
+                h = h0 + (tap // KW) * DH - PH
+                w = w0 + (tap % KW) * DW - PW
+                _tma_load(a_desc, [n0, h, w, channel], ready.index(s), a_bufs.index(s))
+            else:
+                _tma_load(a_desc, [off_m, channel], ready.index(s), a_bufs.index(s))
+            _tma_load(b_desc, [off_n, tap * C + channel], ready.index(s), b_bufs.index(s))
             step += 1
         local += 1
 
@@ -87,16 +112,19 @@ def _producer(
 @gluon.jit
 def _consumer(
     y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty,
-    scale, bias, num_m, num_n, N, k_steps,
+    scale, bias, num_m, num_n, N, k_steps, boxes_h, boxes_w,
     pre0, pre1, post0, post1, z_scale, y_inv_scale,
     CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
     HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr, QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr,
-    WARPS: gl.constexpr,
+    BOXED: gl.constexpr, WARPS: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup (WARPS = 4) or two: the products and the epilogue of every CONSUMERS-th of this program's
-    tiles, starting at its CONSUMER-th."""
-    BLOCK_M: gl.constexpr = y_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = y_desc.block_type.shape[1]
+    tiles, starting at its CONSUMER-th. Boxed tiles ([images, rows, columns, channels] in shared memory) are the
+    same [BLOCK_M, ·] matrices viewed flat."""
+    Y_BLOCK: gl.constexpr = y_desc.block_type.shape
+    BLOCK_N: gl.constexpr = Y_BLOCK[len(Y_BLOCK) - 1]
+    BLOCK_M: gl.constexpr = Y_BLOCK[0] * Y_BLOCK[1] * Y_BLOCK[2] if BOXED else Y_BLOCK[0]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[len(a_bufs.type.shape) - 1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     Z_STAGES: gl.constexpr = z_bufs.type.shape[0]
     ACC: gl.constexpr = gl.int32 if a_bufs.dtype == gl.int8 else gl.float32
@@ -109,7 +137,6 @@ def _consumer(
     local = CONSUMER
     for t in range(gl.program_id(0) + CONSUMER * gl.num_programs(0), num_m * num_n, CONSUMERS * gl.num_programs(0)):
         pid_m, pid_n = _tile(t, num_m, num_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = gl.zeros([BLOCK_M, BLOCK_N], ACC, layout)
         step = local * k_steps  # every tile has k_steps steps: the ring position of this tile's first
@@ -117,7 +144,10 @@ def _consumer(
         for k in range(k_steps):
             s = step % STAGES
             mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-            a = a_bufs.index(s)
+            if BOXED:
+                a = a_bufs.index(s).reshape([BLOCK_M, BLOCK_K])
+            else:
+                a = a_bufs.index(s)
             b = b_bufs.index(s).permute((1, 0))
             acc = warpgroup_mma(a, b, acc, is_async=True)
             acc, a, b = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
@@ -138,18 +168,27 @@ def _consumer(
         if HAS_RES:
             slot = local % Z_STAGES
             mbarrier.wait(z_ready.index(slot), (local // Z_STAGES) & 1)
-            z = z_bufs.index(slot).load(layout).to(gl.float32)
+            if BOXED:
+                z = z_bufs.index(slot).reshape([BLOCK_M, BLOCK_N]).load(layout)
+            else:
+                z = z_bufs.index(slot).load(layout)
             mbarrier.arrive(z_empty.index(slot), count=1)
-            v = v + z * z_scale
+            v = v + widen(z) * z_scale
         v = activate(v, POST, post0, post1)
         if QUANT_Y:
             out = quantize(v, y_inv_scale, QUANT_Y)
         else:
             out = v.to(y_desc.dtype)
         tma.store_wait(pendings=0)  # this consumer's previous tile has left its buffer
-        y_buf.store(out)
-        fence_async_shared()
-        _tma_store(y_desc, [off_m, off_n], y_buf)
+        if BOXED:
+            y_buf.reshape([BLOCK_M, BLOCK_N]).store(out)
+            fence_async_shared()
+            n0, h0, w0 = _box_origin(pid_m, boxes_h, boxes_w, Y_BLOCK[0], Y_BLOCK[1], Y_BLOCK[2])
+            _tma_store(y_desc, [n0, h0, w0, off_n], y_buf)
+        else:
+            y_buf.store(out)
+            fence_async_shared()
+            _tma_store(y_desc, [pid_m * BLOCK_M, off_n], y_buf)
         local += CONSUMERS
     tma.store_wait(pendings=0)
 
@@ -163,63 +202,56 @@ def _instr_n(block_n, dtype):
     return n
 
 
+# The partitions' entry points: the workers all take the same arguments (the kernel's `_WORKER` tuple).
+
+
 @gluon.jit
 def _second_consumer(
     y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty,
-    scale, bias, num_m, num_n, N, k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-    a_desc, b_desc, z_desc,
+    scale, bias, num_m, num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
+    pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
-    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr,
+    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr,
 ):  # fmt: skip
     _consumer(
         y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n, N,
-        k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-        1, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, 4,
+        k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
+        1, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, 4,
     )  # fmt: skip
 
 
 @gluon.jit
 def _producer_worker(
     y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty,
-    scale, bias, num_m, num_n, N, k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-    a_desc, b_desc, z_desc,
+    scale, bias, num_m, num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
+    pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
-    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr,
+    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr,
 ):  # fmt: skip
     _producer(
-        a_desc,
-        b_desc,
-        z_desc,
-        a_bufs,
-        b_bufs,
-        z_bufs,
-        ready,
-        empty,
-        z_ready,
-        z_empty,
-        num_m,
-        num_n,
-        k_steps,
-        HAS_RES,
-        GROUP_M,
-    )
+        a_desc, b_desc, z_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
+        num_m, num_n, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, HAS_RES, GROUP_M, BOXED, KW,
+    )  # fmt: skip
 
 
 @gluon.jit
 def gemm_ws_kernel(
     a_desc, b_desc, z_desc, y_desc, scale, bias,
-    M, N, K, pre0, pre1, post0, post1, z_scale, y_inv_scale,
+    num_m, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
+    pre0, pre1, post0, post1, z_scale, y_inv_scale,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr,
-    num_warps: gl.constexpr,
+    BOXED: gl.constexpr, KW: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
-    """y = epilogue(a @ bᵀ) over [BLOCK_M, BLOCK_N] tiles (the descriptors' block shapes), persistent programs.
+    """y = epilogue(a @ bᵀ) over tiles of the descriptors' block shapes, persistent programs.
 
+    A product: a [M, K], b [N, K], y and z [M, N], num_m row blocks, k_steps = c_steps K steps, C = K. A boxed
+    (stride-1) convolution: a the input [N, H, W, C] in boxes [BI, BH, BW, BLOCK_K], y and z the output
+    [N, OH, OW, C_out] in boxes [BI, BH, BW, BLOCK_N], b the weight [C_out, KH·KW·C]; num_m = the boxes (images
+    × boxes_h × boxes_w), k_steps = KH·KW·c_steps, (PH, PW) the padding and (DH, DW) the dilation.
     z_desc is y_desc again when there is no residual (never read). The default partition (num_warps warps) is the
     first consumer; the workers are the producer (one warp) and, with CONSUMERS = 2, the second consumer (four).
     """
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no starred lists in Gluon
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)  # noqa: RUF005 - no starred lists in Gluon
     Z_STAGES: gl.constexpr = 2 if HAS_RES else 1
@@ -238,29 +270,29 @@ def gemm_ws_kernel(
     for i in gl.static_range(Z_STAGES):
         mbarrier.init(z_ready.index(i), count=1)
         mbarrier.init(z_empty.index(i), count=1)
-    num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, a_desc.block_type.shape[1])
+    num_n = gl.cdiv(N, b_desc.block_type.shape[0])
     if CONSUMERS == 2:
         gl.warp_specialize(
             [
                 (
                     _consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-                     0, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, num_warps),
+                     N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
+                     0, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps),
                 ),
                 (
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
-                     HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M),
+                     N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
+                     y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
+                     BOXED, KW),
                 ),
                 (
                     _second_consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
-                     HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M),
+                     N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
+                     y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
+                     BOXED, KW),
                 ),
             ],
             [1, 4],
@@ -272,14 +304,15 @@ def gemm_ws_kernel(
                 (
                     _consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-                     0, 1, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, num_warps),
+                     N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
+                     0, 1, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps),
                 ),
                 (
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
-                     HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M),
+                     N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
+                     y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
+                     BOXED, KW),
                 ),
             ],
             [1],
@@ -364,6 +397,23 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _launch(
+    a_desc, b_desc, z_desc, y_desc, y, config: GemmConfig, geometry: tuple, boxed: bool, kw: int,
+    scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
+) -> None:  # fmt: skip
+    """One launch over `geometry` = (num_m, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW): a program
+    a multiprocessor, at most one a tile."""
+    tiles = geometry[0] * triton.cdiv(geometry[1], config.block_n)
+    grid = (min(tiles, _multiprocessors(y.device.index or 0)),)
+    gemm_ws_kernel[grid](
+        a_desc, b_desc, z_desc, y_desc, scale if scale is not None else y, bias if bias is not None else y,
+        *geometry, float(pre[1]), float(pre[2]), float(post[1]), float(post[2]), float(z_scale), float(y_inv_scale),
+        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_RES=z_desc is not y_desc, PRE=pre[0],
+        POST=post[0], QUANT_Y=quant_y, STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8, BOXED=boxed,
+        KW=kw, num_warps=config.num_warps, maxnreg=config.maxnreg(),
+    )  # fmt: skip
+
+
 def gemm_ws(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -390,14 +440,66 @@ def gemm_ws(
     m, n, k = a.shape[0], b.shape[0], a.shape[1]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     y_desc = _descriptor(y, [bm, bn])
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    grid = (min(tiles, _multiprocessors(a.device.index or 0)),)
-    gemm_ws_kernel[grid](
-        _descriptor(a, [bm, bk]), _descriptor(b, [bn, bk]), y_desc if z is None else _descriptor(z, [bm, bn]), y_desc,
-        scale if scale is not None else y, bias if bias is not None else y,
-        m, n, k, float(pre[1]), float(pre[2]), float(post[1]), float(post[2]), float(z_scale), float(y_inv_scale),
-        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_RES=z is not None, PRE=pre[0], POST=post[0],
-        QUANT_Y=quant_y, STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8,
-        num_warps=config.num_warps, maxnreg=config.maxnreg(),
+    z_desc = y_desc if z is None else _descriptor(z, [bm, bn])
+    steps = triton.cdiv(k, bk)
+    geometry = (triton.cdiv(m, bm), n, steps, steps, k, 1, 1, 0, 0, 1, 1)
+    _launch(
+        _descriptor(a, [bm, bk]), _descriptor(b, [bn, bk]), z_desc, y_desc, y, config, geometry, False, 1,
+        scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
+    )  # fmt: skip
+    return y
+
+
+def pack_conv_weight(w: torch.Tensor) -> torch.Tensor:
+    """A [C_out, C, KH, KW] weight as `conv_ws` takes it: [C_out, KH·KW·C], K ordered (row, column, channel)."""
+    return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1).contiguous()
+
+
+def conv_ws(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    y: torch.Tensor,
+    config: GemmConfig,
+    *,
+    kernel: tuple[int, int],
+    pads: tuple[int, int] = (0, 0),
+    dilations: tuple[int, int] = (1, 1),
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    z_scale: float = 1.0,
+    pre: tuple[int, float, float] = (0, 0.0, 0.0),
+    post: tuple[int, float, float] = (0, 0.0, 0.0),
+    quant_y: int = 0,
+    y_inv_scale: float = 1.0,
+) -> torch.Tensor:
+    """A stride-1 convolution of one group over channels_last tensors: x [N, C, H, W], w from
+    `pack_conv_weight`, y (and z) [N, C_out, OH, OW]; each tile a box of output pixels (`spatial_box`) whose
+    taps read the same box of input pixels shifted (TMA reads zeros off the input: the padding `pads`, the
+    beginning's). The epilogue as `gemm_ws`'s. Returns y."""
+    channels = x.shape[1]
+    rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])  # noqa: E731 - the pixels as a matrix
+    reason = problem(rows(x), w[:, :channels], rows(y), None if z is None else rows(z), config)
+    if reason is None and w.shape[1] != kernel[0] * kernel[1] * channels:
+        reason = f"the packed weight has {w.shape[1]} columns, not KH·KW·C = {kernel[0] * kernel[1] * channels}"
+    if reason is None and any(t.stride(1) != 1 for t in (x, y) + ((z,) if z is not None else ())):
+        reason = "channels_last tensors only"
+    if reason is not None:
+        raise ValueError(f"conv_ws {config}: {reason}")
+    n, _, oh, ow = y.shape
+    box = spatial_box(config.block_m, (n, oh, ow))
+    bk, bn = config.block_k, config.block_n
+    nhwc = lambda t: t.permute(0, 2, 3, 1)  # noqa: E731 - a view; TMA takes its strides
+    y_desc = _descriptor(nhwc(y), [*box, bn])
+    z_desc = y_desc if z is None else _descriptor(nhwc(z), [*box, bn])
+    boxes_h, boxes_w = triton.cdiv(oh, box[1]), triton.cdiv(ow, box[2])
+    c_steps = triton.cdiv(channels, bk)
+    geometry = (
+        triton.cdiv(n, box[0]) * boxes_h * boxes_w, y.shape[1], kernel[0] * kernel[1] * c_steps, c_steps, channels,
+        boxes_h, boxes_w, pads[0], pads[1], dilations[0], dilations[1],
+    )  # fmt: skip
+    _launch(
+        _descriptor(nhwc(x), [*box, bk]), _descriptor(w, [bn, bk]), z_desc, y_desc, y, config, geometry, True,
+        kernel[1], scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
     )  # fmt: skip
     return y
