@@ -7,6 +7,8 @@ TMA loads of the next tiles in flight while the consumer warpgroups multiply and
 - `gluon.conv1x1-ws-quantized`: the same for QuantizedConv whose input is already of the layer's quantized type
   (an int8 or E4M3 chain): the per-channel weight scales times x_scale, a quantized or float residual, the output
   quantized with y_scale or written in float.
+- `gluon.conv-ws` and `gluon.conv-ws-quantized`: the other stride-1 convolutions of one group (3×3 and the like),
+  each tile a box of output pixels whose taps read shifted boxes of the input (`conv_ws`).
 
 They decline on the CPU, before Hopper, and where this Triton has no Gluon; a call whose tensors the kernel
 cannot take (unaligned rows, a tile that does not fit in shared memory) raises, and the autotuner scores it
@@ -23,13 +25,14 @@ from ..ir import Node, qualified_op
 from ..kernels.triton.conv_tma import hopper_problem
 from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN, QUANT_TYPES
+from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .triton_conv import _float_output
 
 try:
-    from ..kernels.gluon.gemm import GemmConfig, gemm_ws
+    from ..kernels.gluon.gemm import GemmConfig, conv_ws, gemm_ws, pack_conv_weight
 except ImportError as missing:  # a Triton without Gluon's Hopper language (before 3.6)
-    GemmConfig = gemm_ws = None
+    GemmConfig = conv_ws = gemm_ws = pack_conv_weight = None
     _GLUON_MISSING = f"this Triton has no Gluon for Hopper ({missing})"
 else:
     _GLUON_MISSING = ""
@@ -95,6 +98,35 @@ def _pointwise_problem(node: Node) -> str | None:
     if any(a.get("pads", ())) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return "unpadded 1×1 convolutions only"
     return _activations(node)
+
+
+def _boxed_problem(node: Node) -> str | None:
+    """Why `node` is not a stride-1 convolution of one group by a constant 2-D weight other than 1×1."""
+    a, weight = node.attributes, node.inputs[1]
+    if not weight.is_const or weight.rank != 4:
+        return "2-D convolutions by a constant weight only"
+    if tuple(weight.shape[2:]) == (1, 1):
+        return "a 1×1 convolution runs as a product of pixel rows (gluon.conv1x1-ws)"
+    if a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", (1, 1))):
+        return "stride 1 and one group only (a box of output pixels reads a shifted box of input pixels)"
+    return _activations(node)
+
+
+def _quantized_input_problem(node: Node) -> str | None:
+    quant = node.attributes.get("quant", "int8")
+    if node.inputs[0].dtype != QUANT_TYPES[quant]:
+        return f"an input already of the layer's {quant} type only (a quantized chain), not {node.inputs[0].dtype}"
+    if len(node.inputs) > 5 and node.inputs[5] is not None:
+        return "per-tensor input scales only (no per-channel Xs)"
+    return None
+
+
+def _quantized_output(node: Node) -> tuple[float, int, float]:
+    """(z_scale, quant_y, y_inv_scale) of a QuantizedConv."""
+    a = node.attributes
+    y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
+    quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if y_scale else 0
+    return z_scale, quant_y, 1.0 / y_scale if y_scale else 1.0
 
 
 @register_tactic
@@ -196,24 +228,14 @@ class GluonQuantizedPointwiseConvTactic(Tactic):
     writes_into = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        problem = _device_problem(device) or _pointwise_problem(node)
-        if problem:
-            return problem
-        quant = node.attributes.get("quant", "int8")
-        if node.inputs[0].dtype != QUANT_TYPES[quant]:
-            return f"an input already of the layer's {quant} type only (a quantized chain), not {node.inputs[0].dtype}"
-        if len(node.inputs) > 5 and node.inputs[5] is not None:
-            return "per-tensor input scales only (no per-channel Xs)"
-        return None
+        return _device_problem(device) or _pointwise_problem(node) or _quantized_input_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_ws_configs(effort, quantized=True)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        x_scale = float(a["x_scale"])
-        y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
-        quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if y_scale else 0
+        x_scale = float(node.attributes["x_scale"])
+        z_scale, quant_y, y_inv_scale = _quantized_output(node)
         epilogue = _epilogue(node)
         matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).contiguous())
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
@@ -222,14 +244,98 @@ class GluonQuantizedPointwiseConvTactic(Tactic):
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             x = x.contiguous(memory_format=torch.channels_last)
-            out_dtype = w.dtype if y_scale else _float_output(x, b, z)
+            out_dtype = w.dtype if quant_y else _float_output(x, b, z)
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *x.shape[2:]), out_dtype, x.device, torch.channels_last)
             z_rows = _rows(z.contiguous(memory_format=torch.channels_last)) if z is not None else None
             quantized_z = z is not None and z.dtype == w.dtype
             gemm_ws(
                 _rows(x), matrix(w), _rows(out), tiles, scale=column_scales(w_scale), bias=b, z=z_rows,
-                z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y, y_inv_scale=1.0 / y_scale if y_scale else 1.0,
-                **epilogue,
+                z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y, y_inv_scale=y_inv_scale, **epilogue,
+            )  # fmt: skip
+            return (out,)
+
+        return kernel
+
+
+@register_tactic
+class GluonConvTactic(Tactic):
+    """A stride-1 FusedConv of one group (3×3 and the like) in boxes of output pixels (`conv_ws`); the weight
+    packed [C_out, KH·KW·C] once."""
+
+    family = "gluon"
+    opt_in = True
+    name = "conv-ws"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp16", "bf16")
+    layouts = ("NHWC",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        return _device_problem(device) or _boxed_problem(node)
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_ws_configs(effort)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        windows = ConvWindows.of(node.attributes)
+        epilogue = _epilogue(node)
+        packed = PerWeight(pack_conv_weight)
+        tiles = _gemm_config(config)
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            x = x.contiguous(memory_format=torch.channels_last)
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
+            z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
+            conv_ws(
+                x, packed(w), out, tiles, kernel=tuple(w.shape[2:]), pads=tuple(begin), dilations=windows.dilations,
+                bias=b, z=z, **epilogue,
+            )  # fmt: skip
+            return (out,)
+
+        return kernel
+
+
+@register_tactic
+class GluonQuantizedConvTactic(Tactic):
+    """`gluon.conv-ws` for a QuantizedConv whose input is already of its quantized type: products of the quantized
+    values, times x_scale · w_scale[c], then the epilogue (a quantized residual, the output requantized)."""
+
+    family = "gluon"
+    opt_in = True
+    name = "conv-ws-quantized"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    precisions = ("fp16", "bf16", "fp32")
+    layouts = ("NHWC",)
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        return _device_problem(device) or _boxed_problem(node) or _quantized_input_problem(node)
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_ws_configs(effort, quantized=True)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        windows = ConvWindows.of(node.attributes)
+        x_scale = float(node.attributes["x_scale"])
+        z_scale, quant_y, y_inv_scale = _quantized_output(node)
+        epilogue = _epilogue(node)
+        packed = PerWeight(pack_conv_weight)
+        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
+        tiles = _gemm_config(config)
+
+        def kernel(inputs, alloc=None):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            x = x.contiguous(memory_format=torch.channels_last)
+            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
+            out_dtype = w.dtype if quant_y else _float_output(x, b, z)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
+            z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
+            conv_ws(
+                x, packed(w), out, tiles, kernel=tuple(w.shape[2:]), pads=tuple(begin), dilations=windows.dilations,
+                scale=column_scales(w_scale), bias=b, z=z, z_scale=z_scale if z is not None and z.dtype == w.dtype
+                else 1.0, quant_y=quant_y, y_inv_scale=y_inv_scale, **epilogue,
             )  # fmt: skip
             return (out,)
 

@@ -68,18 +68,19 @@ def chain_proto(seed: int = 0, width: int = 8) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", list(SHAPE))], [tensor_info("y", [2, 4])], 17, initializers)
 
 
-def skip_proto(seed: int = 0, b_output: bool = False) -> onnx.ModelProto:
+def skip_proto(seed: int = 0, b_output: bool = False, width: int = 8) -> onnx.ModelProto:
     """x[2,3,8,8] → conv0 3→8 + Relu = t0 → conv1 + Relu = t1 → conv2, + t0, Relu = t2 → conv3, + t1, Relu = t3
-    → conv4 8→4 = y: skips over two convolutions (all 3×3 8→8 but conv0 and conv4).
+    → conv4 8→4 = y: skips over two convolutions (all 3×3 8→8 but conv0 and conv4; `width` channels instead of 8).
 
     conv2 adds t0 and reads t1, itself the residual conv3 adds: t0's stream forms only once t1's has (the
     residual-stream pass's fixed point). t2 and t3 chain exactly, y is the graph output. With `b_output`, t2 is a
     graph output too: it stays float, and conv3 reads it in float while it adds t1 quantized."""
     rng = np.random.default_rng(seed)
-    weights = {"w0": rng.normal(0, 0.4, (8, 3, 3, 3)), "w4": rng.normal(0, 0.3, (4, 8, 3, 3))}
+    spread = (8 / width) ** 0.5
+    weights = {"w0": rng.normal(0, 0.4, (width, 3, 3, 3)), "w4": rng.normal(0, 0.3 * spread, (4, width, 3, 3))}
     for index in (1, 2, 3):
-        weights[f"w{index}"] = rng.normal(0, 0.25, (8, 8, 3, 3))
-        weights[f"b{index}"] = rng.normal(0, 0.1, 8)
+        weights[f"w{index}"] = rng.normal(0, 0.25 * spread, (width, width, 3, 3))
+        weights[f"b{index}"] = rng.normal(0, 0.1, width)
     pads = [1, 1, 1, 1]
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=pads),
@@ -95,7 +96,7 @@ def skip_proto(seed: int = 0, b_output: bool = False) -> onnx.ModelProto:
         helper.make_node("Conv", ["t3", "w4"], ["y"], name="conv4", pads=pads),
     ]
     initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
-    outputs = [tensor_info("y", [2, 4, 8, 8])] + ([tensor_info("t2", [2, 8, 8, 8])] if b_output else [])
+    outputs = [tensor_info("y", [2, 4, 8, 8])] + ([tensor_info("t2", [2, width, 8, 8])] if b_output else [])
     return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
 
 
@@ -164,9 +165,9 @@ def batches(count: int = 3, seed: int = 1) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.normal(0, 1, SHAPE).astype(np.float32)} for _ in range(count)]
 
 
-def lowered(quant: str = "int8", seed: int = 0, width: int = 8) -> Model:
-    """`chain_model` optimized, calibrated (minmax) and lowered to quantized layers of type `quant`."""
-    model, _ = optimize(chain_model(seed, width))
+def lowered(quant: str = "int8", seed: int = 0, width: int = 8, proto: onnx.ModelProto | None = None) -> Model:
+    """`chain_model` (or `proto`) optimized, calibrated (minmax) and lowered to quantized layers of type `quant`."""
+    model, _ = optimize(import_model(proto) if proto is not None else chain_model(seed, width))
     infer_model(model, check=False)
     quantize_layers(model, calibrate(model, batches(), "minmax").per_tensor(), quant=quant)
     infer_model(model, check=False)

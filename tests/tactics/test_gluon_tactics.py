@@ -14,11 +14,17 @@ from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.tactics.autotune import autotune, candidate_groups
 from tensorforge.tactics.base import tactic_by_key
-from tensorforge.tactics.gluon_gemm import _pointwise_problem, gemm_ws_configs
+from tensorforge.tactics.gluon_gemm import _boxed_problem, _pointwise_problem, gemm_ws_configs
 from tests.helpers import make_model, tensor_info
-from tests.quant.chain_support import lowered
+from tests.quant.chain_support import lowered, skip_proto
 
-TACTICS = ("gluon.gemm-ws", "gluon.conv1x1-ws", "gluon.conv1x1-ws-quantized")
+TACTICS = (
+    "gluon.gemm-ws",
+    "gluon.conv1x1-ws",
+    "gluon.conv1x1-ws-quantized",
+    "gluon.conv-ws",
+    "gluon.conv-ws-quantized",
+)
 
 
 def _conv(channels: int, out_channels: int, kernel: int, stride: int, residual: bool):
@@ -79,6 +85,12 @@ def test_only_unpadded_stride_1_pointwise_convolutions_are_products():
     assert "stride 1" in _pointwise_problem(_conv(64, 128, 1, 2, False)[0])
 
 
+def test_boxes_take_the_other_stride_1_convolutions_of_one_group():
+    assert _boxed_problem(_conv(64, 128, 3, 1, True)[0]) is None
+    assert "gluon.conv1x1-ws" in _boxed_problem(_conv(64, 128, 1, 1, False)[0])
+    assert "stride 1" in _boxed_problem(_conv(64, 128, 3, 2, False)[0])
+
+
 def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
     assert len(gemm_ws_configs(1)) > len(gemm_ws_configs(0)) > 0
     assert gemm_ws_configs(0)[0] == gemm_ws_configs(1)[0]
@@ -104,6 +116,16 @@ def test_every_pointwise_convolution_candidate_passes_the_autotuners_check(resid
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("residual", [False, True])
+def test_every_boxed_convolution_candidate_passes_the_autotuners_check(residual):
+    node, inputs = _conv(64, 128, 3, 1, residual)
+    inputs = [t.cuda() if t is not None else None for t in inputs]
+    choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
+                      exhaustive=True)  # fmt: skip
+    _finite(choice, "gluon.conv-ws")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation", ["Relu", "Gelu"])
 def test_every_linear_layer_candidate_passes_the_autotuners_check(activation):
     node, inputs = _linear(activation)
@@ -120,7 +142,19 @@ def test_a_chains_pointwise_layers_pass_the_autotuners_check(quant, layer):
     """conv3 reads int8 (E4M3), adds a quantized residual and writes quantized; conv4 reads quantized and writes
     float (a chain 64 channels wide, so that the rows suit TMA)."""
     model, _ = chain_quantized(lowered(quant, width=64))
-    node = next(n for n in model.graph.nodes if n.name == layer)
+    _check_quantized(next(n for n in model.graph.nodes if n.name == layer), quant, "gluon.conv1x1-ws-quantized")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
+@pytest.mark.parametrize("layer", ["conv1", "conv2", "conv4"])
+def test_a_chains_3x3_layers_pass_the_autotuners_check(quant, layer):
+    """Quantized in and out (conv1), with a quantized residual (conv2), quantized in and float out (conv4)."""
+    model, _ = chain_quantized(lowered(quant, proto=skip_proto(width=64)))
+    _check_quantized(next(n for n in model.graph.nodes if n.name == layer), quant, "gluon.conv-ws-quantized")
+
+
+def _check_quantized(node, quant: str, tactic: str) -> None:
     generator = torch.Generator().manual_seed(0)
     storage = QUANT_TYPES[quant].torch
     inputs = []
@@ -134,4 +168,4 @@ def test_a_chains_pointwise_layers_pass_the_autotuners_check(quant, layer):
     inputs = [t.cuda() if t is not None else None for t in inputs]
     choice = autotune(node, 1, inputs, "cuda", effort=1, precisions=("fp32", "fp16"), families=["gluon"],
                       exhaustive=True)  # fmt: skip
-    _finite(choice, "gluon.conv1x1-ws-quantized")
+    _finite(choice, tactic)
