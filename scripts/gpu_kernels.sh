@@ -5,6 +5,8 @@
 #   scripts/gpu_kernels.sh OUTPUT_DIR [STAGE ...]      (default stages: tests parallel sweep)
 #
 # Stages (limits in seconds, environment overridable):
+#   gluon     the Gluon kernel's GPU tests alone, serially, stopping at the first failure (GLUON_S=150): a wrong
+#             barrier phase hangs a warp-specialized kernel, and this stage's limit ends that before the others run
 #   tests     pytest -m gpu over the kernel, tactic, runtime and build tests (TESTS_S=300; WORKERS=12 processes
 #             when pytest-xdist is installed; TESTS="paths" to choose)
 #   parallel  bench/parallel_compile.py: candidates built by 1 worker thread against 8 (PARALLEL_S=150)
@@ -47,6 +49,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 for stage in $stages; do
   started=$(date +%s)
   case $stage in
+    gluon)
+      timeout "${GLUON_S:-150}" python3 -m pytest -m gpu -x -v -p no:cacheprovider tests/kernels/test_gluon_gemm.py \
+        > "$out/gluon.txt" 2>&1
+      echo "gluon stage exit $? (124: timed out)"
+      grep -cE "PASSED" "$out/gluon.txt" | sed 's/^/passed: /'
+      grep -E "FAILED|ERROR|Error" "$out/gluon.txt" | head -20
+      ;;
     tests)
       parallel=()
       python3 -c "import xdist" 2>/dev/null && parallel=(-n "${WORKERS:-12}")
