@@ -3,12 +3,11 @@ TMA loads of the next tiles in flight while the consumer warpgroups multiply and
 
 - `gluon.gemm-ws`: a linear layer (FusedGemm, Gemm or MatMul by a constant 2-D weight; every batch dimension
   folds into the rows) in fp16 / bf16, bias, activations and residual in the epilogue.
-- `gluon.conv1x1-ws`: a 1×1 FusedConv of stride 1 over channels_last activations, the pixels as rows.
-- `gluon.conv1x1-ws-quantized`: the same for QuantizedConv whose input is already of the layer's quantized type
+- `gluon.conv-ws`: a stride-1 FusedConv of one group over channels_last activations (`conv_ws`: an unpadded 1×1
+  as a product of pixel rows, any other in boxes of output pixels whose taps read shifted boxes of the input).
+- `gluon.conv-ws-quantized`: the same for QuantizedConv whose input is already of the layer's quantized type
   (an int8 or E4M3 chain): the per-channel weight scales times x_scale, a quantized or float residual, the output
   quantized with y_scale or written in float.
-- `gluon.conv-ws` and `gluon.conv-ws-quantized`: the other stride-1 convolutions of one group (3×3 and the like),
-  each tile a box of output pixels whose taps read shifted boxes of the input (`conv_ws`).
 
 They decline on the CPU, before Hopper, and where this Triton has no Gluon; a call whose tensors the kernel
 cannot take (unaligned rows, a tile that does not fit in shared memory) raises, and the autotuner scores it
@@ -83,30 +82,11 @@ def _epilogue(node: Node) -> dict[str, tuple[int, float, float]]:
     return {key: activation_args(a.get(key, ""), a.get(f"{key}_params", ())) for key in ("pre", "post")}
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """A channels_last [N, C, H, W] tensor as its [N·H·W, C] matrix of pixels (a view)."""
-    return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
-
-
-def _pointwise_problem(node: Node) -> str | None:
-    """Why `node` is not a 1×1 convolution of stride 1, no padding, one group, with a constant weight."""
-    a, weight = node.attributes, node.inputs[1]
-    if not weight.is_const or weight.rank != 4 or tuple(weight.shape[2:]) != (1, 1):
-        return "1×1 convolutions by a constant weight only"
-    if a.get("group", 1) != 1 or any(s != 1 for s in (*a.get("strides", (1, 1)), *a.get("dilations", (1, 1)))):
-        return "stride 1, dilation 1 and one group only (the pixels are the product's rows)"
-    if any(a.get("pads", ())) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        return "unpadded 1×1 convolutions only"
-    return _activations(node)
-
-
-def _boxed_problem(node: Node) -> str | None:
-    """Why `node` is not a stride-1 convolution of one group by a constant 2-D weight other than 1×1."""
+def _conv_problem(node: Node) -> str | None:
+    """Why `node` is not a 2-D convolution of stride 1 and one group by a constant weight."""
     a, weight = node.attributes, node.inputs[1]
     if not weight.is_const or weight.rank != 4:
         return "2-D convolutions by a constant weight only"
-    if tuple(weight.shape[2:]) == (1, 1):
-        return "a 1×1 convolution runs as a product of pixel rows (gluon.conv1x1-ws)"
     if a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", (1, 1))):
         return "stride 1 and one group only (a box of output pixels reads a shifted box of input pixels)"
     return _activations(node)
@@ -119,14 +99,6 @@ def _quantized_input_problem(node: Node) -> str | None:
     if len(node.inputs) > 5 and node.inputs[5] is not None:
         return "per-tensor input scales only (no per-channel Xs)"
     return None
-
-
-def _quantized_output(node: Node) -> tuple[float, int, float]:
-    """(z_scale, quant_y, y_inv_scale) of a QuantizedConv."""
-    a = node.attributes
-    y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
-    quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if y_scale else 0
-    return z_scale, quant_y, 1.0 / y_scale if y_scale else 1.0
 
 
 @register_tactic
@@ -180,87 +152,8 @@ class GluonGemmTactic(Tactic):
 
 
 @register_tactic
-class GluonPointwiseConvTactic(Tactic):
-    """A 1×1 FusedConv as the product of its pixels [N·H·W, C] by the weight [C_out, C] (K-major as it is)."""
-
-    family = "gluon"
-    opt_in = True
-    name = "conv1x1-ws"
-    op_types = (f"{DOMAIN}::FusedConv",)
-    precisions = ("fp16", "bf16")
-    layouts = ("NHWC",)
-    writes_into = True
-
-    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        return _device_problem(device) or _pointwise_problem(node)
-
-    def space(self, effort: int) -> list[dict[str, Any]]:
-        return gemm_ws_configs(effort)
-
-    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        epilogue = _epilogue(node)
-        matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).contiguous())
-        tiles = _gemm_config(config)
-
-        def kernel(inputs, alloc=None):
-            x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            x = x.contiguous(memory_format=torch.channels_last)
-            shape = (x.shape[0], w.shape[0], *x.shape[2:])
-            out = allocate(alloc, 0, shape, x.dtype, x.device, torch.channels_last)
-            z_rows = _rows(z.contiguous(memory_format=torch.channels_last)) if z is not None else None
-            gemm_ws(_rows(x), matrix(w), _rows(out), tiles, bias=b, z=z_rows, **epilogue)
-            return (out,)
-
-        return kernel
-
-
-@register_tactic
-class GluonQuantizedPointwiseConvTactic(Tactic):
-    """A 1×1 QuantizedConv of an input already of its quantized type: int8 products summed in int32 (E4M3 ones in
-    float32), times x_scale · w_scale[c], then the epilogue; the output requantized with y_scale or in float."""
-
-    family = "gluon"
-    opt_in = True
-    name = "conv1x1-ws-quantized"
-    op_types = (f"{DOMAIN}::QuantizedConv",)
-    precisions = ("fp16", "bf16", "fp32")
-    layouts = ("NHWC",)
-    writes_into = True
-
-    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        return _device_problem(device) or _pointwise_problem(node) or _quantized_input_problem(node)
-
-    def space(self, effort: int) -> list[dict[str, Any]]:
-        return gemm_ws_configs(effort, quantized=True)
-
-    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        x_scale = float(node.attributes["x_scale"])
-        z_scale, quant_y, y_inv_scale = _quantized_output(node)
-        epilogue = _epilogue(node)
-        matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).contiguous())
-        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
-        tiles = _gemm_config(config)
-
-        def kernel(inputs, alloc=None):
-            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
-            x = x.contiguous(memory_format=torch.channels_last)
-            out_dtype = w.dtype if quant_y else _float_output(x, b, z)
-            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *x.shape[2:]), out_dtype, x.device, torch.channels_last)
-            z_rows = _rows(z.contiguous(memory_format=torch.channels_last)) if z is not None else None
-            quantized_z = z is not None and z.dtype == w.dtype
-            gemm_ws(
-                _rows(x), matrix(w), _rows(out), tiles, scale=column_scales(w_scale), bias=b, z=z_rows,
-                z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y, y_inv_scale=y_inv_scale, **epilogue,
-            )  # fmt: skip
-            return (out,)
-
-        return kernel
-
-
-@register_tactic
 class GluonConvTactic(Tactic):
-    """A stride-1 FusedConv of one group (3×3 and the like) in boxes of output pixels (`conv_ws`); the weight
-    packed [C_out, KH·KW·C] once."""
+    """A stride-1 FusedConv of one group through `conv_ws`; the weight packed [C_out, KH·KW·C] once."""
 
     family = "gluon"
     opt_in = True
@@ -269,28 +162,39 @@ class GluonConvTactic(Tactic):
     precisions = ("fp16", "bf16")
     layouts = ("NHWC",)
     writes_into = True
+    quantized = False
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        return _device_problem(device) or _boxed_problem(node)
+        return _device_problem(device) or _conv_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
-        return gemm_ws_configs(effort)
+        return gemm_ws_configs(effort, quantized=self.quantized)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
+        a = node.attributes
         epilogue = _epilogue(node)
         packed = PerWeight(pack_conv_weight)
         tiles = _gemm_config(config)
+        quantized = self.quantized
+        x_scale = float(a.get("x_scale", 1.0))
+        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
+        y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
+        quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if quantized and y_scale else 0
 
         def kernel(inputs, alloc=None):
-            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             x = x.contiguous(memory_format=torch.channels_last)
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), x.dtype, x.device, torch.channels_last)
+            out_dtype = (w.dtype if quant_y else _float_output(x, b, z)) if quantized else x.dtype
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
+            quantized_z = z is not None and quantized and z.dtype == w.dtype
             conv_ws(
                 x, packed(w), out, tiles, kernel=tuple(w.shape[2:]), pads=tuple(begin), dilations=windows.dilations,
-                bias=b, z=z, **epilogue,
+                scale=column_scales(w_scale) if quantized else None, bias=b, z=z,
+                z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y,
+                y_inv_scale=1.0 / y_scale if quant_y else 1.0, **epilogue,
             )  # fmt: skip
             return (out,)
 
@@ -298,45 +202,15 @@ class GluonConvTactic(Tactic):
 
 
 @register_tactic
-class GluonQuantizedConvTactic(Tactic):
+class GluonQuantizedConvTactic(GluonConvTactic):
     """`gluon.conv-ws` for a QuantizedConv whose input is already of its quantized type: products of the quantized
-    values, times x_scale · w_scale[c], then the epilogue (a quantized residual, the output requantized)."""
+    values (int32 sums for int8, float32 for E4M3) times x_scale · w_scale[c], then the epilogue, a quantized
+    residual dequantized by z_scale, the output requantized with y_scale (or written in float)."""
 
-    family = "gluon"
-    opt_in = True
     name = "conv-ws-quantized"
     op_types = (f"{DOMAIN}::QuantizedConv",)
     precisions = ("fp16", "bf16", "fp32")
-    layouts = ("NHWC",)
-    writes_into = True
+    quantized = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        return _device_problem(device) or _boxed_problem(node) or _quantized_input_problem(node)
-
-    def space(self, effort: int) -> list[dict[str, Any]]:
-        return gemm_ws_configs(effort, quantized=True)
-
-    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        windows = ConvWindows.of(node.attributes)
-        x_scale = float(node.attributes["x_scale"])
-        z_scale, quant_y, y_inv_scale = _quantized_output(node)
-        epilogue = _epilogue(node)
-        packed = PerWeight(pack_conv_weight)
-        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
-        tiles = _gemm_config(config)
-
-        def kernel(inputs, alloc=None):
-            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
-            x = x.contiguous(memory_format=torch.channels_last)
-            begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out_dtype = w.dtype if quant_y else _float_output(x, b, z)
-            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
-            z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
-            conv_ws(
-                x, packed(w), out, tiles, kernel=tuple(w.shape[2:]), pads=tuple(begin), dilations=windows.dilations,
-                scale=column_scales(w_scale), bias=b, z=z, z_scale=z_scale if z is not None and z.dtype == w.dtype
-                else 1.0, quant_y=quant_y, y_inv_scale=y_inv_scale, **epilogue,
-            )  # fmt: skip
-            return (out,)
-
-        return kernel
+        return super().supports(node, opset, device) or _quantized_input_problem(node)

@@ -14,17 +14,11 @@ from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.tactics.autotune import autotune, candidate_groups
 from tensorforge.tactics.base import tactic_by_key
-from tensorforge.tactics.gluon_gemm import _boxed_problem, _pointwise_problem, gemm_ws_configs
+from tensorforge.tactics.gluon_gemm import _conv_problem, gemm_ws_configs
 from tests.helpers import make_model, tensor_info
 from tests.quant.chain_support import lowered, skip_proto
 
-TACTICS = (
-    "gluon.gemm-ws",
-    "gluon.conv1x1-ws",
-    "gluon.conv1x1-ws-quantized",
-    "gluon.conv-ws",
-    "gluon.conv-ws-quantized",
-)
+TACTICS = ("gluon.gemm-ws", "gluon.conv-ws", "gluon.conv-ws-quantized")
 
 
 def _conv(channels: int, out_channels: int, kernel: int, stride: int, residual: bool):
@@ -74,21 +68,15 @@ def test_the_family_is_tried_only_when_a_build_names_it():
     node, _ = _conv(64, 128, 1, 1, True)
     cpu = torch.device("cpu")
     default = {t.key: reason for t, reason, _ in candidate_groups(node, 17, cpu, 0, ("fp32",), None)}
-    assert "opt-in" in default["gluon.conv1x1-ws"]
+    assert "opt-in" in default["gluon.conv-ws"]
     named = {t.key: reason for t, reason, _ in candidate_groups(node, 17, cpu, 0, ("fp32",), ["gluon"])}
-    assert named["gluon.conv1x1-ws"] == "needs CUDA" or "no Gluon" in named["gluon.conv1x1-ws"]
+    assert named["gluon.conv-ws"] == "needs CUDA" or "no Gluon" in named["gluon.conv-ws"]
 
 
-def test_only_unpadded_stride_1_pointwise_convolutions_are_products():
-    assert _pointwise_problem(_conv(64, 128, 1, 1, True)[0]) is None
-    assert "1×1" in _pointwise_problem(_conv(64, 128, 3, 1, False)[0])
-    assert "stride 1" in _pointwise_problem(_conv(64, 128, 1, 2, False)[0])
-
-
-def test_boxes_take_the_other_stride_1_convolutions_of_one_group():
-    assert _boxed_problem(_conv(64, 128, 3, 1, True)[0]) is None
-    assert "gluon.conv1x1-ws" in _boxed_problem(_conv(64, 128, 1, 1, False)[0])
-    assert "stride 1" in _boxed_problem(_conv(64, 128, 3, 2, False)[0])
+def test_the_convolutions_are_those_of_stride_1_and_one_group():
+    assert _conv_problem(_conv(64, 128, 1, 1, True)[0]) is None
+    assert _conv_problem(_conv(64, 128, 3, 1, False)[0]) is None
+    assert "stride 1" in _conv_problem(_conv(64, 128, 3, 2, False)[0])
 
 
 def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
@@ -107,18 +95,10 @@ def _finite(choice, tactic: str) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("residual", [False, True])
-def test_every_pointwise_convolution_candidate_passes_the_autotuners_check(residual):
-    node, inputs = _conv(64, 128, 1, 1, residual)
-    inputs = [t.cuda() if t is not None else None for t in inputs]
-    choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
-                      exhaustive=True)  # fmt: skip
-    _finite(choice, "gluon.conv1x1-ws")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("residual", [False, True])
-def test_every_boxed_convolution_candidate_passes_the_autotuners_check(residual):
-    node, inputs = _conv(64, 128, 3, 1, residual)
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_every_convolution_candidate_passes_the_autotuners_check(residual, kernel):
+    """1×1 (a product of pixel rows) and 3×3 (boxes of pixels)."""
+    node, inputs = _conv(64, 128, kernel, 1, residual)
     inputs = [t.cuda() if t is not None else None for t in inputs]
     choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
                       exhaustive=True)  # fmt: skip
@@ -142,7 +122,7 @@ def test_a_chains_pointwise_layers_pass_the_autotuners_check(quant, layer):
     """conv3 reads int8 (E4M3), adds a quantized residual and writes quantized; conv4 reads quantized and writes
     float (a chain 64 channels wide, so that the rows suit TMA)."""
     model, _ = chain_quantized(lowered(quant, width=64))
-    _check_quantized(next(n for n in model.graph.nodes if n.name == layer), quant, "gluon.conv1x1-ws-quantized")
+    _check_quantized(next(n for n in model.graph.nodes if n.name == layer), quant, "gluon.conv-ws-quantized")
 
 
 @pytest.mark.gpu

@@ -271,6 +271,8 @@ def gemm_ws_kernel(
         mbarrier.init(z_ready.index(i), count=1)
         mbarrier.init(z_empty.index(i), count=1)
     num_n = gl.cdiv(N, b_desc.block_type.shape[0])
+    # The partitions' arguments are spelled out in each call: a tuple of them held in a variable reaches the
+    # partitions with its constexpr flags turned into run-time values (Triton 3.6 and 3.9).
     if CONSUMERS == 2:
         gl.warp_specialize(
             [
@@ -476,14 +478,28 @@ def conv_ws(
     """A stride-1 convolution of one group over channels_last tensors: x [N, C, H, W], w from
     `pack_conv_weight`, y (and z) [N, C_out, OH, OW]; each tile a box of output pixels (`spatial_box`) whose
     taps read the same box of input pixels shifted (TMA reads zeros off the input: the padding `pads`, the
-    beginning's). The epilogue as `gemm_ws`'s. Returns y."""
+    beginning's). An unpadded 1×1 layer over dense tensors is `gemm_ws` over the pixel rows instead (no box
+    lanes past the map's edges). The epilogue as `gemm_ws`'s. Returns y."""
     channels = x.shape[1]
+    tensors = (x, y) + ((z,) if z is not None else ())
+    if w.shape[1] != kernel[0] * kernel[1] * channels:
+        raise ValueError(
+            f"conv_ws: the packed weight has {w.shape[1]} columns, not KH·KW·C = {kernel[0] * kernel[1] * channels}"
+        )
+    if any(t.stride(1) != 1 for t in tensors):
+        raise ValueError("conv_ws: channels_last tensors only")
     rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])  # noqa: E731 - the pixels as a matrix
+    if (
+        tuple(kernel) == (1, 1)
+        and tuple(pads) == (0, 0)
+        and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors)
+    ):  # a product over pixel rows, no box lanes wasted; rows(y) of a dense tensor is a view: written in place
+        gemm_ws(
+            rows(x), w, rows(y), config, scale=scale, bias=bias, z=None if z is None else rows(z), z_scale=z_scale,
+            pre=pre, post=post, quant_y=quant_y, y_inv_scale=y_inv_scale,
+        )  # fmt: skip
+        return y
     reason = problem(rows(x), w[:, :channels], rows(y), None if z is None else rows(z), config)
-    if reason is None and w.shape[1] != kernel[0] * kernel[1] * channels:
-        reason = f"the packed weight has {w.shape[1]} columns, not KH·KW·C = {kernel[0] * kernel[1] * channels}"
-    if reason is None and any(t.stride(1) != 1 for t in (x, y) + ((z,) if z is not None else ())):
-        reason = "channels_last tensors only"
     if reason is not None:
         raise ValueError(f"conv_ws {config}: {reason}")
     n, _, oh, ow = y.shape
