@@ -82,13 +82,25 @@ def _epilogue(node: Node) -> dict[str, tuple[int, float, float]]:
     return {key: activation_args(a.get(key, ""), a.get(f"{key}_params", ())) for key in ("pre", "post")}
 
 
+def _unpadded_1x1(node: Node) -> bool:
+    a = node.attributes
+    return (
+        tuple(node.inputs[1].shape[2:]) == (1, 1)
+        and not any(a.get("pads", ()))
+        and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+    )
+
+
 def _conv_problem(node: Node) -> str | None:
-    """Why `node` is not a 2-D convolution of stride 1 and one group by a constant weight."""
+    """Why `node` is not a 2-D convolution of one group by a constant weight, of stride 1 or an unpadded 1×1
+    (a strided one is a stride-1 one over every s-th input pixel, a view TMA reads through its strides)."""
     a, weight = node.attributes, node.inputs[1]
     if not weight.is_const or weight.rank != 4:
         return "2-D convolutions by a constant weight only"
-    if a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", (1, 1))):
-        return "stride 1 and one group only (a box of output pixels reads a shifted box of input pixels)"
+    if a.get("group", 1) != 1:
+        return "one group only"
+    if any(s != 1 for s in a.get("strides", (1, 1))) and not _unpadded_1x1(node):
+        return "stride 1 only, or an unpadded 1×1 (a box of output pixels reads a shifted box of input pixels)"
     return _activations(node)
 
 
@@ -187,6 +199,8 @@ class GluonConvTactic(Tactic):
             x = x.contiguous(memory_format=torch.channels_last)
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
             out_dtype = (w.dtype if quant_y else _float_output(x, b, z)) if quantized else x.dtype
+            if windows.strides != [1, 1]:  # an unpadded 1×1: every s-th pixel, a view
+                x = x[:, :, :: windows.strides[0], :: windows.strides[1]]
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
             quantized_z = z is not None and quantized and z.dtype == w.dtype

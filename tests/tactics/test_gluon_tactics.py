@@ -76,6 +76,7 @@ def test_the_family_is_tried_only_when_a_build_names_it():
 def test_the_convolutions_are_those_of_stride_1_and_one_group():
     assert _conv_problem(_conv(64, 128, 1, 1, True)[0]) is None
     assert _conv_problem(_conv(64, 128, 3, 1, False)[0]) is None
+    assert _conv_problem(_conv(64, 128, 1, 2, False)[0]) is None  # an unpadded strided 1×1: a view of every 2nd pixel
     assert "stride 1" in _conv_problem(_conv(64, 128, 3, 2, False)[0])
 
 
@@ -95,10 +96,10 @@ def _finite(choice, tactic: str) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("kernel", [1, 3])
-def test_every_convolution_candidate_passes_the_autotuners_check(residual, kernel):
-    """1×1 (a product of pixel rows) and 3×3 (boxes of pixels)."""
-    node, inputs = _conv(64, 128, kernel, 1, residual)
+@pytest.mark.parametrize(("kernel", "stride"), [(1, 1), (3, 1), (1, 2)])
+def test_every_convolution_candidate_passes_the_autotuners_check(residual, kernel, stride):
+    """1×1 (a product of pixel rows), 3×3 (boxes of pixels), a strided 1×1 (boxes over every 2nd pixel)."""
+    node, inputs = _conv(64, 128, kernel, stride, residual)
     inputs = [t.cuda() if t is not None else None for t in inputs]
     choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
                       exhaustive=True)  # fmt: skip
