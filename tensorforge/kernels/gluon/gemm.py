@@ -111,7 +111,7 @@ def _producer(
 
 @gluon.jit
 def _consumer(
-    y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty,
+    y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn,
     scale, bias, num_m, num_n, N, k_steps, boxes_h, boxes_w,
     pre0, pre1, post0, post1, z_scale, y_inv_scale,
     CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -120,7 +120,9 @@ def _consumer(
 ):  # fmt: skip
     """One warpgroup (WARPS = 4) or two: the products and the epilogue of every CONSUMERS-th of this program's
     tiles, starting at its CONSUMER-th. Boxed tiles ([images, rows, columns, channels] in shared memory) are the
-    same [BLOCK_M, ·] matrices viewed flat."""
+    same [BLOCK_M, ·] matrices viewed flat. Two consumers take turns at the tensor cores: a tile's products start
+    once the previous tile's (the other consumer's) are done, signalled on `turn`, so that one consumer's
+    epilogue runs while the other multiplies (a tile waits only for a tile before it: no cycle)."""
     Y_BLOCK: gl.constexpr = y_desc.block_type.shape
     BLOCK_N: gl.constexpr = Y_BLOCK[len(Y_BLOCK) - 1]
     BLOCK_M: gl.constexpr = Y_BLOCK[0] * Y_BLOCK[1] * Y_BLOCK[2] if BOXED else Y_BLOCK[0]
@@ -139,6 +141,8 @@ def _consumer(
         pid_m, pid_n = _tile(t, num_m, num_n, GROUP_M)
         off_n = pid_n * BLOCK_N
         acc = gl.zeros([BLOCK_M, BLOCK_N], ACC, layout)
+        if CONSUMERS == 2 and local > 0:
+            mbarrier.wait(turn.index((local - 1) % 2), ((local - 1) // 2) & 1)
         step = local * k_steps  # every tile has k_steps steps: the ring position of this tile's first
         previous = step % STAGES
         for k in range(k_steps):
@@ -157,6 +161,8 @@ def _consumer(
             step += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(previous), count=1)
+        if CONSUMERS == 2:
+            mbarrier.arrive(turn.index(local % 2), count=1)
 
         v = acc.to(gl.float32)
         cols = off_n + gl.arange(0, BLOCK_N, layout=columns)
@@ -207,14 +213,14 @@ def _instr_n(block_n, dtype):
 
 @gluon.jit
 def _second_consumer(
-    y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty,
+    y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn,
     scale, bias, num_m, num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr,
 ):  # fmt: skip
     _consumer(
-        y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n, N,
+        y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m, num_n, N,
         k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
         1, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, 4,
     )  # fmt: skip
@@ -222,7 +228,7 @@ def _second_consumer(
 
 @gluon.jit
 def _producer_worker(
-    y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty,
+    y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn,
     scale, bias, num_m, num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
@@ -264,6 +270,9 @@ def gemm_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     z_ready = gl.allocate_shared_memory(gl.int64, [Z_STAGES, 1], mbarrier.MBarrierLayout())
     z_empty = gl.allocate_shared_memory(gl.int64, [Z_STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
@@ -278,21 +287,21 @@ def gemm_ws_kernel(
             [
                 (
                     _consumer,
-                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
+                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
+                     num_n, N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
                      0, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps),
                 ),
                 (
                     _producer_worker,
-                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
+                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
+                     num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
                      BOXED, KW),
                 ),
                 (
                     _second_consumer,
-                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
+                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
+                     num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
                      BOXED, KW),
                 ),
@@ -305,14 +314,14 @@ def gemm_ws_kernel(
             [
                 (
                     _consumer,
-                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
+                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
+                     num_n, N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
                      0, 1, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps),
                 ),
                 (
                     _producer_worker,
-                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, scale, bias, num_m, num_n,
-                     N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
+                    (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
+                     num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
                      BOXED, KW),
                 ),
