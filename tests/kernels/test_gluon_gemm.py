@@ -247,3 +247,74 @@ def test_an_int8_boxed_convolution_with_a_quantized_output(config):
     torch.cuda.synchronize()
     assert ((y.double() - want).abs() <= 1).all()
     assert (y.double() != want).double().mean().item() < 0.01
+
+
+class _Launches:
+    """Stands in for the kernel's launch: records the grid, the arguments and the options."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: self.calls.append((grid, args, options))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    recorded = _Launches()
+    monkeypatch.setattr(gemm, "gemm_ws_kernel", recorded)
+    monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
+    return recorded
+
+
+def _geometry(args):
+    """(num_m, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW) of a recorded launch."""
+    return tuple(args[6:17])
+
+
+def test_a_product_launches_one_program_a_multiprocessor_over_its_row_and_column_tiles(launches):
+    a = torch.zeros(1000, 200, dtype=torch.float16)
+    b = torch.zeros(264, 200, dtype=torch.float16)
+    y = torch.zeros(1000, 264, dtype=torch.float16)
+    gemm_ws(a, b, y, GemmConfig(), bias=torch.zeros(264), post=activation_args("Relu"))
+    ((grid, args, options),) = launches.calls
+    assert grid == (min(132, 8 * 3),)
+    assert _geometry(args) == (8, 264, 4, 4, 200, 1, 1, 0, 0, 1, 1)  # K = 200: 4 steps of 64, the last zero-filled
+    assert [d.block_shape for d in args[:4]] == [[128, 64], [128, 64], [128, 128], [128, 128]]
+    assert args[2] is args[3]  # no residual: z's descriptor is y's, never read
+    assert options["HAS_BIAS"] and not options["HAS_RES"] and not options["HAS_SCALE"] and options["POST"] == 1
+    assert not options["BOXED"] and options["maxnreg"] == 256
+
+
+def test_a_3x3_convolution_launches_boxes_of_pixels_shifted_by_its_taps(launches):
+    cl = torch.channels_last
+    x = torch.zeros(8, 80, 28, 28, dtype=torch.int8).contiguous(memory_format=cl)
+    y = torch.zeros(8, 128, 28, 28, dtype=torch.int8).contiguous(memory_format=cl)
+    z = torch.zeros_like(y)
+    w = gemm.pack_conv_weight(torch.zeros(128, 80, 3, 3, dtype=torch.int8))
+    config = GemmConfig(block_k=128, consumers=2, stages=3)
+    narrow = torch.zeros(8, 72, 28, 28, dtype=torch.int8).contiguous(memory_format=cl)  # 72-byte pixels
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        gemm.conv_ws(narrow, gemm.pack_conv_weight(torch.zeros(128, 72, 3, 3, dtype=torch.int8)), y, config,
+                     kernel=(3, 3), pads=(1, 1))  # fmt: skip
+    gemm.conv_ws(x, w, y, config, kernel=(3, 3), pads=(1, 1), scale=torch.ones(128), z=z, quant_y=1)
+    ((grid, args, options),) = launches.calls
+    box = gemm.spatial_box(128, (8, 28, 28))  # 8 × 4 × 4 at 28²
+    assert box == (8, 4, 4)
+    assert [d.block_shape for d in (args[0], args[2], args[3])] == [[*box, 128], [*box, 128], [*box, 128]]
+    assert args[1].block_shape == [128, 128] and list(args[1].shape) == [128, 9 * 80]
+    # 7 × 7 boxes of one batch of 8 images; 9 taps × one 128-wide step over 80 channels (zeros past them)
+    assert _geometry(args) == (49, 128, 9, 1, 80, 7, 7, 1, 1, 1, 1)
+    assert options["BOXED"] and options["KW"] == 3 and options["HAS_RES"] and options["QUANT_Y"] == 1
+    assert options["CONSUMERS"] == 2 and options["maxnreg"] == 168 and grid == (49,)
+
+
+def test_an_unpadded_1x1_convolution_over_dense_tensors_is_a_product_of_pixel_rows(launches):
+    cl = torch.channels_last
+    x = torch.zeros(2, 64, 10, 10, dtype=torch.float16).contiguous(memory_format=cl)
+    y = torch.zeros(2, 256, 10, 10, dtype=torch.float16).contiguous(memory_format=cl)
+    gemm.conv_ws(x, gemm.pack_conv_weight(torch.zeros(256, 64, 1, 1, dtype=torch.float16)), y, GemmConfig(),
+                 kernel=(1, 1))  # fmt: skip
+    ((_, args, options),) = launches.calls
+    assert not options["BOXED"] and _geometry(args)[:5] == (2, 256, 1, 1, 64)  # 200 pixel rows in 2 row tiles
+    assert args[3].base.data_ptr() == y.data_ptr()  # y's own storage, written in place
