@@ -106,3 +106,14 @@ def record_returns(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) ->
 
     monkeypatch.setattr(owner, name, recording)
     return seen
+
+
+class RecordedLaunches:
+    """Stands in for a Triton kernel's `kernel[grid](*args, **options)` launch and records (grid, args, options):
+    the host side of a GPU kernel checked on the CPU."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, tuple, dict]] = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: self.calls.append((grid, args, options))

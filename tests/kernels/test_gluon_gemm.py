@@ -6,7 +6,7 @@ import torch
 
 from tensorforge.kernels.activations import activation_args
 from tensorforge.ops.fused import apply_activation
-from tests.helpers import compile_for_hopper
+from tests.helpers import RecordedLaunches, compile_for_hopper
 
 gemm = pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
 GemmConfig, gemm_ws, problem = gemm.GemmConfig, gemm.gemm_ws, gemm.problem
@@ -249,19 +249,9 @@ def test_an_int8_boxed_convolution_with_a_quantized_output(config):
     assert (y.double() != want).double().mean().item() < 0.01
 
 
-class _Launches:
-    """Stands in for the kernel's launch: records the grid, the arguments and the options."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **options: self.calls.append((grid, args, options))
-
-
 @pytest.fixture
 def launches(monkeypatch):
-    recorded = _Launches()
+    recorded = RecordedLaunches()
     monkeypatch.setattr(gemm, "gemm_ws_kernel", recorded)
     monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
     return recorded

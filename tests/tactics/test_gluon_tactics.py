@@ -15,7 +15,7 @@ from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.tactics.autotune import autotune, candidate_groups
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.gluon_gemm import _conv_problem, gemm_ws_configs
-from tests.helpers import make_model, tensor_info
+from tests.helpers import RecordedLaunches, make_model, tensor_info
 from tests.quant.chain_support import lowered, skip_proto
 
 TACTICS = ("gluon.gemm-ws", "gluon.conv-ws", "gluon.conv-ws-quantized")
@@ -150,3 +150,28 @@ def _check_quantized(node, quant: str, tactic: str) -> None:
     choice = autotune(node, 1, inputs, "cuda", effort=1, precisions=("fp32", "fp16"), families=["gluon"],
                       exhaustive=True)  # fmt: skip
     _finite(choice, tactic)
+
+
+def test_the_quantized_tactic_hands_the_kernel_the_layers_scales(monkeypatch):
+    """On the CPU, with the launch recorded instead of run: conv3 of a 64-wide int8 chain (int8 in, an int8
+    residual, int8 out) reaches the kernel as a product of pixel rows with its per-column scales x_scale · w_scale,
+    the residual's z_scale, its ReLU, and the output requantized by 1 / y_scale."""
+    from tensorforge.kernels.gluon import gemm
+
+    launches = RecordedLaunches()
+    monkeypatch.setattr(gemm, "gemm_ws_kernel", launches)
+    monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
+    model, _ = chain_quantized(lowered("int8", width=64))
+    node = next(n for n in model.graph.nodes if n.name == "conv3")
+    tactic = tactic_by_key("gluon.conv-ws-quantized")
+    config = {**gemm_ws_configs(0, quantized=True)[0], "precision": "fp16", "layout": "NHWC"}
+    kernel = tactic.build(node, 17, torch.device("cpu"), config)
+    x = torch.zeros(2, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    w, w_scale = node.inputs[1].const, node.inputs[4].const
+    (y,) = kernel([x, w, None, x.clone(), w_scale])
+    ((_, args, options),) = launches.calls
+    a = node.attributes
+    assert y.dtype == torch.int8 and y.shape == (2, 64, 8, 8)
+    assert options["QUANT_Y"] == 1 and options["HAS_RES"] and options["HAS_SCALE"] and options["POST"] == 1
+    assert args[4].shape == (64,) and torch.allclose(args[4].double(), w_scale.double() * a["x_scale"])
+    assert args[-2] == pytest.approx(a["z_scale"]) and args[-1] == pytest.approx(1 / a["y_scale"])
