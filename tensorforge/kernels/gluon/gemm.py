@@ -130,6 +130,9 @@ def _consumer(
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     Z_STAGES: gl.constexpr = z_bufs.type.shape[0]
     ACC: gl.constexpr = gl.int32 if a_bufs.dtype == gl.int8 else gl.float32
+    # E4M3 products add in the tensor cores' reduced precision: promoted into the float32 sums after every K step
+    # (as the Triton kernels' `max_num_imprecise_acc=BLOCK_K`), not once over the whole K
+    IMPRECISE: gl.constexpr = BLOCK_K if a_bufs.dtype == gl.float8e4nv else 0
     K_WIDTH: gl.constexpr = 256 // a_bufs.dtype.primitive_bitwidth
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, _instr_n(BLOCK_N, a_bufs.dtype), K_WIDTH]
@@ -153,7 +156,7 @@ def _consumer(
             else:
                 a = a_bufs.index(s)
             b = b_bufs.index(s).permute((1, 0))
-            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc = warpgroup_mma(a, b, acc, is_async=True, max_num_imprecise_acc=IMPRECISE)
             acc, a, b = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
             if k > 0:  # the step before this one has finished reading its buffers
                 mbarrier.arrive(empty.index(previous), count=1)
