@@ -87,11 +87,14 @@ def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
     assert [c["block_k"] for c in gemm_ws_configs(1, quantized=True)] == [2 * k for k in float_steps]
 
 
-def _finite(choice, tactic: str) -> list:
+def _every_candidate_passes(node, opset: int, inputs, precisions: tuple[str, ...], tactic: str) -> None:
+    """Every config of `tactic` for `node` (inputs moved to CUDA) timed and checked by the autotuner, all finite."""
+    inputs = [t.cuda() if t is not None else None for t in inputs]
+    choice = autotune(node, opset, inputs, "cuda", effort=1, precisions=precisions, families=["gluon"],
+                      exhaustive=True)  # fmt: skip
     ours = [c for c in choice.candidates if c.tactic == tactic]
     assert ours, [c.tactic for c in choice.candidates]
     assert all(math.isfinite(c.median_ms) for c in ours), [(c.config, c.note) for c in ours]
-    return ours
 
 
 @pytest.mark.gpu
@@ -100,20 +103,14 @@ def _finite(choice, tactic: str) -> list:
 def test_every_convolution_candidate_passes_the_autotuners_check(residual, kernel, stride):
     """1×1 (a product of pixel rows), 3×3 (boxes of pixels), a strided 1×1 (boxes over every 2nd pixel)."""
     node, inputs = _conv(64, 128, kernel, stride, residual)
-    inputs = [t.cuda() if t is not None else None for t in inputs]
-    choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
-                      exhaustive=True)  # fmt: skip
-    _finite(choice, "gluon.conv-ws")
+    _every_candidate_passes(node, 17, inputs, ("fp16", "bf16"), "gluon.conv-ws")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", ["Relu", "Gelu"])
 def test_every_linear_layer_candidate_passes_the_autotuners_check(activation):
     node, inputs = _linear(activation)
-    inputs = [t.cuda() if t is not None else None for t in inputs]
-    choice = autotune(node, 17, inputs, "cuda", effort=1, precisions=("fp16", "bf16"), families=["gluon"],
-                      exhaustive=True)  # fmt: skip
-    _finite(choice, "gluon.gemm-ws")
+    _every_candidate_passes(node, 17, inputs, ("fp16", "bf16"), "gluon.gemm-ws")
 
 
 @pytest.mark.gpu
@@ -146,10 +143,7 @@ def _check_quantized(node, quant: str, tactic: str) -> None:
             inputs.append(torch.randn(value.shape, generator=generator).mul(30).clamp(-127, 127).round().to(storage))
         else:
             inputs.append(torch.randn(value.shape, generator=generator).relu())
-    inputs = [t.cuda() if t is not None else None for t in inputs]
-    choice = autotune(node, 1, inputs, "cuda", effort=1, precisions=("fp32", "fp16"), families=["gluon"],
-                      exhaustive=True)  # fmt: skip
-    _finite(choice, tactic)
+    _every_candidate_passes(node, 1, inputs, ("fp32", "fp16"), tactic)
 
 
 def test_the_quantized_tactic_hands_the_kernel_the_layers_scales(monkeypatch):
