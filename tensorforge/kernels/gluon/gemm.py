@@ -1,18 +1,20 @@
-"""A warp-specialized, persistent GEMM for Hopper in Gluon: `y = epilogue(a @ bᵀ)` with a fused epilogue.
+"""A warp-specialized, persistent GEMM for Hopper in Gluon: `y = epilogue(a @ bᵀ)` with a fused epilogue, over pixel
+rows (`gemm_ws`) or over boxes of pixels (`conv_ws`: a stride-1 convolution, each tap a shifted box of the input).
 
 a is [M, K] and b is [N, K], both K-major (a 1×1 convolution over NHWC activations is this product with the
-pixels as rows), of fp16, bf16, int8 or float8 E4M3; accumulation in float32 (int32 for int8). The epilogue, in
-order: the per-column scale (a quantized product's w_scale·x_scale), the bias, the PRE activation, the residual
-z (fp16, bf16 or the quantized type, times z_scale), the POST activation, then the output: cast to y's type, or
-quantized (× y_inv_scale, rounded onto int8's or E4M3's grid).
+pixels as rows), of fp16, bf16, int8 or float8 E4M3; accumulation in float32 (int32 for int8; E4M3 products
+promoted into it after every K step). The epilogue, in order: the per-column scale (a quantized product's
+w_scale·x_scale), the bias, the PRE activation, the residual z (fp16, bf16 or the quantized type, times z_scale),
+the POST activation, then the output: cast to y's type, or quantized (× y_inv_scale, rounded onto int8's or E4M3's
+grid).
 
 Why Gluon: Triton's own pipeliner on sm_90 puts the operand loads, the tensor-core loop and the epilogue in the
 same warps, one after the other. Here one producer warp does nothing but issue TMA loads — the A and B tiles of
 the K steps, several tiles ahead, and each tile's residual block — into rings of shared buffers guarded by
 mbarriers, while the consumer warps only multiply and finish tiles; the tiles' results leave by TMA stores that
-the consumers do not wait for. With CONSUMERS = 2 two consumer warpgroups take alternate tiles (a ping-pong), so
-one's epilogue runs while the other's products run. Programs are persistent (one or two a multiprocessor), walking
-the tiles in GROUP_M-row bands so that the b columns they share stay in L2.
+the consumers do not wait for. With CONSUMERS = 2 two consumer warpgroups take alternate tiles and turns at the
+tensor cores (a ping-pong), so one's epilogue runs while the other's products run. Programs are persistent (one a
+multiprocessor), walking the tiles in GROUP_M-row bands so that the b columns they share stay in L2.
 
 Runs on sm_90 and newer only (TMA, wgmma, setmaxnreg); Triton's interpreter does not run Gluon.
 """
