@@ -34,6 +34,7 @@ from ..ops.fused import DOMAIN, is_quantized_tensor
 from ..ops.math_flags import full_float32
 from . import (  # noqa: F401 - registers the tactic families
     concat,
+    cpu_family,
     cuda_family,
     fallback,
     gluon_gemm,

@@ -9,6 +9,7 @@ from onnx import helper
 
 from tensorforge import zoo
 from tensorforge.frontend import import_model
+from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops import Executor
 from tensorforge.passes.pipeline import default_passes, optimize
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
@@ -112,6 +113,34 @@ def test_torch_squeeze_excite_tactic_matches_the_reference(layout):
     assert got.is_contiguous(memory_format=torch.channels_last) == (layout == "NHWC")  # x's layout kept
     bigger = torch.randn(3, *SHAPE[1:])  # another batch size, same prepared weights
     assert relative_error(kernel([bigger])[0], reference([bigger])[0]) <= TOLERANCE["fp32"]
+
+
+@pytest.mark.skipif(compiler_problem() is not None, reason=str(compiler_problem()))
+@pytest.mark.parametrize(("act1", "act2"), [("Relu", "HardSigmoid"), ("Relu", "Sigmoid")])
+def test_cpu_squeeze_excite_tactic_passes_the_autotuners_check(act1, act2):
+    """The C++ block (`cpu.squeeze-excite`) timed and checked by the autotuner, then against the reference with
+    another batch size; channels_last out whatever the input's layout."""
+    model, _ = optimize(import_model(_se_model(act1, act2)), device="cpu")
+    (node,) = model.graph.nodes
+    cpu = torch.device("cpu")
+    choice = autotune(node, 1, [torch.randn(*SHAPE), None, None, None, None], "cpu", effort=0, families=["cpu"])
+    timed = [c for c in choice.candidates if c.tactic == "cpu.squeeze-excite"]
+    assert timed and all(math.isfinite(c.median_ms) for c in timed), [c.note for c in timed]
+    reference = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, cpu, {}, {})
+    kernel = build_layer_kernel(tactic_by_key("cpu.squeeze-excite"), node, 1, cpu, {"precision": "fp32"}, {})
+    bigger = torch.randn(3, *SHAPE[1:])
+    got = kernel([bigger])[0]
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert relative_error(got, reference([bigger])[0]) <= TOLERANCE["fp32"]
+
+
+def test_cpu_squeeze_excite_tactic_declines_with_reasons():
+    model, _ = optimize(import_model(_se_model("Relu", "HardSigmoid")), device="cpu")
+    (node,) = model.graph.nodes
+    tactic = tactic_by_key("cpu.squeeze-excite")
+    assert tactic.supports(node, 1, torch.device("cuda")) == "a CPU kernel"
+    node.attributes["act1"] = "Gelu"
+    assert "no act1 'Gelu'" in tactic.supports(node, 1, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])  # the graph optimized for that device type, run on the CPU
