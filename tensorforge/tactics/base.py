@@ -134,6 +134,11 @@ def tactics_for(node: Node, families: Sequence[str] | None = None) -> Iterator[T
             yield tactic
 
 
+def all_tactics() -> tuple[Tactic, ...]:
+    """Every registered tactic, in registration order."""
+    return tuple(_TACTICS)
+
+
 def tactic_by_key(key: str) -> Tactic | None:
     """The registered tactic named `key` ("family.name"), or None."""
     return next((tactic for tactic in _TACTICS if tactic.key == key), None)

@@ -1,0 +1,103 @@
+"""Does a tactic family pay end to end? One model built twice — with the default families and with a given set —
+and both engines timed in alternation in one process (call by call, so that a noisy machine slows both alike).
+
+    python bench/families.py --model mobilenetv3 --without cpu --out DIR                 # the CPU kernels' worth
+    python bench/families.py --model bert_base --size 128 --batch 64 --with gluon --out DIR   # an opt-in family
+
+`--without F ...` builds the second engine from every registered family but those; `--with F ...` adds opt-in
+families to the default ones. A model is a zoo name or an ONNX file. Prints each engine's median, their ratio,
+and which layers ran in the families compared; writes `families-MODEL-bBATCH.json` under DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tensorforge import zoo
+from tensorforge.build.builder import build_engine
+from tensorforge.build.config import BuildConfig
+from tensorforge.frontend import import_model
+from tensorforge.tactics import autotune  # noqa: F401 - registers every tactic family
+from tensorforge.tactics.base import all_tactics
+
+
+def _families(without: list[str], with_: list[str]) -> tuple[str, ...] | None:
+    """The tactic families of the compared build: the default (non-opt-in) families plus `with_`, less `without`."""
+    default = {t.family for t in all_tactics() if not t.opt_in}
+    return tuple(sorted((default | set(with_)) - set(without)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a zoo model name or an ONNX file")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", action="append", help="allowed precisions (default fp32, and fp16 on CUDA)")
+    parser.add_argument("--effort", type=int, default=0)
+    parser.add_argument("--without", nargs="+", default=[], metavar="FAMILY")
+    parser.add_argument("--with", dest="with_", nargs="+", default=[], metavar="FAMILY")
+    parser.add_argument("--runs", type=int, default=300, help="calls of each engine, alternating")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    path = Path(args.model)
+    if path.suffix == ".onnx":
+        proto = onnx.load(path)
+        constants = {init.name for init in proto.graph.initializer}
+        feeds = {  # random inputs of the declared shapes, a symbolic dimension taken as --batch
+            i.name: torch.rand(*[d.dim_value or args.batch for d in i.type.tensor_type.shape.dim], device=device)
+            for i in proto.graph.input
+            if i.name not in constants
+        }
+    else:
+        proto = zoo.export(args.model, batch=args.batch, size=args.size, dynamic_batch=False)
+        feeds = {k: v.to(device) for k, v in zoo.example_inputs(args.model, args.batch, args.size, seed=1).items()}
+    precisions = tuple(args.precision or (["fp32", "fp16"] if device.type == "cuda" else ["fp32"]))
+    compared = _families(args.without, args.with_)
+    engines = {}
+    for label, families in (("default", None), ("compared", compared)):
+        config = BuildConfig(device=str(device), precisions=precisions, effort=args.effort, tactic_families=families)
+        started = time.perf_counter()
+        engines[label] = build_engine(import_model(proto), config)
+        print(f"{label} engine ({families or 'default families'}) built in {time.perf_counter() - started:.1f} s")
+    contexts = {label: engine.create_context() for label, engine in engines.items()}
+    samples: dict[str, list[float]] = {label: [] for label in contexts}
+    for _ in range(10):
+        for context in contexts.values():
+            context.run(feeds)
+    for _ in range(args.runs):
+        for label, context in contexts.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            context.run(feeds)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            samples[label].append((time.perf_counter() - started) * 1e3)
+    medians = {label: statistics.median(values) for label, values in samples.items()}
+    changed = sorted({f"{layer.tactic}" for layer in engines["compared"].plans[0].layers} ^ {
+        f"{layer.tactic}" for layer in engines["default"].plans[0].layers})  # fmt: skip
+    ratio = medians["compared"] / medians["default"]
+    print(f"default {medians['default']:.3f} ms, compared {medians['compared']:.3f} ms: compared/default {ratio:.3f}")
+    print(f"tactics in one engine only: {', '.join(changed) or 'none'}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "model": args.model, "batch": args.batch, "device": str(device), "precisions": precisions,
+        "compared_families": compared, "medians_ms": medians, "ratio": ratio, "tactics_in_one_engine_only": changed,
+        "runs": args.runs, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
+    }  # fmt: skip
+    (args.out / f"families-{path.stem}-b{args.batch}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
