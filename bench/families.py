@@ -92,10 +92,18 @@ def main() -> None:
     print(f"tactics in one engine only: {', '.join(changed) or 'none'}")
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
-        "model": args.model, "batch": args.batch, "device": str(device), "precisions": precisions,
-        "compared_families": compared, "medians_ms": medians, "ratio": ratio, "tactics_in_one_engine_only": changed,
-        "runs": args.runs, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
-    }  # fmt: skip
+        "model": path.name if path.suffix == ".onnx" else args.model,
+        "batch": args.batch,
+        "device": str(device),
+        "precisions": precisions,
+        "compared_families": compared,
+        "medians_ms": medians,
+        "ratio": ratio,
+        "tactics_in_one_engine_only": changed,
+        "runs": args.runs,
+        "date": time.strftime("%Y-%m-%d"),
+        "argv": [Path(a).name if a == args.model else a for a in sys.argv[1:]],  # a model file by its name only
+    }
     (args.out / f"families-{path.stem}-b{args.batch}.json").write_text(json.dumps(result, indent=1))
 
 
