@@ -36,7 +36,7 @@ def _families(without: list[str], with_: list[str]) -> tuple[str, ...] | None:
     return tuple(sorted((default | set(with_)) - set(without)))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a zoo model name or an ONNX file")
     parser.add_argument("--batch", type=int, default=1)
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--with", dest="with_", nargs="+", default=[], metavar="FAMILY")
     parser.add_argument("--runs", type=int, default=300, help="calls of each engine, alternating")
     parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     path = Path(args.model)
     if path.suffix == ".onnx":
@@ -102,7 +102,7 @@ def main() -> None:
         "tactics_in_one_engine_only": changed,
         "runs": args.runs,
         "date": time.strftime("%Y-%m-%d"),
-        "argv": [Path(a).name if a == args.model else a for a in sys.argv[1:]],  # a model file by its name only
+        "argv": [Path(a).name if a == args.model else a for a in (sys.argv[1:] if argv is None else argv)],
     }
     (args.out / f"families-{path.stem}-b{args.batch}.json").write_text(json.dumps(result, indent=1))
 
