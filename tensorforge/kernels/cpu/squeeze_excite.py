@@ -41,6 +41,20 @@ static inline float activate(float v, int64_t code, float p0, float p1) {
   }
 }
 
+// out[i] = act(w[i, :] · in + b[i]) for the `rows` rows of w [rows, cols] (b may be null).
+static void matvec(const float* w, const float* b, const float* in, float* out, int64_t rows, int64_t cols,
+                   int64_t act, float p0, float p1) {
+  at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const float* row = w + i * cols;
+      float s = 0.f;
+      #pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < cols; ++j) s += row[j] * in[j];
+      out[i] = activate(s + (b ? b[i] : 0.f), act, p0, p1);
+    }
+  });
+}
+
 // x: [N, C, H, W] channels_last; w1 [R, C]; w2 [C, R]; b1 [R] and b2 [C] or empty. Returns y like x.
 torch::Tensor squeeze_excite(torch::Tensor x, torch::Tensor w1, torch::Tensor b1, torch::Tensor w2,
                              torch::Tensor b2, int64_t act1, double p10, double p11, int64_t act2, double p20,
@@ -84,25 +98,9 @@ torch::Tensor squeeze_excite(torch::Tensor x, torch::Tensor w1, torch::Tensor b1
       sn[c] = total * inv;
     }
     float* hn = hp + n * R;
-    at::parallel_for(0, R, 16, [&](int64_t first, int64_t last) {
-      for (int64_t r = first; r < last; ++r) {
-        const float* w = w1p + r * C;
-        float s = 0.f;
-        #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; ++c) s += w[c] * sn[c];
-        hn[r] = activate(s + (b1p ? b1p[r] : 0.f), act1, p10, p11);
-      }
-    });
     float* gn = gp + n * C;
-    at::parallel_for(0, C, 16, [&](int64_t first, int64_t last) {
-      for (int64_t c = first; c < last; ++c) {
-        const float* w = w2p + c * R;
-        float s = 0.f;
-        #pragma omp simd reduction(+ : s)
-        for (int64_t r = 0; r < R; ++r) s += w[r] * hn[r];
-        gn[c] = activate(s + (b2p ? b2p[c] : 0.f), act2, p20, p21);
-      }
-    });
+    matvec(w1p, b1p, sn, hn, R, C, act1, p10, p11);
+    matvec(w2p, b2p, hn, gn, C, R, act2, p20, p21);
     float* yn = yp + n * HW * C;
     at::parallel_for(0, HW, 8, [&](int64_t first, int64_t last) {
       for (int64_t p = first; p < last; ++p) {
