@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tensorforge import zoo
-from tensorforge.build.builder import build_engine
-from tensorforge.build.config import BuildConfig
+from tensorforge.build.builder import Builder
+from tensorforge.build.config import BuildConfig, QuantizationConfig
 from tensorforge.frontend import import_model
 from tensorforge.tactics import autotune  # noqa: F401 - registers every tactic family
 from tensorforge.tactics.base import all_tactics
@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--precision", action="append", help="allowed precisions (default fp32, and fp16 on CUDA)")
+    parser.add_argument(
+        "--precision", action="append", help="allowed precisions (default fp32, and fp16 on CUDA); int8 / fp8 take "
+        "their scales from the benchmark's own inputs",
+    )  # fmt: skip
     parser.add_argument("--effort", type=int, default=0)
     parser.add_argument("--without", nargs="+", default=[], metavar="FAMILY")
     parser.add_argument("--with", dest="with_", nargs="+", default=[], metavar="FAMILY")
@@ -65,10 +68,16 @@ def main(argv: list[str] | None = None) -> None:
     precisions = tuple(args.precision or (["fp32", "fp16"] if device.type == "cuda" else ["fp32"]))
     compared = _families(args.without, args.with_)
     engines = {}
+    quantized = any(p in ("int8", "fp8") for p in precisions)
+    # int8 / fp8: scales from the benchmark's own inputs (minmax), as bench/suite.py: a speed measurement
+    calibration = [{k: v.cpu().numpy() for k, v in feeds.items()}] if quantized else None
     for label, families in (("default", None), ("compared", compared)):
-        config = BuildConfig(device=str(device), precisions=precisions, effort=args.effort, tactic_families=families)
+        config = BuildConfig(
+            device=str(device), precisions=precisions, effort=args.effort, tactic_families=families,
+            quantization=QuantizationConfig(method="minmax") if quantized else None,
+        )  # fmt: skip
         started = time.perf_counter()
-        engines[label] = build_engine(import_model(proto), config)
+        engines[label] = Builder(config, calibration_data=calibration).build(import_model(proto))
         print(f"{label} engine ({families or 'default families'}) built in {time.perf_counter() - started:.1f} s")
     contexts = {label: engine.create_context() for label, engine in engines.items()}
     samples: dict[str, list[float]] = {label: [] for label in contexts}
