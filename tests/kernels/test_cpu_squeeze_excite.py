@@ -4,6 +4,7 @@ compiler on first use, then cached; skipped where no compiler or ninja is found)
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -104,3 +105,17 @@ def test_an_activation_the_kernel_lacks_is_refused_by_name():
     operands, attributes = _block((1, 8, 2, 2), 2, "silu-sigmoid")
     with pytest.raises(ValueError, match="'Gelu'"):
         _run(*operands, {**attributes, "act1": "Gelu"})
+
+
+def test_a_source_that_does_not_build_fails_once_with_its_error(monkeypatch, tmp_path):
+    """A compile error is reported, and the next call raises the same at once instead of compiling again."""
+    from tensorforge.kernels.cpu import extension
+
+    monkeypatch.setenv("TENSORFORGE_CACHE", str(tmp_path))
+    source = "#include <torch/extension.h>\nint broken( {"
+    with pytest.raises(RuntimeError, match="'broken_probe' did not build"):
+        extension.load("broken_probe", source, ("broken",))
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match="'broken_probe' did not build"):
+        extension.load("broken_probe", source + "\n", ("broken",))  # another source, same name: not compiled again
+    assert time.perf_counter() - started < 1.0

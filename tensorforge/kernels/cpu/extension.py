@@ -51,12 +51,24 @@ def compiler_problem() -> str | None:
     return None
 
 
+_FAILED: dict[str, str] = {}  # module name → why it did not build (not tried again in this process)
+
+
 @functools.cache
 def load(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:
-    """The extension module built from `source` exposing `functions` (compiled on first use, then cached)."""
-    problem = compiler_problem()
+    """The extension module built from `source` exposing `functions` (compiled on first use, then cached). A build
+    that failed raises again at once, with its first error, for the rest of the process."""
+    problem = compiler_problem() or _FAILED.get(name)
     if problem:
         raise RuntimeError(problem)
+    try:
+        return _build(name, source, functions)
+    except Exception as err:
+        _FAILED[name] = f"the CPU kernel {name!r} did not build: {type(err).__name__}: {str(err)[-500:]}"
+        raise RuntimeError(_FAILED[name]) from err
+
+
+def _build(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:
     from torch.utils import cpp_extension
 
     key = hashlib.sha256("\n".join([source, *FLAGS, torch.__version__, sys.version, _host()]).encode()).hexdigest()
