@@ -240,6 +240,14 @@ def run_tensorforge(case: Case, precision: str) -> Measurement:
     }
     if context.cuda_graphs:  # an engine that cannot replay a CUDA graph runs one Python launch per layer
         measured["cuda_graph"] = "; ".join(context.eager_shapes.values()) or "captured"
+    chaining = engine.report.get("quantized_activations")
+    if chaining:  # a quantized engine: whether its layers pass quantized activations, and the timings that decided
+        measured["chaining"] = {
+            "mode": chaining.get("mode"),
+            "chained": len(chaining.get("chained", [])),
+            "timed_slower": len(chaining.get("timed_slower", [])),
+            "attempts": chaining.get("attempts", []),
+        }
     return measured
 
 
