@@ -37,28 +37,31 @@ def reference(a, b, bias, activation: str) -> torch.Tensor:
     return apply_activation(torch.addmm(bias.float(), a.float(), b.float()), activation)
 
 
-def ours(a, b, bias, activation: str, configs, device) -> tuple[float, dict]:
-    """The fastest correct config of our GEMM with `activation` in its epilogue (ms, config)."""
-    want = reference(a, b, bias, activation)
-    out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=device)
-    best = (math.inf, {})
-    for config in configs:
+def _fastest(label: str, runs, out: torch.Tensor, want: torch.Tensor, device, nothing: float) -> tuple[float, dict]:
+    """The fastest correct (config, run) of `runs`, each writing `out`, as (ms, config); a config that cannot run is
+    skipped and said so, a wrong result stops the benchmark; (`nothing`, {}) when none ran."""
+    best = (nothing, {})
+    for config, run in runs:
         try:
-            gemm(a, b, bias, pre=activation, out=out.fill_(float("nan")), config=config)
-        except Exception as err:  # a config this device cannot run: skipped, said so
-            print(f"  {activation} {config}: {type(err).__name__}: {err}"[:200], flush=True)
+            out.fill_(float("nan"))
+            run()
+        except Exception as err:  # a config this device or layer cannot take: skipped, said so
+            print(f"  {label} {config}: {type(err).__name__}: {err}"[:200], flush=True)
             continue
         error = ((out.float() - want).abs().max() / want.abs().max()).item()
-        if not error <= TOLERANCE[a.dtype]:
-            raise SystemExit(f"{activation} {config}: wrong result, error {error:.2e}")
-        ms = measure(
-            lambda config=config: gemm(a, b, bias, pre=activation, out=out, config=config),
-            device=device,
-            warmup=3,
-            repeats=20,
-        ).median
-        best = min(best, (ms, config), key=lambda item: item[0])
+        if not error <= TOLERANCE[out.dtype]:
+            raise SystemExit(f"{label} {config}: wrong result, error {error:.2e}")
+        ms = measure(run, device=device, warmup=3, repeats=20).median
+        if not ms >= best[0]:
+            best = (ms, config)
     return best
+
+
+def ours(a, b, bias, activation: str, configs, device) -> tuple[float, dict]:
+    """The fastest correct config of our GEMM with `activation` in its epilogue (ms, config)."""
+    out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=device)
+    runs = [(c, lambda c=c: gemm(a, b, bias, pre=activation, out=out, config=c)) for c in configs]
+    return _fastest(activation, runs, out, reference(a, b, bias, activation), device, math.inf)
 
 
 def warp_specialized(a, b, bias, activation: str, device) -> tuple[float, dict]:
@@ -71,27 +74,12 @@ def warp_specialized(a, b, bias, activation: str, device) -> tuple[float, dict]:
         return math.nan, {}
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
         return math.nan, {}
-    want = reference(a, b, bias, activation)
     k_major = b.T.contiguous()
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=device)
     pre = activation_args(activation)
-    best = (math.nan, {})
-    for config in gemm_ws_configs(1):
-        tiles = GemmConfig(**config)
-        run = lambda tiles=tiles: gemm_ws(a, k_major, out, tiles, bias=bias, pre=pre)  # noqa: E731
-        try:
-            out.fill_(float("nan"))
-            run()
-        except Exception as err:  # a config this layer cannot take: skipped, said so
-            print(f"  gluon {activation} {config}: {type(err).__name__}: {err}"[:200], flush=True)
-            continue
-        error = ((out.float() - want).abs().max() / want.abs().max()).item()
-        if not error <= TOLERANCE[a.dtype]:
-            raise SystemExit(f"gluon {activation} {config}: wrong result, error {error:.2e}")
-        ms = measure(run, device=device, warmup=3, repeats=20).median
-        if not ms >= best[0]:
-            best = (ms, config)
-    return best
+    tiles = [(c, GemmConfig(**c)) for c in gemm_ws_configs(1)]
+    runs = [(c, lambda t=t: gemm_ws(a, k_major, out, t, bias=bias, pre=pre)) for c, t in tiles]
+    return _fastest(f"gluon {activation}", runs, out, reference(a, b, bias, activation), device, math.nan)
 
 
 def cublas(a, b, bias, activation: str, device) -> float:

@@ -22,10 +22,10 @@ import torch
 
 from ..ir import Node, qualified_op
 from ..kernels.triton.conv_tma import hopper_problem
-from ..kernels.triton.epilogue import activation_args
 from ..ops.fused import DOMAIN, QUANT_TYPES
 from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
+from .triton_conv import _activations as node_activations
 from .triton_conv import _float_output
 
 try:
@@ -69,17 +69,16 @@ def _device_problem(device: torch.device) -> str | None:
 
 
 def _activations(node: Node) -> str | None:
-    for key in ("pre", "post"):
-        try:
-            activation_args(node.attributes.get(key, ""), node.attributes.get(f"{key}_params", ()))
-        except ValueError as err:
-            return str(err)
+    """Why the node's pre or post activation has no epilogue code, or None."""
+    try:
+        node_activations(node)
+    except ValueError as err:
+        return str(err)
     return None
 
 
 def _epilogue(node: Node) -> dict[str, tuple[int, float, float]]:
-    a = node.attributes
-    return {key: activation_args(a.get(key, ""), a.get(f"{key}_params", ())) for key in ("pre", "post")}
+    return dict(zip(("pre", "post"), node_activations(node), strict=True))
 
 
 def _unpadded_1x1(node: Node) -> bool:

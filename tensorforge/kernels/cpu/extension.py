@@ -18,12 +18,9 @@ from types import ModuleType
 
 import torch
 
+from ..cache import cache_dir
+
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17")
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("TENSORFORGE_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "tensorforge") / "cpu"
 
 
 @functools.cache
@@ -73,7 +70,7 @@ def _build(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:
 
     key = hashlib.sha256("\n".join([source, *FLAGS, torch.__version__, sys.version, _host()]).encode()).hexdigest()
     module_name = f"tensorforge_{name}_{key[:16]}"
-    directory = _cache_dir() / module_name
+    directory = cache_dir("cpu") / module_name
     directory.mkdir(parents=True, exist_ok=True)
     if not any(directory.glob("*.so")):
         print(f"tensorforge: compiling the CPU kernel {name!r} once (cached in {directory})", file=sys.stderr)

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from ..cache import cache_dir
+
 _LOCK = threading.Lock()
 _CUBINS: dict[str, bytes] = {}
 
@@ -61,11 +63,6 @@ def _ok(err: Any) -> bool:
     return int(err) == 0
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("TENSORFORGE_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "tensorforge") / "cuda"
-
-
 def compile_cubin(source: str, name: str, defines: Mapping[str, Any], arch: str) -> bytes:
     """`source` compiled for `arch` (e.g. "sm_90") with `-D` `defines`; cached in memory and on disk."""
     options = [f"--gpu-architecture={arch}", "-default-device", "-std=c++17", "--use_fast_math"]
@@ -75,7 +72,7 @@ def compile_cubin(source: str, name: str, defines: Mapping[str, Any], arch: str)
     with _LOCK:
         if key in _CUBINS:
             return _CUBINS[key]
-    path = _cache_dir() / f"{name}-{key}.cubin"
+    path = cache_dir("cuda") / f"{name}-{key}.cubin"
     if path.is_file():
         cubin = path.read_bytes()
     else:

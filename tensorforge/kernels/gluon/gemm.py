@@ -375,33 +375,54 @@ class GemmConfig:
         return min(256, REGISTERS // (groups * 128) // 8 * 8)
 
 
-def problem(
-    a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None, config: GemmConfig
-) -> str | None:
-    """Why `config` cannot run y = epilogue(a @ bᵀ) (with residual z) on these tensors, or None."""
+def _operands_problem(a: torch.Tensor, b: torch.Tensor) -> str | None:
     if a.dtype not in (torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn) or b.dtype != a.dtype:
         return f"operands must be one of fp16, bf16, int8, float8 E4M3 alike; got {a.dtype} and {b.dtype}"
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        return f"a [M, K] and b [N, K] expected; got {tuple(a.shape)} and {tuple(b.shape)}"
-    if y.shape != (a.shape[0], b.shape[0]) or (z is not None and z.shape != y.shape):
-        return "y (and z) must be [M, N]"
-    for name, t in (("a", a), ("b", b), ("y", y), ("z", z)):
-        if t is not None and (t.stride(1) != 1 or t.stride(0) * t.element_size() % 16 or t.data_ptr() % 16):
+    return None
+
+
+def _tma_problem(tensors: dict[str, torch.Tensor | None]) -> str | None:
+    """Why a TMA descriptor cannot read or write one of `tensors` (any rank): the last dimension contiguous, the
+    other strides and the base 16-byte aligned."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        strides = t.stride()
+        if strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1]) or t.data_ptr() % 16:
             return f"{name} must have unit column stride and 16-byte aligned rows for TMA"
-    if y.dtype not in _GL_DTYPES or (z is not None and z.dtype not in _GL_DTYPES):
-        return f"no Gluon type for y {y.dtype} or z {None if z is None else z.dtype}"
+        if t.dtype not in _GL_DTYPES:
+            return f"no Gluon type for {name}'s {t.dtype}"
+    return None
+
+
+def _config_problem(operands: torch.dtype, y: torch.dtype, z: torch.dtype | None, config: GemmConfig) -> str | None:
     if config.consumers not in (1, 2) or (config.consumers == 2 and config.num_warps != 4):
         return "one consumer of 4 or 8 warps, or two of 4"
     if config.num_warps not in (4, 8) or config.block_m < 16 * config.num_warps:
         return f"{config.num_warps} consumer warps need BLOCK_M ≥ {16 * config.num_warps}"
-    if a.dtype == torch.int8 and config.block_n % 16:
+    if operands == torch.int8 and config.block_n % 16:
         return "int8 wgmma needs BLOCK_N a multiple of 16"
-    if config.block_k * a.element_size() < 32:
+    if config.block_k * operands.itemsize < 32:
         return "BLOCK_K must span at least 32 bytes (one wgmma K step)"
-    need = config.shared_bytes(a.dtype, y.dtype, None if z is None else z.dtype)
+    need = config.shared_bytes(operands, y, z)
     if need > SHARED_LIMIT:
         return f"{need} bytes of shared memory, more than {SHARED_LIMIT}"
     return None
+
+
+def problem(
+    a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, z: torch.Tensor | None, config: GemmConfig
+) -> str | None:
+    """Why `config` cannot run y = epilogue(a @ bᵀ) (with residual z) on these tensors, or None."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        return _operands_problem(a, b) or f"a [M, K] and b [N, K] expected; got {tuple(a.shape)} and {tuple(b.shape)}"
+    if y.shape != (a.shape[0], b.shape[0]) or (z is not None and z.shape != y.shape):
+        return _operands_problem(a, b) or "y (and z) must be [M, N]"
+    return (
+        _operands_problem(a, b)
+        or _tma_problem({"a": a, "b": b, "y": y, "z": z})
+        or _config_problem(a.dtype, y.dtype, None if z is None else z.dtype, config)
+    )
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -513,13 +534,17 @@ def conv_ws(
             pre=pre, post=post, quant_y=quant_y, y_inv_scale=y_inv_scale,
         )  # fmt: skip
         return y
-    reason = problem(rows(x), w[:, :channels], rows(y), None if z is None else rows(z), config)
+    nhwc = lambda t: t.permute(0, 2, 3, 1)  # noqa: E731 - a view; TMA takes its strides
+    reason = (
+        _operands_problem(x, w)
+        or _tma_problem({"x": nhwc(x), "w": w, "y": nhwc(y), "z": None if z is None else nhwc(z)})
+        or _config_problem(x.dtype, y.dtype, None if z is None else z.dtype, config)
+    )
     if reason is not None:
         raise ValueError(f"conv_ws {config}: {reason}")
     n, _, oh, ow = y.shape
     box = spatial_box(config.block_m, (n, oh, ow))
     bk, bn = config.block_k, config.block_n
-    nhwc = lambda t: t.permute(0, 2, 3, 1)  # noqa: E731 - a view; TMA takes its strides
     y_desc = _descriptor(nhwc(y), [*box, bn])
     z_desc = y_desc if z is None else _descriptor(nhwc(z), [*box, bn])
     boxes_h, boxes_w = triton.cdiv(oh, box[1]), triton.cdiv(ow, box[2])
