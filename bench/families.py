@@ -5,8 +5,11 @@ and both engines timed in alternation in one process (call by call, so that a no
     python bench/families.py --model bert_base --size 128 --batch 64 --with gluon --out DIR   # an opt-in family
 
 `--without F ...` builds the second engine from every registered family but those; `--with F ...` adds opt-in
-families to the default ones. A model is a zoo name or an ONNX file. Prints each engine's median, their ratio,
-and which layers ran in the families compared; writes `families-MODEL-bBATCH.json` under DIR.
+families to the default ones. The two builds share one timing cache, so that the second reuses the first's
+timings and the engines differ only in the layers the compared families decide (on a noisy machine, two builds
+timed apart pick different tactics for unrelated layers, a larger difference than the one measured). A model is a
+zoo name or an ONNX file. Prints each engine's median, their ratio, and which layers ran in the families compared;
+writes `families-MODEL-bBATCH.json` under DIR.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +38,21 @@ def _families(without: list[str], with_: list[str]) -> tuple[str, ...] | None:
     """The tactic families of the compared build: the default (non-opt-in) families plus `with_`, less `without`."""
     default = {t.family for t in all_tactics() if not t.opt_in}
     return tuple(sorted((default | set(with_)) - set(without)))
+
+
+def _differing_layers(default, compared) -> list[dict[str, str]]:
+    """The layers (by node name) that run another tactic in the compared engine than in the default one."""
+
+    def tactics(engine):
+        nodes = engine.model.graph.nodes
+        return {nodes[layer.node].name: layer.tactic for layer in engine.plans[0].layers}
+
+    ours, theirs = tactics(default), tactics(compared)
+    return [
+        {"layer": name, "default": tactic, "compared": theirs.get(name, "(fused otherwise)")}
+        for name, tactic in ours.items()
+        if theirs.get(name) != tactic
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,10 +90,11 @@ def main(argv: list[str] | None = None) -> None:
     quantized = any(p in ("int8", "fp8") for p in precisions)
     # int8 / fp8: scales from the benchmark's own inputs (minmax), as bench/suite.py: a speed measurement
     calibration = [{k: v.cpu().numpy() for k, v in feeds.items()}] if quantized else None
+    timing_cache = Path(tempfile.mkdtemp()) / "timing.json"
     for label, families in (("default", None), ("compared", compared)):
         config = BuildConfig(
             device=str(device), precisions=precisions, effort=args.effort, tactic_families=families,
-            quantization=QuantizationConfig(method="minmax") if quantized else None,
+            quantization=QuantizationConfig(method="minmax") if quantized else None, timing_cache=str(timing_cache),
         )  # fmt: skip
         started = time.perf_counter()
         engines[label] = Builder(config, calibration_data=calibration).build(import_model(proto))
@@ -96,9 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     medians = {label: statistics.median(values) for label, values in samples.items()}
     changed = sorted({f"{layer.tactic}" for layer in engines["compared"].plans[0].layers} ^ {
         f"{layer.tactic}" for layer in engines["default"].plans[0].layers})  # fmt: skip
+    differing = _differing_layers(engines["default"], engines["compared"])
     ratio = medians["compared"] / medians["default"]
     print(f"default {medians['default']:.3f} ms, compared {medians['compared']:.3f} ms: compared/default {ratio:.3f}")
-    print(f"tactics in one engine only: {', '.join(changed) or 'none'}")
+    print(f"tactics in one engine only: {', '.join(changed) or 'none'}; layers with other tactics: {len(differing)}")
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "model": path.name if path.suffix == ".onnx" else args.model,
@@ -109,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         "medians_ms": medians,
         "ratio": ratio,
         "tactics_in_one_engine_only": changed,
+        "differing_layers": differing,
         "runs": args.runs,
         "date": time.strftime("%Y-%m-%d"),
         "argv": [Path(a).name if a == args.model else a for a in (sys.argv[1:] if argv is None else argv)],

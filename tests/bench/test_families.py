@@ -17,7 +17,8 @@ def test_the_compared_families_are_the_defaults_with_and_without_those_named():
 
 def test_a_model_file_without_the_cpu_kernels(tmp_path, capsys):
     """A squeeze-and-excitation block: the default engine runs it with the C++ kernel (where a compiler is found),
-    the compared one with torch's ops; the JSON names the model file only, not its directory."""
+    the compared one with torch's ops; the JSON names the model file only, not its directory, and lists the layers
+    whose tactics differ."""
     (tmp_path / "models").mkdir()
     path = tmp_path / "models" / "block.onnx"
     onnx.save(_se_model(), path)
@@ -27,3 +28,5 @@ def test_a_model_file_without_the_cpu_kernels(tmp_path, capsys):
     assert result["model"] == "block.onnx" and str(path.parent) not in json.dumps(result["argv"])
     assert "cpu" not in result["compared_families"] and set(result["medians_ms"]) == {"default", "compared"}
     assert "compared/default" in capsys.readouterr().out
+    # the builds share their timings: only layers the CPU kernels ran may run otherwise in the compared engine
+    assert all(d["default"].startswith("cpu.") for d in result["differing_layers"]), result["differing_layers"]

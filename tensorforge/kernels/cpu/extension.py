@@ -1,8 +1,9 @@
 """C++ sources built into Python extension modules with `torch.utils.cpp_extension` (the host's C++ compiler and
 ninja), once per source, machine and torch: cached under `$TENSORFORGE_CACHE` (or `~/.cache/tensorforge`)/`cpu`,
 so that a later process loads the module without compiling. Compiled for the host's own instruction set
-(`-march=native`), so the cache key includes the CPU's feature flags. Parallel loops use ATen's thread pool
-(`at::parallel_for`), not an OpenMP runtime of their own."""
+(`-march=native`), so the cache key includes the CPU's feature flags. Parallel loops are `at::parallel_for`, which
+is inline OpenMP in torch's CPU builds: without `-fopenmp` its pragma is ignored and the loop runs on one thread
+(with it, the loop runs on torch's own OpenMP runtime and thread count)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ import torch
 
 from ..cache import cache_dir
 
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17")
 
 
 @functools.cache
-def _host() -> str:
+def host_flags() -> str:
     """The CPU's identity for the cache key: its feature flags where Linux lists them, else the machine name."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -68,7 +69,7 @@ def load(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:
 def _build(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:
     from torch.utils import cpp_extension
 
-    key = hashlib.sha256("\n".join([source, *FLAGS, torch.__version__, sys.version, _host()]).encode()).hexdigest()
+    key = hashlib.sha256("\n".join([source, *FLAGS, torch.__version__, sys.version, host_flags()]).encode()).hexdigest()
     module_name = f"tensorforge_{name}_{key[:16]}"
     directory = cache_dir("cpu") / module_name
     directory.mkdir(parents=True, exist_ok=True)
@@ -81,6 +82,7 @@ def _build(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:
             cpp_sources=source,
             functions=list(functions),
             extra_cflags=list(FLAGS),
+            extra_ldflags=["-fopenmp"],
             build_directory=str(directory),
             verbose=False,
         )

@@ -1,0 +1,362 @@
+"""Depthwise convolution (one filter a channel) on the CPU in C++ with AVX-512, float32, channels_last, with the
+FusedConv epilogue (bias, activation) inside:
+
+    y[n, oh, ow, c] = act(b[c] + Σ_kh,kw w[kh, kw, c] · x[n, oh·s_h − p_h + kh·d_h, ow·s_w − p_w + kw·d_w, c])
+
+A thread takes whole output rows of one block of 16 channels (one vector); along a row, output pixels whose taps
+all fall inside the input go in tiles of `tile` pixels, `tile` accumulator vectors updated by one weight vector a
+tap, the rest (the borders, padding) one at a time with bounds checks. The weights are packed once as
+[KH·KW, C rounded up to 16] so that a tap's 16 weights are one load; a last partial block of channels is masked.
+Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, within 2 ulp of `expf`.
+
+Why our own: through torch a oneDNN depthwise call costs 25-45 µs before it computes (docs/design.md, "The CPU
+at batch 1"), more than the whole layer on the deep, small maps of MobileNet and EfficientNet.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+from ..activations import ACTIVATION_CODES
+from .extension import host_flags, load
+
+# The activations the kernel evaluates (by `kernels.activations` code): the rest decline.
+ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU")
+TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
+LANES = 16  # float32 lanes of an AVX-512 vector: the channel block
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+
+namespace {
+
+struct Geometry {
+  int64_t H, W, C, Cp, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW;
+  int64_t xN, xH, xW, yN, yH, yW;  // element strides of x and y (channels are contiguous)
+};
+
+inline __m512 vexp(__m512 x) {
+  // exp(x) = 2^n · e^r, n = round(x·log2 e), r = x − n·ln 2 (in two parts), e^r by its Taylor polynomial of
+  // degree 7 (|r| ≤ ln2/2: error 4e-9); vscalefps multiplies by 2^n, saturating to inf and 0.
+  x = _mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// `kernels.activations` codes. max/min return their second operand when either is NaN: v is put second so that
+// a NaN passes through, as in the reference.
+template <int CODE>
+inline __m512 activate(__m512 v, __m512 p0, __m512 p1) {
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
+  switch (CODE) {
+    case 1: return _mm512_max_ps(zero, v);                                              // Relu
+    case 2: return _mm512_min_ps(p1, _mm512_max_ps(p0, v));                            // Clip
+    case 3: return _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, p0);  // LeakyRelu
+    case 4: return _mm512_div_ps(one, _mm512_add_ps(one, vexp(_mm512_sub_ps(zero, v))));    // Sigmoid
+    case 5: return _mm512_min_ps(one, _mm512_max_ps(zero, _mm512_fmadd_ps(v, p0, p1)));    // HardSigmoid
+    case 6: {                                                                            // HardSwish
+      const __m512 r = _mm512_fmadd_ps(v, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
+      return _mm512_mul_ps(v, _mm512_min_ps(one, _mm512_max_ps(zero, r)));
+    }
+    case 7: return _mm512_div_ps(v, _mm512_add_ps(one, vexp(_mm512_sub_ps(zero, v))));     // SiLU
+    default: return v;
+  }
+}
+
+template <int T, int CODE>
+inline void activate_tile(__m512* acc, int count, __m512 p0, __m512 p1) {
+  #pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+    if (t < count) acc[t] = activate<CODE>(acc[t], p0, p1);
+}
+
+template <int T>
+inline void activate_tile(__m512* acc, int count, int64_t code, __m512 p0, __m512 p1) {
+  switch (code) {  // once a tile, outside the unrolled loops
+    case 1: activate_tile<T, 1>(acc, count, p0, p1); break;
+    case 2: activate_tile<T, 2>(acc, count, p0, p1); break;
+    case 3: activate_tile<T, 3>(acc, count, p0, p1); break;
+    case 4: activate_tile<T, 4>(acc, count, p0, p1); break;
+    case 5: activate_tile<T, 5>(acc, count, p0, p1); break;
+    case 6: activate_tile<T, 6>(acc, count, p0, p1); break;
+    case 7: activate_tile<T, 7>(acc, count, p0, p1); break;
+    default: break;
+  }
+}
+
+struct Block {  // one output row of one block of channels
+  const float* x;  // the block's first channel in image n
+  const float* w;
+  const float* b;
+  float* y;        // the block's first channel in output row oh of image n
+  int64_t ih0;     // the input row of tap kh = 0
+  __mmask16 mask;  // the block's channels (all 16 but in a last, partial block)
+};
+
+inline __m512 load(const float* p, __mmask16 m, bool full) {
+  return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+
+template <int T>
+inline void store(__m512* acc, float* out, int64_t step, int count, __mmask16 m, bool full) {
+  #pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    if (t >= count) break;
+    if (full) _mm512_storeu_ps(out + t * step, acc[t]);
+    else _mm512_mask_storeu_ps(out + t * step, m, acc[t]);
+  }
+}
+
+// Output pixels ow0 .. ow0+count-1 (count <= T) of a block for a KW-wide, stride-S, undilated filter along W: a row
+// of taps reads (T-1)·S + KW input pixels once into registers and makes T·KW multiply-adds of them. BORDER: some of
+// those pixels are outside the input (their masked loads read zeros and touch no memory); otherwise count == T.
+// FULL: all 16 channels (the loads need no mask).
+template <int T, int KW, int S, bool FULL, bool BORDER>
+inline void window_tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
+                        __m512 p1) {
+  constexpr int L = (T - 1) * S + KW;
+  const int64_t KH = g.KH, Cp = g.Cp, xH = g.xH, xW = g.xW, H = g.H, W = g.W, dh = g.dh, col0 = ow0 * S - g.pw;
+  __m512 acc[T];
+  const __m512 bias = load(k.b, k.mask, FULL);
+  #pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) acc[t] = bias;
+  for (int64_t kh = 0; kh < KH; ++kh) {
+    const int64_t ih = k.ih0 + kh * dh;
+    if (ih < 0 || ih >= H) continue;
+    const float* row = k.x + ih * xH + col0 * xW;
+    const float* taps = k.w + kh * KW * Cp;
+    __m512 in[L];
+    #pragma GCC unroll 32
+    for (int i = 0; i < L; ++i) {
+      if (BORDER) {
+        const bool inside = col0 + i >= 0 && col0 + i < W;
+        in[i] = _mm512_maskz_loadu_ps(inside ? k.mask : __mmask16(0), row + i * xW);
+      } else {
+        in[i] = load(row + i * xW, k.mask, FULL);
+      }
+    }
+    #pragma GCC unroll 8
+    for (int kw = 0; kw < KW; ++kw) {
+      const __m512 wv = _mm512_loadu_ps(taps + kw * Cp);
+      #pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[t] = _mm512_fmadd_ps(in[t * S + kw], wv, acc[t]);
+    }
+  }
+  activate_tile<T>(acc, count, act, p0, p1);
+  store<T>(acc, k.y + ow0 * g.yW, g.yW, count, k.mask, FULL);
+}
+
+// The same for any filter, stride and dilation along W: each tap's T input pixels are loaded for it; BORDER checks
+// each against the input's width.
+template <int T, bool FULL, bool BORDER>
+inline void any_tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
+                     __m512 p1) {
+  const int64_t KH = g.KH, KW = g.KW, Cp = g.Cp, xH = g.xH, xW = g.xW, sw = g.sw, step = g.sw * g.xW;
+  const int64_t H = g.H, W = g.W, dh = g.dh, dw = g.dw, col0 = ow0 * g.sw - g.pw;
+  __m512 acc[T];
+  const __m512 bias = load(k.b, k.mask, FULL);
+  #pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) acc[t] = bias;
+  for (int64_t kh = 0; kh < KH; ++kh) {
+    const int64_t ih = k.ih0 + kh * dh;
+    if (ih < 0 || ih >= H) continue;
+    const float* row = k.x + ih * xH + col0 * xW;
+    const float* taps = k.w + kh * KW * Cp;
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const __m512 wv = _mm512_loadu_ps(taps + kw * Cp);
+      const float* in = row + kw * dw * xW;
+      #pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        if (BORDER) {
+          const int64_t iw = col0 + kw * dw + t * sw;
+          const bool inside = t < count && iw >= 0 && iw < W;
+          acc[t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(inside ? k.mask : __mmask16(0), in + t * step), wv, acc[t]);
+        } else {
+          acc[t] = _mm512_fmadd_ps(load(in + t * step, k.mask, FULL), wv, acc[t]);
+        }
+      }
+    }
+  }
+  activate_tile<T>(acc, count, act, p0, p1);
+  store<T>(acc, k.y + ow0 * g.yW, g.yW, count, k.mask, FULL);
+}
+
+template <int T, int KW, int S, bool FULL, bool BORDER>
+inline void tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0, __m512 p1) {
+  if (KW) window_tile<T, KW, S, FULL, BORDER>(k, g, ow0, count, act, p0, p1);
+  else any_tile<T, FULL, BORDER>(k, g, ow0, count, act, p0, p1);
+}
+
+// Output pixels ow .. ow+count-1 of blocks [first, last) of a row: the blocks innermost, so that consecutive tiles
+// read consecutive cache lines of each input pixel (channels_last keeps a pixel's channels together).
+template <int T, int KW, int S, bool BORDER>
+inline void tiles(const Block& k, const Geometry& g, int64_t first, int64_t last, int64_t ow, int count,
+                  int64_t act, __m512 p0, __m512 p1) {
+  const int64_t full = std::min(last, g.C / 16);  // blocks of 16 channels; a last partial one is masked
+  for (int64_t block = first; block < last; ++block) {
+    const int64_t c0 = block * 16;
+    const Block kb{k.x + c0, k.w + c0, k.b + c0, k.y + c0, k.ih0,
+                   block < full ? __mmask16(0xFFFF) : __mmask16((1u << (g.C - c0)) - 1)};
+    if (block < full) tile<T, KW, S, true, BORDER>(kb, g, ow, count, act, p0, p1);
+    else tile<T, KW, S, false, BORDER>(kb, g, ow, count, act, p0, p1);
+  }
+}
+
+// One output row of blocks [first, last): tiles of T pixels, those whose taps may leave the input, [0, lo) and
+// [hi, OW), on the checked path.
+template <int T, int KW, int S>
+inline void row(const Block& k, const Geometry& g, int64_t first, int64_t last, int64_t lo, int64_t hi, int64_t act,
+                __m512 p0, __m512 p1) {
+  int64_t ow = 0;
+  for (int count; ow < lo; ow += count) {
+    count = int(std::min<int64_t>(T, lo - ow));
+    tiles<T, KW, S, true>(k, g, first, last, ow, count, act, p0, p1);
+  }
+  for (; ow + T <= hi; ow += T) tiles<T, KW, S, false>(k, g, first, last, ow, T, act, p0, p1);
+  for (int count; ow < g.OW; ow += count) {
+    count = int(std::min<int64_t>(T, g.OW - ow));
+    tiles<T, KW, S, true>(k, g, first, last, ow, count, act, p0, p1);
+  }
+}
+
+template <int T, int KW, int S>
+void run(const float* x, const float* w, const float* b, float* y, const Geometry& g, int64_t N, int64_t act,
+         float p0f, float p1f) {
+  const __m512 p0 = _mm512_set1_ps(p0f), p1 = _mm512_set1_ps(p1f);
+  const int64_t blocks = g.Cp / 16, rows = N * g.OH;
+  // output columns whose taps along W are all inside the input: [lo, hi)
+  const int64_t lo = std::min<int64_t>(g.OW, (g.pw + g.sw - 1) / g.sw);
+  const int64_t reach = g.W - 1 + g.pw - (g.KW - 1) * g.dw;
+  const int64_t hi = reach < 0 ? lo : std::max<int64_t>(lo, std::min<int64_t>(g.OW, reach / g.sw + 1));
+  // An item is an output row of `span` blocks: whole rows, unless there are too few rows to give every thread
+  // four items. A chunk of items is at least 64k multiply-adds.
+  const int64_t parts = std::min(blocks, (4 * at::get_num_threads() + rows - 1) / rows);
+  const int64_t span = (blocks + parts - 1) / parts, per_row = (blocks + span - 1) / span;
+  const int64_t grain = std::max<int64_t>(1, 65536 / (span * g.OW * g.KH * g.KW * 16));
+  at::parallel_for(0, rows * per_row, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / per_row, n = r / g.OH, oh = r % g.OH, first = (item % per_row) * span;
+      const Block k{x + n * g.xN, w, b, y + n * g.yN + oh * g.yH, oh * g.sh - g.ph, __mmask16(0xFFFF)};
+      row<T, KW, S>(k, g, first, std::min(blocks, first + span), lo, hi, act, p0, p1);
+    }
+  });
+}
+
+// The filter widths and strides along W with a register-window kernel; the others take the generic one (KW = 0).
+template <int T>
+void dispatch(const float* x, const float* w, const float* b, float* y, const Geometry& g, int64_t N, int64_t act,
+              float p0, float p1) {
+  switch (g.dw == 1 ? g.KW * 10 + g.sw : 0) {
+    case 31: run<T, 3, 1>(x, w, b, y, g, N, act, p0, p1); break;
+    case 32: run<T, 3, 2>(x, w, b, y, g, N, act, p0, p1); break;
+    case 51: run<T, 5, 1>(x, w, b, y, g, N, act, p0, p1); break;
+    case 52: run<T, 5, 2>(x, w, b, y, g, N, act, p0, p1); break;
+    case 71: run<T, 7, 1>(x, w, b, y, g, N, act, p0, p1); break;
+    case 72: run<T, 7, 2>(x, w, b, y, g, N, act, p0, p1); break;
+    default: run<T, 0, 1>(x, w, b, y, g, N, act, p0, p1);
+  }
+}
+
+}  // namespace
+
+// x [N, C, H, W] and y [N, C, OH, OW] channels_last (any pixel strides, channels contiguous); w [KH·KW, Cp] and
+// b [Cp], Cp = C rounded up to 16. Writes y.
+void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor y, int64_t KH, int64_t KW,
+               int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t act, double p0,
+               double p1, int64_t tile) {
+  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "depthwise: channels must be contiguous (channels_last)");
+  const Geometry g{x.size(2), x.size(3), x.size(1), w.size(1), KH, KW, sh, sw, ph, pw, dh, dw, y.size(2),
+                   y.size(3), x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3)};
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  const float* bp = b.data_ptr<float>();
+  switch (tile) {
+    case 4: dispatch<4>(xp, wp, bp, yp, g, x.size(0), act, p0, p1); break;
+    case 8: dispatch<8>(xp, wp, bp, yp, g, x.size(0), act, p0, p1); break;
+    default: TORCH_CHECK(false, "depthwise: no tile of ", tile, " pixels (4 or 8)");
+  }
+}
+"""
+
+
+def problem() -> str | None:
+    """Why the kernel cannot run on this CPU (it is written for AVX-512), or None."""
+    if "avx512f" not in host_flags():
+        return "the depthwise kernel is written for AVX-512 and this CPU has none"
+    return None
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """A depthwise weight [C, 1, KH, KW] as [KH·KW, C rounded up to 16] float32 (zeros past C)."""
+    c, _, kh, kw = w.shape
+    packed = torch.zeros(kh * kw, _rounded(c), dtype=torch.float32)
+    packed[:, :c] = w.detach().float().reshape(c, kh * kw).t()
+    return packed
+
+
+def pack_bias(b: torch.Tensor | None, channels: int) -> torch.Tensor:
+    """The bias as [C rounded up to 16] float32 (zeros where there is none)."""
+    packed = torch.zeros(_rounded(channels), dtype=torch.float32)
+    if b is not None:
+        packed[:channels] = b.detach().float().reshape(-1)
+    return packed
+
+
+def depthwise(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    out: torch.Tensor,
+    kernel: Sequence[int],
+    strides: Sequence[int] = (1, 1),
+    pads: Sequence[int] = (0, 0),
+    dilations: Sequence[int] = (1, 1),
+    act: str = "",
+    act_params: tuple[float, float] = (0.0, 0.0),
+    tile: int = 8,
+) -> torch.Tensor:
+    """Writes act(depthwise conv(x) + bias) into `out` and returns it: x [N, C, H, W] and out [N, C, OH, OW] float32
+    with contiguous channels (channels_last, or a channel slice of one), `weight` and `bias` as `pack_weight` /
+    `pack_bias` give them, `pads` the leading (top, left) padding (the output's size fixes the trailing one), the
+    activation by name (`ACTIVATIONS`) with its two parameters as `kernels.activations.activation_args` gives them."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"the CPU depthwise kernel has no activation {act!r}; it has {ACTIVATIONS}")
+    if tile not in TILES:
+        raise ValueError(f"the CPU depthwise kernel tiles {TILES} pixels, not {tile}")
+    for name, t in (("x", x), ("out", out)):
+        if t.dtype != torch.float32 or t.dim() != 4 or t.stride(1) != 1:
+            raise ValueError(f"{name} must be a 4-D float32 tensor with contiguous channels, not {t.dtype} "
+                             f"{tuple(t.shape)} with strides {t.stride()}")  # fmt: skip
+    _module().depthwise(x, weight, bias, out, *kernel, *strides, *pads, *dilations, ACTIVATION_CODES[act],
+                        *act_params, tile)  # fmt: skip
+    return out
+
+
+@functools.cache
+def _module():
+    problem_here = problem()
+    if problem_here:
+        raise RuntimeError(problem_here)
+    return load("depthwise", SOURCE, ("depthwise",))
+
+
+def _rounded(channels: int) -> int:
+    return -(-channels // LANES) * LANES
