@@ -4,6 +4,12 @@
   runs it as seven ops.
 - `cpu.depthwise`: a depthwise FusedConv with its bias and activation (`kernels.cpu.depthwise`, AVX-512), float32,
   where a oneDNN call through torch costs more to set up than the layer computes.
+- `cpu.pointwise`: a 1×1 FusedConv (stride 1, unpadded, one group) with its whole epilogue, residual included
+  (`kernels.cpu.pointwise`, AVX-512), float32.
+
+The convolutions write fresh tensors, not the memory plan's arena: on the CPU a freshly allocated buffer is one the
+allocator just freed, still in cache, and engines whose depthwise layers wrote into the arena ran 2-4% slower
+(MobileNetV3, EfficientNet-B0; docs/design.md).
 
 They decline off the CPU, where no C++ compiler or ninja is found, and for activations the kernel lacks.
 """
@@ -17,6 +23,7 @@ import torch
 from ..ir import Node
 from ..kernels.activations import activation_args
 from ..kernels.cpu import depthwise as dw
+from ..kernels.cpu import pointwise as pw
 from ..kernels.cpu import squeeze_excite as se
 from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
@@ -68,9 +75,7 @@ class CpuSqueezeExciteTactic(Tactic):
 @register_tactic
 class CpuDepthwiseTactic(Tactic):
     """The weight packed once as [KH·KW, C rounded up to 16] with its bias; the padding worked out once per input
-    size. Reads a channel slice of a channels_last tensor as it is. Writes a new tensor, not the memory plan's
-    arena: on the CPU a freshly allocated buffer is one the allocator just freed, still in cache, and engines whose
-    depthwise layers wrote into the arena ran 2-4% slower (MobileNetV3, EfficientNet-B0; docs/design.md)."""
+    size. Reads a channel slice of a channels_last tensor as it is."""
 
     family = "cpu"
     name = "depthwise"
@@ -129,6 +134,66 @@ class CpuDepthwiseTactic(Tactic):
             bias = no_bias if b is None else biases(b, channels)
             out = torch.empty((x.shape[0], channels, *out_hw), memory_format=torch.channels_last)
             dw.depthwise(x, weights(w), bias, out, kernel_hw, strides, begin, dilations, pre, params, config["tile"])
+            return (out,)
+
+        return kernel
+
+
+@register_tactic
+class CpuPointwiseTactic(Tactic):
+    """The weight packed once as [C, K rounded up to 16] with its bias. Reads a channel slice of a channels_last
+    tensor as it is."""
+
+    family = "cpu"
+    name = "pointwise"
+    op_types = (f"{DOMAIN}::FusedConv",)
+    precisions = ("fp32",)
+    layouts = ("NHWC",)
+    strided_inputs = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "a CPU kernel"
+        weight = node.inputs[1]
+        if weight.rank != 4 or list(weight.shape[2:]) != [1, 1]:
+            return f"1×1 convolutions only; the weight has shape {list(weight.shape or ())}"
+        if not weight.is_const:
+            return "the weight must be a constant (it is packed once)"
+        a = node.attributes
+        if a.get("group", 1) != 1:
+            return f"one group only, not {a['group']}"
+        if list(a.get("strides") or [1, 1]) != [1, 1]:
+            return f"stride 1 only, not {list(a['strides'])}"
+        if any(a.get("pads") or ()):  # (auto padding pads nothing around a 1×1 window at stride 1)
+            return f"no padding, not {list(a['pads'])}"
+        for slot in ("pre", "post"):
+            if a.get(slot, "") not in dw.ACTIVATIONS:
+                return f"the kernel has no activation {a.get(slot)!r}"
+        return pw.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in pw.TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        pre, post = a.get("pre", ""), a.get("post", "")
+        pre_params = activation_args(pre, a.get("pre_params", ()))[1:]
+        post_params = activation_args(post, a.get("post_params", ()))[1:]
+        weights = PerWeight(pw.pack_weight)
+        biases = PerWeight(pw.pack_bias)
+        no_bias = pw.pack_bias(None, node.inputs[1].shape[0])
+        tile = tuple(config["tile"])
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            if pw.pixel_stride(x) is None:
+                x = x.contiguous(memory_format=torch.channels_last)
+            if z is not None and pw.pixel_stride(z) is None:
+                z = z.contiguous(memory_format=torch.channels_last)
+            channels = w.shape[0]
+            bias = no_bias if b is None else biases(b, channels)
+            out = torch.empty((x.shape[0], channels, *x.shape[2:]), memory_format=torch.channels_last)
+            pw.pointwise(x, weights(w), bias, out, z, pre, pre_params, post, post_params, tile)
             return (out,)
 
         return kernel

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorforge.kernels.activations import activation_args
+from tensorforge.kernels.cpu import avx512
 from tensorforge.kernels.cpu import depthwise as dw
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation
@@ -162,5 +163,5 @@ def test_bad_arguments_are_refused_by_name(change, message):
 
 
 def test_a_cpu_without_avx512_is_declined(monkeypatch):
-    monkeypatch.setattr(dw, "host_flags", lambda: "flags : fpu sse2 avx2 fma")
+    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu sse2 avx2 fma")
     assert "AVX-512" in dw.problem()

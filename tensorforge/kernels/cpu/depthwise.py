@@ -7,7 +7,6 @@ A thread takes whole output rows of one block of 16 channels (one vector); along
 all fall inside the input go in tiles of `tile` pixels, `tile` accumulator vectors updated by one weight vector a
 tap, the rest (the borders, padding) one at a time with bounds checks. The weights are packed once as
 [KH·KW, C rounded up to 16] so that a tap's 16 weights are one load; a last partial block of channels is masked.
-Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, within 2 ulp of `expf`.
 
 Why our own: through torch a oneDNN depthwise call costs 25-45 µs before it computes (docs/design.md, "The CPU
 at batch 1"), more than the whole layer on the deep, small maps of MobileNet and EfficientNet.
@@ -21,85 +20,20 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .extension import host_flags, load
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, rounded
+from .extension import load
 
-# The activations the kernel evaluates (by `kernels.activations` code): the rest decline.
-ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU")
 TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
-LANES = 16  # float32 lanes of an AVX-512 vector: the channel block
 
-SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
-#include <algorithm>
-
+SOURCE = (
+    VECTOR_MATH
+    + r"""
 namespace {
 
 struct Geometry {
   int64_t H, W, C, Cp, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW;
   int64_t xN, xH, xW, yN, yH, yW;  // element strides of x and y (channels are contiguous)
 };
-
-inline __m512 vexp(__m512 x) {
-  // exp(x) = 2^n · e^r, n = round(x·log2 e), r = x − n·ln 2 (in two parts), e^r by its Taylor polynomial of
-  // degree 7 (|r| ≤ ln2/2: error 4e-9); vscalefps multiplies by 2^n, saturating to inf and 0.
-  x = _mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// `kernels.activations` codes. max/min return their second operand when either is NaN: v is put second so that
-// a NaN passes through, as in the reference.
-template <int CODE>
-inline __m512 activate(__m512 v, __m512 p0, __m512 p1) {
-  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
-  switch (CODE) {
-    case 1: return _mm512_max_ps(zero, v);                                              // Relu
-    case 2: return _mm512_min_ps(p1, _mm512_max_ps(p0, v));                            // Clip
-    case 3: return _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, p0);  // LeakyRelu
-    case 4: return _mm512_div_ps(one, _mm512_add_ps(one, vexp(_mm512_sub_ps(zero, v))));    // Sigmoid
-    case 5: return _mm512_min_ps(one, _mm512_max_ps(zero, _mm512_fmadd_ps(v, p0, p1)));    // HardSigmoid
-    case 6: {                                                                            // HardSwish
-      const __m512 r = _mm512_fmadd_ps(v, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
-      return _mm512_mul_ps(v, _mm512_min_ps(one, _mm512_max_ps(zero, r)));
-    }
-    case 7: return _mm512_div_ps(v, _mm512_add_ps(one, vexp(_mm512_sub_ps(zero, v))));     // SiLU
-    default: return v;
-  }
-}
-
-template <int T, int CODE>
-inline void activate_tile(__m512* acc, int count, __m512 p0, __m512 p1) {
-  #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-    if (t < count) acc[t] = activate<CODE>(acc[t], p0, p1);
-}
-
-template <int T>
-inline void activate_tile(__m512* acc, int count, int64_t code, __m512 p0, __m512 p1) {
-  switch (code) {  // once a tile, outside the unrolled loops
-    case 1: activate_tile<T, 1>(acc, count, p0, p1); break;
-    case 2: activate_tile<T, 2>(acc, count, p0, p1); break;
-    case 3: activate_tile<T, 3>(acc, count, p0, p1); break;
-    case 4: activate_tile<T, 4>(acc, count, p0, p1); break;
-    case 5: activate_tile<T, 5>(acc, count, p0, p1); break;
-    case 6: activate_tile<T, 6>(acc, count, p0, p1); break;
-    case 7: activate_tile<T, 7>(acc, count, p0, p1); break;
-    default: break;
-  }
-}
 
 struct Block {  // one output row of one block of channels
   const float* x;  // the block's first channel in image n
@@ -295,26 +229,25 @@ void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor 
   }
 }
 """
+)
 
 
 def problem() -> str | None:
-    """Why the kernel cannot run on this CPU (it is written for AVX-512), or None."""
-    if "avx512f" not in host_flags():
-        return "the depthwise kernel is written for AVX-512 and this CPU has none"
-    return None
+    """Why the kernel cannot run on this CPU, or None."""
+    return avx512_problem("depthwise")
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
     """A depthwise weight [C, 1, KH, KW] as [KH·KW, C rounded up to 16] float32 (zeros past C)."""
     c, _, kh, kw = w.shape
-    packed = torch.zeros(kh * kw, _rounded(c), dtype=torch.float32)
+    packed = torch.zeros(kh * kw, rounded(c), dtype=torch.float32)
     packed[:, :c] = w.detach().float().reshape(c, kh * kw).t()
     return packed
 
 
 def pack_bias(b: torch.Tensor | None, channels: int) -> torch.Tensor:
     """The bias as [C rounded up to 16] float32 (zeros where there is none)."""
-    packed = torch.zeros(_rounded(channels), dtype=torch.float32)
+    packed = torch.zeros(rounded(channels), dtype=torch.float32)
     if b is not None:
         packed[:channels] = b.detach().float().reshape(-1)
     return packed
@@ -356,7 +289,3 @@ def _module():
     if problem_here:
         raise RuntimeError(problem_here)
     return load("depthwise", SOURCE, ("depthwise",))
-
-
-def _rounded(channels: int) -> int:
-    return -(-channels // LANES) * LANES

@@ -1,0 +1,97 @@
+"""What our AVX-512 CPU kernels share: the includes, a vector exponential and the fused activations
+(`VECTOR_MATH`, C++ put before each kernel's source), and the check that the CPU has AVX-512.
+
+Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, within 2 ulp of `expf`. An
+activation is a template on its `kernels.activations` code, applied to a tile of accumulators by one switch a tile.
+"""
+
+from __future__ import annotations
+
+from .extension import host_flags
+
+# The activations the kernels evaluate (by `kernels.activations` code): the rest decline.
+ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU")
+LANES = 16  # float32 lanes of an AVX-512 vector
+
+VECTOR_MATH = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+
+namespace {
+
+inline __m512 vexp(__m512 x) {
+  // exp(x) = 2^n · e^r, n = round(x·log2 e), r = x − n·ln 2 (in two parts), e^r by its Taylor polynomial of
+  // degree 7 (|r| ≤ ln2/2: error 4e-9); vscalefps multiplies by 2^n, saturating to inf and 0.
+  x = _mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// `kernels.activations` codes. max/min return their second operand when either is NaN: v is put second so that
+// a NaN passes through, as in the reference.
+template <int CODE>
+inline __m512 activate(__m512 v, __m512 p0, __m512 p1) {
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
+  switch (CODE) {
+    case 1: return _mm512_max_ps(zero, v);                                              // Relu
+    case 2: return _mm512_min_ps(p1, _mm512_max_ps(p0, v));                            // Clip
+    case 3: return _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, p0);  // LeakyRelu
+    case 4: return _mm512_div_ps(one, _mm512_add_ps(one, vexp(_mm512_sub_ps(zero, v))));    // Sigmoid
+    case 5: return _mm512_min_ps(one, _mm512_max_ps(zero, _mm512_fmadd_ps(v, p0, p1)));    // HardSigmoid
+    case 6: {                                                                            // HardSwish
+      const __m512 r = _mm512_fmadd_ps(v, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
+      return _mm512_mul_ps(v, _mm512_min_ps(one, _mm512_max_ps(zero, r)));
+    }
+    case 7: return _mm512_div_ps(v, _mm512_add_ps(one, vexp(_mm512_sub_ps(zero, v))));     // SiLU
+    default: return v;
+  }
+}
+
+template <int T, int CODE>
+inline void activate_tile(__m512* acc, int count, __m512 p0, __m512 p1) {
+  #pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+    if (t < count) acc[t] = activate<CODE>(acc[t], p0, p1);
+}
+
+template <int T>
+inline void activate_tile(__m512* acc, int count, int64_t code, __m512 p0, __m512 p1) {
+  switch (code) {  // once a tile, outside the unrolled loops
+    case 1: activate_tile<T, 1>(acc, count, p0, p1); break;
+    case 2: activate_tile<T, 2>(acc, count, p0, p1); break;
+    case 3: activate_tile<T, 3>(acc, count, p0, p1); break;
+    case 4: activate_tile<T, 4>(acc, count, p0, p1); break;
+    case 5: activate_tile<T, 5>(acc, count, p0, p1); break;
+    case 6: activate_tile<T, 6>(acc, count, p0, p1); break;
+    case 7: activate_tile<T, 7>(acc, count, p0, p1); break;
+    default: break;
+  }
+}
+
+}  // namespace
+"""
+
+
+def avx512_problem(kernel: str) -> str | None:
+    """Why the `kernel` cannot run on this CPU (it is written for AVX-512), or None."""
+    if "avx512f" not in host_flags():
+        return f"the {kernel} kernel is written for AVX-512 and this CPU has none"
+    return None
+
+
+def rounded(channels: int) -> int:
+    """`channels` rounded up to whole vectors."""
+    return -(-channels // LANES) * LANES

@@ -1,0 +1,206 @@
+"""1×1 convolution (a product of the pixels' channel vectors with a [C, K] weight) on the CPU in C++ with AVX-512,
+float32, channels_last, with the whole FusedConv epilogue inside:
+
+    y[p, k] = post(pre(b[k] + Σ_c x[p, c] · w[c, k]) + z[p, k])        (p over every pixel of every image)
+
+A tile is `rows` pixels × `vectors` vectors of 16 output channels held in registers: each input channel adds one
+weight row (`vectors` loads) times each pixel's value (a broadcast) to the tile, `rows` × `vectors` multiply-adds
+a step. The weight is packed once as [C, K rounded up to 16]; a last partial vector of output channels is masked
+when stored. Threads take tiles of pixels, each tile every output channel, so a tile's input rows stay in cache.
+
+Why our own: a oneDNN call through torch costs 25-45 µs of set-up (docs/design.md, "The CPU at batch 1"), and the
+1×1 convolutions are half the layers of MobileNet and EfficientNet.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..activations import ACTIVATION_CODES
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, rounded
+from .extension import load
+
+TILES = ((8, 3), (12, 2))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
+
+SOURCE = (
+    VECTOR_MATH
+    + r"""
+namespace {
+
+struct Problem {
+  int64_t P, C, K, Kp;  // pixels, input channels, output channels, K rounded up to 16
+  const float* x;       // pixel p's channels at x + p·xs
+  int64_t xs;
+  const float* w;       // [C, Kp]
+  const float* b;       // [Kp]
+  const float* z;       // the residual (pixel p's at z + p·zs), or null
+  int64_t zs;
+  float* y;
+  int64_t ys;
+  int64_t pre, post;
+  __m512 pre0, pre1, post0, post1;
+};
+
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+
+// Pixels p0 .. p0+MR-1 (those past P read the last pixel and are not stored) × output vectors from k0, NV of them.
+template <int MR, int NV>
+inline void tile(const Problem& q, int64_t p0, int64_t k0) {
+  const float* a[MR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) a[r] = q.x + std::min(p0 + r, q.P - 1) * q.xs;
+  __m512 acc[MR * NV];
+  #pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const __m512 bias = _mm512_loadu_ps(q.b + k0 + 16 * v);
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) acc[r * NV + v] = bias;
+  }
+  const float* w = q.w + k0;
+  const int64_t C = q.C, Kp = q.Kp;
+  for (int64_t c = 0; c < C; ++c) {
+    __m512 wv[NV];
+    #pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * Kp + 16 * v);
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xv = _mm512_set1_ps(a[r][c]);
+      #pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
+    }
+  }
+  activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
+  const int rows = int(std::min<int64_t>(MR, q.P - p0));
+  __mmask16 m[NV];
+  #pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) m[v] = lanes(q.K - k0 - 16 * v);
+  if (q.z) {
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      if (r >= rows) break;
+      #pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const __m512 zv = _mm512_maskz_loadu_ps(m[v], q.z + (p0 + r) * q.zs + k0 + 16 * v);
+        acc[r * NV + v] = _mm512_add_ps(acc[r * NV + v], zv);
+      }
+    }
+  }
+  activate_tile<MR * NV>(acc, MR * NV, q.post, q.post0, q.post1);
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    if (r >= rows) break;
+    #pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(q.y + (p0 + r) * q.ys + k0 + 16 * v, m[v], acc[r * NV + v]);
+  }
+}
+
+// Every output channel of a tile of pixels: blocks of NV vectors, the last of fewer.
+template <int MR, int NV>
+void run(const Problem& q) {
+  const int64_t tiles = (q.P + MR - 1) / MR, vectors = q.Kp / 16;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * q.Kp));
+  at::parallel_for(0, tiles, grain, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      int64_t v = 0;
+      for (; v + NV <= vectors; v += NV) tile<MR, NV>(q, t * MR, 16 * v);
+      if (vectors - v == 2) tile<MR, 2>(q, t * MR, 16 * v);
+      else if (vectors - v == 1) tile<MR, 1>(q, t * MR, 16 * v);
+    }
+  });
+}
+
+}  // namespace
+
+// x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w [C, Kp], b [Kp], z [P, K] (stride zs) or empty.
+void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
+               torch::Tensor y, int64_t ys, int64_t P, int64_t K, int64_t pre, double pre0, double pre1, int64_t post,
+               double post0, double post1, int64_t rows, int64_t vectors) {
+  const Problem q{P, w.size(0), K, w.size(1), x.data_ptr<float>(), xs, w.data_ptr<float>(), b.data_ptr<float>(),
+                  z.numel() ? z.data_ptr<float>() : nullptr, zs, y.data_ptr<float>(), ys, pre, post,
+                  _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
+                  _mm512_set1_ps(float(post1))};
+  if (rows == 8 && vectors == 3) run<8, 3>(q);
+  else if (rows == 12 && vectors == 2) run<12, 2>(q);
+  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8 by 3 or 12 by 2)");
+}
+"""
+)
+
+
+def problem() -> str | None:
+    """Why the kernel cannot run on this CPU, or None."""
+    return avx512_problem("1×1 convolution")
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """A 1×1 convolution's weight [K, C, 1, 1] as [C, K rounded up to 16] float32 (zeros past K)."""
+    k, c = w.shape[:2]
+    packed = torch.zeros(c, rounded(k), dtype=torch.float32)
+    packed[:, :k] = w.detach().float().reshape(k, c).t()
+    return packed
+
+
+def pack_bias(b: torch.Tensor | None, channels: int) -> torch.Tensor:
+    """The bias as [K rounded up to 16] float32 (zeros where there is none)."""
+    packed = torch.zeros(rounded(channels), dtype=torch.float32)
+    if b is not None:
+        packed[:channels] = b.detach().float().reshape(-1)
+    return packed
+
+
+def pixel_stride(t: torch.Tensor) -> int | None:
+    """The distance between consecutive pixels of a 4-D tensor whose pixels are evenly spaced rows of contiguous
+    channels (channels_last, or a channel slice of such a tensor), or None. Strides of dimensions of size 1 do not
+    count."""
+    n, c, h, w = t.shape
+    s = t.stride(3) if w > 1 else t.stride(2) if h > 1 else t.stride(0) if n > 1 else c
+    evenly = (w == 1 or t.stride(3) == s) and (h == 1 or t.stride(2) == w * s) and (n == 1 or t.stride(0) == h * w * s)
+    return s if evenly and (c == 1 or t.stride(1) == 1) else None
+
+
+def pointwise(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    out: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    pre: str = "",
+    pre_params: tuple[float, float] = (0.0, 0.0),
+    post: str = "",
+    post_params: tuple[float, float] = (0.0, 0.0),
+    tile: tuple[int, int] = (8, 3),
+) -> torch.Tensor:
+    """Writes post(pre(1×1 conv(x) + bias) + residual) into `out` and returns it: x [N, C, H, W], out and the
+    residual [N, K, H, W], float32, each with evenly spaced pixels of contiguous channels (`pixel_stride`);
+    `weight` and `bias` as `pack_weight` / `pack_bias` give them; activations by name (`ACTIVATIONS`) with their
+    parameters as `kernels.activations.activation_args` gives them."""
+    for name in (pre, post):
+        if name not in ACTIVATIONS:
+            raise ValueError(f"the CPU 1×1 convolution kernel has no activation {name!r}; it has {ACTIVATIONS}")
+    if tuple(tile) not in TILES:
+        raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
+    strides = {}
+    for name, t in (("x", x), ("out", out), ("residual", residual)):
+        if t is None:
+            continue
+        if t.dtype != torch.float32 or t.dim() != 4 or pixel_stride(t) is None:
+            raise ValueError(f"{name} must be a 4-D float32 tensor of evenly spaced pixels with contiguous channels, "
+                             f"not {t.dtype} {tuple(t.shape)} with strides {t.stride()}")  # fmt: skip
+        strides[name] = pixel_stride(t)
+    n, k, h, w = out.shape
+    z = x.new_empty(0) if residual is None else residual
+    _module().pointwise(x, strides["x"], weight, bias, z, strides.get("residual", 0), out, strides["out"], n * h * w,
+                        k, ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)  # fmt: skip
+    return out
+
+
+@functools.cache
+def _module():
+    problem_here = problem()
+    if problem_here:
+        raise RuntimeError(problem_here)
+    return load("pointwise", SOURCE, ("pointwise",))

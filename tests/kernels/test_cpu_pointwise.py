@@ -1,0 +1,127 @@
+"""The C++ 1×1 convolution (AVX-512) against a float64 convolution with the fused epilogue (built with the host's
+compiler on first use, then cached; skipped where no compiler, ninja or AVX-512 is found)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tensorforge.kernels.activations import activation_args
+from tensorforge.kernels.cpu import pointwise as pw
+from tensorforge.kernels.cpu.extension import compiler_problem
+from tensorforge.ops.fused import apply_activation
+
+_PROBLEM = compiler_problem() or pw.problem()
+pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+
+BOUND = 2e-6  # normwise against float64: float32 sums of at most 200 terms, exponentials within 2 ulp
+ACTIVATIONS = {
+    "": [], "Relu": [], "Clip": [0.0, 6.0], "LeakyRelu": [0.1], "Sigmoid": [], "HardSigmoid": [1 / 6, 0.5],
+    "HardSwish": [], "SiLU": [],
+}  # fmt: skip
+
+
+def _reference(x, w, b, z, pre, pre_params, post, post_params) -> torch.Tensor:
+    y = apply_activation(F.conv2d(x.double(), w.double(), None if b is None else b.double()), pre, pre_params)
+    return y if z is None else apply_activation(y + z.double(), post, post_params)
+
+
+def _run(x, w, b, z=None, pre="", pre_params=(), post="", post_params=(), tile=(8, 3), out=None) -> torch.Tensor:
+    if out is None:
+        out = torch.full((x.shape[0], w.shape[0], *x.shape[2:]), math.nan).contiguous(memory_format=torch.channels_last)
+    return pw.pointwise(
+        x, pw.pack_weight(w), pw.pack_bias(b, w.shape[0]), out, z, pre, activation_args(pre, pre_params)[1:], post,
+        activation_args(post, post_params)[1:], tile,
+    )  # fmt: skip
+
+
+def _operands(n, c, k, h, w, seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(n, c, h, w).contiguous(memory_format=torch.channels_last)
+    return x, torch.randn(k, c, 1, 1) / c**0.5, torch.randn(k)
+
+
+def _error(got, want) -> float:
+    return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+
+# (N, C, K, H, W): output channels of one to seven vectors, whole and partial (16, 24, 32, 48, 64, 80, 100), one
+# channel in or out, pixel counts no tile divides (1, 13, 50), two images, a network's shapes shrunk.
+SHAPES = [
+    (1, 16, 16, 4, 4), (1, 16, 24, 3, 5), (1, 8, 32, 5, 5), (1, 20, 48, 2, 3), (1, 40, 64, 5, 10),
+    (1, 72, 80, 7, 7), (1, 17, 100, 1, 13), (1, 1, 40, 3, 3), (1, 64, 1, 3, 3), (1, 3, 16, 1, 1),
+    (2, 24, 72, 5, 5), (1, 200, 80, 7, 7), (2, 96, 24, 6, 9),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("tile", pw.TILES)
+@pytest.mark.parametrize(("n", "c", "k", "h", "w"), SHAPES)
+def test_shapes_against_the_float64_convolution(n, c, k, h, w, tile):
+    x, weight, b = _operands(n, c, k, h, w, seed=c + k)
+    got = _run(x, weight, b, pre="Relu", tile=tile)
+    want = _reference(x, weight, b, None, "Relu", [], "", [])
+    assert not got.isnan().any()  # every element written (the output starts as NaN)
+    assert _error(got, want) <= BOUND
+
+
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_every_activation_before_and_after_a_residual(act):
+    x, weight, b = _operands(1, 24, 40, 5, 6, seed=2)
+    x = x * 4  # reach the saturating parts of Clip, HardSigmoid, HardSwish and the exponentials' tails
+    z = torch.randn(1, 40, 5, 6).contiguous(memory_format=torch.channels_last) * 3
+    params = ACTIVATIONS[act]
+    got = _run(x, weight, b, pre=act, pre_params=params)
+    assert _error(got, _reference(x, weight, b, None, act, params, "", [])) <= BOUND
+    got = _run(x, weight, b, z, "Relu", [], act, params)
+    assert _error(got, _reference(x, weight, b, z, "Relu", [], act, params)) <= BOUND
+
+
+def test_without_bias_and_with_a_residual_only():
+    x, weight, _ = _operands(2, 32, 48, 4, 4, seed=4)
+    z = torch.randn(2, 48, 4, 4).contiguous(memory_format=torch.channels_last)
+    assert _error(_run(x, weight, None, z), _reference(x, weight, None, z, "", [], "", [])) <= BOUND
+
+
+def test_reads_and_writes_channel_slices_of_larger_tensors():
+    """Input, residual and output each a channel slice of a channels_last tensor (values inside concatenations):
+    read and written through their strides, the output's neighbouring channels untouched."""
+    torch.manual_seed(6)
+    x = torch.randn(2, 50, 5, 7).contiguous(memory_format=torch.channels_last)[:, 10:30]
+    z = torch.randn(2, 60, 5, 7).contiguous(memory_format=torch.channels_last)[:, 5:45]
+    weight, b = torch.randn(40, 20, 1, 1), torch.randn(40)
+    host = torch.full((2, 44, 5, 7), 7.0).contiguous(memory_format=torch.channels_last)
+    out = host[:, 2:42]
+    _run(x, weight, b, z, "", [], "Relu", [], out=out)
+    assert _error(out, _reference(x, weight, b, z, "", [], "Relu", [])) <= BOUND
+    assert (host[:, :2] == 7.0).all() and (host[:, 42:] == 7.0).all()
+
+
+def test_a_nan_reaches_exactly_its_pixel():
+    x, weight, b = _operands(1, 16, 24, 5, 5, seed=8)
+    x[0, 3, 2, 1] = math.nan
+    got = _run(x, weight, b, pre="Relu")
+    want = _reference(x, weight, b, None, "Relu", [], "", [])
+    assert torch.equal(got.isnan(), want.isnan()) and got[0, :, 2, 1].isnan().all() and got.isnan().sum() == 24
+    assert _error(got.nan_to_num(), want.nan_to_num()) <= BOUND
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"pre": "Gelu"}, "no activation 'Gelu'"),
+        ({"tile": (4, 4)}, "tiles"),
+        ({"x": torch.randn(1, 16, 4, 4)}, "x must be a 4-D float32 tensor of evenly spaced pixels"),
+        ({"residual": torch.randn(1, 24, 4, 4, dtype=torch.float64)}, "residual must be"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(change, message):
+    x, weight, b = _operands(1, 16, 24, 4, 4)
+    args = {
+        "x": x, "weight": pw.pack_weight(weight), "bias": pw.pack_bias(b, 24),
+        "out": torch.empty(1, 24, 4, 4).contiguous(memory_format=torch.channels_last),
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        pw.pointwise(**{**args, **change})
