@@ -114,28 +114,19 @@ class CpuDepthwiseTactic(Tactic):
         dilations = list(a.get("dilations") or [1, 1])
         pre = a.get("pre", "")
         params = activation_args(pre, a.get("pre_params", ()))[1:]
-        weights = PerWeight(dw.pack_weight)
-        biases = PerWeight(dw.pack_bias)
-        no_bias = dw.pack_bias(None, node.inputs[1].shape[0])
+        convs = PerWeight(lambda w, b: dw.DepthwiseConv(w, b, strides, dilations, pre, params, config["tile"]))
         geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
 
         def kernel(inputs):
-            x, w, b = (list(inputs) + [None] * 3)[:3]
-            kernel_hw = tuple(w.shape[2:])
+            x, w = inputs[0], inputs[1]
+            conv = convs(w, inputs[2] if len(inputs) > 2 else None)
             spatial = tuple(x.shape[2:])
             if spatial not in geometry:
                 begin, _, out_hw = window_geometry(
-                    spatial, kernel_hw, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
+                    spatial, conv.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
                 )
                 geometry[spatial] = (begin, out_hw)
-            begin, out_hw = geometry[spatial]
-            if x.stride(1) != 1:
-                x = x.contiguous(memory_format=torch.channels_last)
-            channels = w.shape[0]
-            bias = no_bias if b is None else biases(b, channels)
-            out = torch.empty((x.shape[0], channels, *out_hw), memory_format=torch.channels_last)
-            dw.depthwise(x, weights(w), bias, out, kernel_hw, strides, begin, dilations, pre, params, config["tile"])
-            return (out,)
+            return (conv(x, *geometry[spatial]),)
 
         return kernel
 
@@ -192,21 +183,11 @@ class CpuPointwiseTactic(Tactic):
         pre, post = a.get("pre", ""), a.get("post", "")
         pre_params = activation_args(pre, a.get("pre_params", ()))[1:]
         post_params = activation_args(post, a.get("post_params", ()))[1:]
-        weights = PerWeight(pw.pack_weight)
-        biases = PerWeight(pw.pack_bias)
-        no_bias = pw.pack_bias(None, node.inputs[1].shape[0])
         tile = tuple(config["tile"])
+        convs = PerWeight(lambda w, b: pw.PointwiseConv(w, b, pre, pre_params, post, post_params, tile))
 
         def kernel(inputs):
-            x, w, b, z = (list(inputs) + [None] * 4)[:4]
-            if pw.pixel_stride(x) is None:
-                x = x.contiguous(memory_format=torch.channels_last)
-            if z is not None and pw.pixel_stride(z) is None:
-                z = z.contiguous(memory_format=torch.channels_last)
-            channels = w.shape[0]
-            bias = no_bias if b is None else biases(b, channels)
-            out = torch.empty((x.shape[0], channels, *x.shape[2:]), memory_format=torch.channels_last)
-            pw.pointwise(x, weights(w), bias, out, z, pre, pre_params, post, post_params, tile)
-            return (out,)
+            conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
+            return (conv(inputs[0], inputs[3] if len(inputs) > 3 else None),)
 
         return kernel

@@ -35,16 +35,13 @@ def _reference(x, w, b, strides, pads, dilations, act, params) -> torch.Tensor:
 
 def _run(x, w, b, strides, pads, dilations, act, params, tile=8, out=None) -> torch.Tensor:
     kernel = tuple(w.shape[2:])
+    out_hw = [
+        (x.shape[2 + i] + pads[i] + pads[i + 2] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in (0, 1)
+    ]
     if out is None:
-        out_hw = [
-            (x.shape[2 + i] + pads[i] + pads[i + 2] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1
-            for i in (0, 1)
-        ]
         out = torch.full((x.shape[0], w.shape[0], *out_hw), math.nan).contiguous(memory_format=torch.channels_last)
-    x = x.contiguous(memory_format=torch.channels_last) if x.stride(1) != 1 else x
-    args = activation_args(act, params)[1:]
-    return dw.depthwise(x, dw.pack_weight(w), dw.pack_bias(b, w.shape[0]), out, kernel, strides, pads[:2],
-                        dilations, act, args, tile)  # fmt: skip
+    conv = dw.DepthwiseConv(w, b, strides, dilations, act, activation_args(act, params)[1:], tile)
+    return conv(x, pads[:2], out_hw, out)
 
 
 def _error(got, want) -> float:
@@ -142,24 +139,26 @@ def test_a_nan_reaches_exactly_the_outputs_whose_window_holds_it():
     assert _error(got.nan_to_num(), want.nan_to_num()) <= BOUND
 
 
+def test_an_nchw_input_is_made_channels_last_and_a_new_output_returned():
+    x, weight, b = _operands(2, 24, 7, 6, 3, seed=9)
+    got = dw.DepthwiseConv(weight, b, act="Relu")(x.contiguous(), (1, 1), (7, 6))
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert _error(got, _reference(x, weight, b, (1, 1), (1, 1, 1, 1), (1, 1), "Relu", [])) <= BOUND
+
+
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("make", "message"),
     [
-        ({"act": "Gelu"}, "no activation 'Gelu'"),
-        ({"tile": 6}, "tiles"),
-        ({"x": torch.randn(1, 16, 5, 5, dtype=torch.float64)}, "x must be a 4-D float32"),
-        ({"out": torch.empty(1, 16, 5, 5)}, "out must be a 4-D float32 tensor with contiguous channels"),
+        (lambda w, x: dw.DepthwiseConv(w, act="Gelu"), "no activation 'Gelu'"),
+        (lambda w, x: dw.DepthwiseConv(w, tile=6), "tiles"),
+        (lambda w, x: dw.DepthwiseConv(w)(x.double(), (1, 1), (5, 5)), "x must be a 4-D float32"),
+        (lambda w, x: dw.DepthwiseConv(w)(x, (1, 1), (5, 5), torch.empty(1, 16, 5, 5)), "out must be a 4-D float32"),
     ],
 )
-def test_bad_arguments_are_refused_by_name(change, message):
-    x, weight, b = _operands(1, 16, 5, 5, 3)
-    args = {
-        "x": x, "weight": dw.pack_weight(weight), "bias": dw.pack_bias(b, 16), "out":
-        torch.empty(1, 16, 5, 5).contiguous(memory_format=torch.channels_last), "kernel": (3, 3), "pads": (1, 1),
-        "act": "Relu", "tile": 8,
-    }  # fmt: skip
+def test_bad_arguments_are_refused_by_name(make, message):
+    x, weight, _ = _operands(1, 16, 5, 5, 3)
     with pytest.raises(ValueError, match=message):
-        dw.depthwise(**{**args, **change})
+        make(weight, x)
 
 
 def test_a_cpu_without_avx512_is_declined(monkeypatch):

@@ -32,10 +32,10 @@ def _reference(x, w, b, z, pre, pre_params, post, post_params) -> torch.Tensor:
 def _run(x, w, b, z=None, pre="", pre_params=(), post="", post_params=(), tile=(8, 3), out=None) -> torch.Tensor:
     if out is None:
         out = torch.full((x.shape[0], w.shape[0], *x.shape[2:]), math.nan).contiguous(memory_format=torch.channels_last)
-    return pw.pointwise(
-        x, pw.pack_weight(w), pw.pack_bias(b, w.shape[0]), out, z, pre, activation_args(pre, pre_params)[1:], post,
-        activation_args(post, post_params)[1:], tile,
-    )  # fmt: skip
+    conv = pw.PointwiseConv(
+        w, b, pre, activation_args(pre, pre_params)[1:], post, activation_args(post, post_params)[1:], tile
+    )
+    return conv(x, z, out)
 
 
 def _operands(n, c, k, h, w, seed=0):
@@ -108,20 +108,25 @@ def test_a_nan_reaches_exactly_its_pixel():
     assert _error(got.nan_to_num(), want.nan_to_num()) <= BOUND
 
 
+def test_nchw_operands_are_made_channels_last_and_a_new_output_returned():
+    x, weight, b = _operands(2, 20, 24, 5, 6, seed=10)
+    z = torch.randn(2, 24, 5, 6)
+    got = pw.PointwiseConv(weight, b, post="Relu")(x.contiguous(), z)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert _error(got, _reference(x, weight, b, z, "", [], "Relu", [])) <= BOUND
+
+
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("make", "message"),
     [
-        ({"pre": "Gelu"}, "no activation 'Gelu'"),
-        ({"tile": (4, 4)}, "tiles"),
-        ({"x": torch.randn(1, 16, 4, 4)}, "x must be a 4-D float32 tensor of evenly spaced pixels"),
-        ({"residual": torch.randn(1, 24, 4, 4, dtype=torch.float64)}, "residual must be"),
+        (lambda w, x: pw.PointwiseConv(w, pre="Gelu"), "no activation 'Gelu'"),
+        (lambda w, x: pw.PointwiseConv(w, tile=(4, 4)), "tiles"),
+        (lambda w, x: pw.PointwiseConv(w)(x.double()), "x must be a 4-D float32"),
+        (lambda w, x: pw.PointwiseConv(w)(x, torch.randn(1, 24, 4, 4).half()), "residual must be a 4-D float32"),
+        (lambda w, x: pw.PointwiseConv(w)(x, None, torch.empty(1, 24, 4, 4)), "out must be a 4-D float32"),
     ],
 )
-def test_bad_arguments_are_refused_by_name(change, message):
-    x, weight, b = _operands(1, 16, 24, 4, 4)
-    args = {
-        "x": x, "weight": pw.pack_weight(weight), "bias": pw.pack_bias(b, 24),
-        "out": torch.empty(1, 24, 4, 4).contiguous(memory_format=torch.channels_last),
-    }  # fmt: skip
+def test_bad_arguments_are_refused_by_name(make, message):
+    x, weight, _ = _operands(1, 16, 24, 4, 4)
     with pytest.raises(ValueError, match=message):
-        pw.pointwise(**{**args, **change})
+        make(weight, x)

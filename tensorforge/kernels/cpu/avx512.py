@@ -7,6 +7,8 @@ activation is a template on its `kernels.activations` code, applied to a tile of
 
 from __future__ import annotations
 
+import torch
+
 from .extension import host_flags
 
 # The activations the kernels evaluate (by `kernels.activations` code): the rest decline.
@@ -95,3 +97,11 @@ def avx512_problem(kernel: str) -> str | None:
 def rounded(channels: int) -> int:
     """`channels` rounded up to whole vectors."""
     return -(-channels // LANES) * LANES
+
+
+def pack_bias(b: torch.Tensor | None, channels: int) -> torch.Tensor:
+    """A bias as [channels rounded up to whole vectors] float32 (zeros past it, or everywhere without one)."""
+    packed = torch.zeros(rounded(channels), dtype=torch.float32)
+    if b is not None:
+        packed[:channels] = b.detach().float().reshape(-1)
+    return packed

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, rounded
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, pack_bias, rounded
 from .extension import load
 
 TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
@@ -245,42 +245,52 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def pack_bias(b: torch.Tensor | None, channels: int) -> torch.Tensor:
-    """The bias as [C rounded up to 16] float32 (zeros where there is none)."""
-    packed = torch.zeros(rounded(channels), dtype=torch.float32)
-    if b is not None:
-        packed[:channels] = b.detach().float().reshape(-1)
-    return packed
+class DepthwiseConv:
+    """A depthwise convolution ready to run: its weight [C, 1, KH, KW] and bias packed, its strides, dilations,
+    activation (by name, `ACTIVATIONS`, with its two parameters as `kernels.activations.activation_args` gives them)
+    and tile checked, once; calls give the input and its padding."""
 
+    __slots__ = ("_bias", "_epilogue", "_module", "_strides", "_weight", "channels", "kernel")
 
-def depthwise(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    out: torch.Tensor,
-    kernel: Sequence[int],
-    strides: Sequence[int] = (1, 1),
-    pads: Sequence[int] = (0, 0),
-    dilations: Sequence[int] = (1, 1),
-    act: str = "",
-    act_params: tuple[float, float] = (0.0, 0.0),
-    tile: int = 8,
-) -> torch.Tensor:
-    """Writes act(depthwise conv(x) + bias) into `out` and returns it: x [N, C, H, W] and out [N, C, OH, OW] float32
-    with contiguous channels (channels_last, or a channel slice of one), `weight` and `bias` as `pack_weight` /
-    `pack_bias` give them, `pads` the leading (top, left) padding (the output's size fixes the trailing one), the
-    activation by name (`ACTIVATIONS`) with its two parameters as `kernels.activations.activation_args` gives them."""
-    if act not in ACTIVATIONS:
-        raise ValueError(f"the CPU depthwise kernel has no activation {act!r}; it has {ACTIVATIONS}")
-    if tile not in TILES:
-        raise ValueError(f"the CPU depthwise kernel tiles {TILES} pixels, not {tile}")
-    for name, t in (("x", x), ("out", out)):
-        if t.dtype != torch.float32 or t.dim() != 4 or t.stride(1) != 1:
-            raise ValueError(f"{name} must be a 4-D float32 tensor with contiguous channels, not {t.dtype} "
-                             f"{tuple(t.shape)} with strides {t.stride()}")  # fmt: skip
-    _module().depthwise(x, weight, bias, out, *kernel, *strides, *pads, *dilations, ACTIVATION_CODES[act],
-                        *act_params, tile)  # fmt: skip
-    return out
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        strides: Sequence[int] = (1, 1),
+        dilations: Sequence[int] = (1, 1),
+        act: str = "",
+        act_params: tuple[float, float] = (0.0, 0.0),
+        tile: int = 8,
+    ) -> None:
+        if act not in ACTIVATIONS:
+            raise ValueError(f"the CPU depthwise kernel has no activation {act!r}; it has {ACTIVATIONS}")
+        if tile not in TILES:
+            raise ValueError(f"the CPU depthwise kernel tiles {TILES} pixels, not {tile}")
+        self.channels, self.kernel = weight.shape[0], tuple(weight.shape[2:])
+        self._weight, self._bias = pack_weight(weight), pack_bias(bias, self.channels)
+        self._strides = (*strides, *dilations)
+        self._epilogue = (ACTIVATION_CODES[act], *act_params, tile)
+        self._module = _module()
+
+    def __call__(
+        self, x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int], out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """act(conv(x) + bias) for x [N, C, H, W] float32 (made channels_last unless its channels are contiguous,
+        as in a channel slice of a channels_last tensor), `pads` the leading (top, left) padding and `out_hw` the
+        output's size, which fixes the trailing padding; into `out` (contiguous channels) or a new channels_last
+        tensor, which is returned."""
+        if x.dtype != torch.float32 or x.dim() != 4:
+            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        if x.stride(1) != 1:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if out is None:
+            out = torch.empty((x.shape[0], self.channels, *out_hw), memory_format=torch.channels_last)
+        elif out.dtype != torch.float32 or out.dim() != 4 or out.stride(1) != 1:
+            raise ValueError(f"out must be a 4-D float32 tensor with contiguous channels, not {out.dtype} "
+                             f"{tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+        sh, sw, dh, dw = self._strides
+        self._module.depthwise(x, self._weight, self._bias, out, *self.kernel, sh, sw, *pads, dh, dw, *self._epilogue)
+        return out
 
 
 @functools.cache

@@ -19,7 +19,7 @@ import functools
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, rounded
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, pack_bias, rounded
 from .extension import load
 
 TILES = ((8, 3), (12, 2))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
@@ -144,14 +144,6 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def pack_bias(b: torch.Tensor | None, channels: int) -> torch.Tensor:
-    """The bias as [K rounded up to 16] float32 (zeros where there is none)."""
-    packed = torch.zeros(rounded(channels), dtype=torch.float32)
-    if b is not None:
-        packed[:channels] = b.detach().float().reshape(-1)
-    return packed
-
-
 def pixel_stride(t: torch.Tensor) -> int | None:
     """The distance between consecutive pixels of a 4-D tensor whose pixels are evenly spaced rows of contiguous
     channels (channels_last, or a channel slice of such a tensor), or None. Strides of dimensions of size 1 do not
@@ -162,40 +154,62 @@ def pixel_stride(t: torch.Tensor) -> int | None:
     return s if evenly and (c == 1 or t.stride(1) == 1) else None
 
 
-def pointwise(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    out: torch.Tensor,
-    residual: torch.Tensor | None = None,
-    pre: str = "",
-    pre_params: tuple[float, float] = (0.0, 0.0),
-    post: str = "",
-    post_params: tuple[float, float] = (0.0, 0.0),
-    tile: tuple[int, int] = (8, 3),
-) -> torch.Tensor:
-    """Writes post(pre(1×1 conv(x) + bias) + residual) into `out` and returns it: x [N, C, H, W], out and the
-    residual [N, K, H, W], float32, each with evenly spaced pixels of contiguous channels (`pixel_stride`);
-    `weight` and `bias` as `pack_weight` / `pack_bias` give them; activations by name (`ACTIVATIONS`) with their
-    parameters as `kernels.activations.activation_args` gives them."""
-    for name in (pre, post):
-        if name not in ACTIVATIONS:
-            raise ValueError(f"the CPU 1×1 convolution kernel has no activation {name!r}; it has {ACTIVATIONS}")
-    if tuple(tile) not in TILES:
-        raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
-    strides = {}
-    for name, t in (("x", x), ("out", out), ("residual", residual)):
-        if t is None:
-            continue
-        if t.dtype != torch.float32 or t.dim() != 4 or pixel_stride(t) is None:
-            raise ValueError(f"{name} must be a 4-D float32 tensor of evenly spaced pixels with contiguous channels, "
-                             f"not {t.dtype} {tuple(t.shape)} with strides {t.stride()}")  # fmt: skip
-        strides[name] = pixel_stride(t)
-    n, k, h, w = out.shape
-    z = x.new_empty(0) if residual is None else residual
-    _module().pointwise(x, strides["x"], weight, bias, z, strides.get("residual", 0), out, strides["out"], n * h * w,
-                        k, ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)  # fmt: skip
-    return out
+class PointwiseConv:
+    """A 1×1 convolution ready to run: its weight [K, C, 1, 1] and bias packed, its epilogue (activations by name,
+    `ACTIVATIONS`, with their parameters as `kernels.activations.activation_args` gives them) and tile checked,
+    once."""
+
+    __slots__ = ("_bias", "_epilogue", "_module", "_weight", "channels")
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        pre: str = "",
+        pre_params: tuple[float, float] = (0.0, 0.0),
+        post: str = "",
+        post_params: tuple[float, float] = (0.0, 0.0),
+        tile: tuple[int, int] = (8, 3),
+    ) -> None:
+        for name in (pre, post):
+            if name not in ACTIVATIONS:
+                raise ValueError(f"the CPU 1×1 convolution kernel has no activation {name!r}; it has {ACTIVATIONS}")
+        if tuple(tile) not in TILES:
+            raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
+        self.channels = weight.shape[0]
+        self._weight, self._bias = pack_weight(weight), pack_bias(bias, self.channels)
+        self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
+        self._module = _module()
+
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """post(pre(conv(x) + bias) + residual) for x [N, C, H, W] and the residual [N, K, H, W], float32 (each made
+        channels_last unless its pixels are evenly spaced rows of contiguous channels, `pixel_stride`); into `out`
+        (evenly spaced pixels too) or a new channels_last tensor, which is returned."""
+        x, xs = _rows("x", x)
+        n, _, h, w = x.shape
+        if out is None:
+            out = torch.empty((n, self.channels, h, w), memory_format=torch.channels_last)
+        ys = pixel_stride(out)
+        if out.dtype != torch.float32 or ys is None:
+            raise ValueError(f"out must be a 4-D float32 tensor of evenly spaced pixels with contiguous channels, "
+                             f"not {out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+        z, zs = (x.new_empty(0), 0) if residual is None else _rows("residual", residual)
+        self._module.pointwise(x, xs, self._weight, self._bias, z, zs, out, ys, n * h * w, self.channels,
+                               *self._epilogue)  # fmt: skip
+        return out
+
+
+def _rows(name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`t` with evenly spaced pixels (made channels_last if need be) and its pixel stride."""
+    if t.dtype != torch.float32 or t.dim() != 4:
+        raise ValueError(f"{name} must be a 4-D float32 tensor, not {t.dtype} {tuple(t.shape)}")
+    stride = pixel_stride(t)
+    if stride is None:
+        t = t.contiguous(memory_format=torch.channels_last)
+        stride = pixel_stride(t)
+    return t, stride
 
 
 @functools.cache
