@@ -40,6 +40,39 @@ def tensor_info(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProt
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
+def fused_conv(
+    x_shape: Sequence[int],
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    residual_shape: Sequence[int] | None = None,
+    activation: str = "",
+    **conv,
+):
+    """The one fused node the optimizer makes of Conv(x, w, b) (+ Add of a residual input r) (+ `activation`, with
+    Clip between 0 and 6), on an input x of `x_shape`."""
+    from onnx import numpy_helper
+
+    from tensorforge.passes.pipeline import optimize
+
+    names = ["x", "w", "b"] if bias is not None else ["x", "w"]
+    nodes, inputs, last = [helper.make_node("Conv", names, ["c"], **conv)], [tensor_info("x", list(x_shape))], "c"
+    inits = [numpy_helper.from_array(weight, "w")] + ([numpy_helper.from_array(bias, "b")] if bias is not None else [])
+    if residual_shape is not None:
+        inputs.append(tensor_info("r", list(residual_shape)))
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        last = "s"
+    if activation:
+        operands = [last]
+        if activation == "Clip":
+            operands += ["lo", "hi"]
+            inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
+        nodes.append(helper.make_node(activation, operands, ["y"]))
+        last = "y"
+    model, _ = optimize(import_model(make_model(nodes, inputs, [tensor_info(last, None)], 17, inits)))
+    (node,) = model.graph.nodes
+    return node
+
+
 def run_tensorforge(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], device: str = "cpu"):
     imported = import_model(model)
     results = Executor(imported, device).run(feeds)

@@ -73,26 +73,40 @@ class CpuSqueezeExciteTactic(Tactic):
         return kernel
 
 
-@register_tactic
-class CpuDepthwiseTactic(Tactic):
-    """The weight packed once as [KH·KW, C rounded up to 16] with its bias; the padding worked out once per input
-    size. Reads a channel slice of a channels_last tensor as it is."""
+class _CpuConv(Tactic):
+    """What our CPU convolution tactics share: FusedConv, float32, NHWC, a channel slice read as it is."""
 
     family = "cpu"
-    name = "depthwise"
     op_types = (f"{DOMAIN}::FusedConv",)
     precisions = ("fp32",)
     layouts = ("NHWC",)
     strided_inputs = True
 
+
+def _conv_reason(node: Node, device: torch.device) -> str | None:
+    """Why none of our CPU convolution kernels runs `node` on `device` (the device, the weight), or None."""
+    if device.type != "cpu":
+        return "a CPU kernel"
+    weight = node.inputs[1]
+    if weight.rank != 4:
+        return f"2-D convolutions only; the weight has rank {weight.rank}"
+    if not weight.is_const:
+        return "the weight must be a constant (it is packed once)"
+    return None
+
+
+@register_tactic
+class CpuDepthwiseTactic(_CpuConv):
+    """The weight packed once as [KH·KW, C rounded up to 16] with its bias; the padding worked out once per input
+    size. Reads a channel slice of a channels_last tensor as it is."""
+
+    name = "depthwise"
+
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if device.type != "cpu":
-            return "a CPU kernel"
+        reason = _conv_reason(node, device)
+        if reason:
+            return reason
         weight = node.inputs[1]
-        if weight.rank != 4:
-            return f"2-D convolutions only; the weight has rank {weight.rank}"
-        if not weight.is_const:
-            return "the weight must be a constant (it is packed once)"
         group = node.attributes.get("group", 1)
         if not (group > 1 and weight.shape[1] == 1 and weight.shape[0] == group):
             return f"not depthwise: group {group}, weight {list(weight.shape)} (needs C output channels, 1 input each)"
@@ -138,26 +152,20 @@ POINTWISE_LARGEST = 24_000_000
 
 
 @register_tactic
-class CpuPointwiseTactic(Tactic):
+class CpuPointwiseTactic(_CpuConv):
     """The weight packed once as [C, K rounded up to 16] with its bias. Reads a channel slice of a channels_last
     tensor as it is. Declines layers of more than `POINTWISE_LARGEST` multiply-adds (where the input's shape is
     known)."""
 
-    family = "cpu"
     name = "pointwise"
-    op_types = (f"{DOMAIN}::FusedConv",)
-    precisions = ("fp32",)
-    layouts = ("NHWC",)
-    strided_inputs = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if device.type != "cpu":
-            return "a CPU kernel"
+        reason = _conv_reason(node, device)
+        if reason:
+            return reason
         weight = node.inputs[1]
-        if weight.rank != 4 or list(weight.shape[2:]) != [1, 1]:
-            return f"1×1 convolutions only; the weight has shape {list(weight.shape or ())}"
-        if not weight.is_const:
-            return "the weight must be a constant (it is packed once)"
+        if list(weight.shape[2:]) != [1, 1]:
+            return f"1×1 convolutions only; the weight has shape {list(weight.shape)}"
         a = node.attributes
         if a.get("group", 1) != 1:
             return f"one group only, not {a['group']}"

@@ -8,15 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from onnx import helper, numpy_helper
 
-from tensorforge.frontend import import_model
 from tensorforge.kernels.cpu import depthwise as dw
 from tensorforge.kernels.cpu.extension import compiler_problem
-from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import make_model, tensor_info
+from tests.helpers import fused_conv
 
 DEPTHWISE = "cpu.depthwise"
 CPU = torch.device("cpu")
@@ -30,27 +27,13 @@ def _layer(activation="Relu", channels=24, group=None, kernel=3, residual=False,
     group = channels if group is None else group
     w = rng.standard_normal((channels, channels // group, kernel, kernel)).astype(np.float32)
     b = rng.standard_normal(channels).astype(np.float32)
-    conv.setdefault("pads", [kernel // 2] * 4)
-    if "auto_pad" in conv:
-        del conv["pads"]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, **conv)]
-    inputs, last = [tensor_info("x", [2, channels, 13, 13])], "c"
-    if residual:
-        inputs.append(tensor_info("r", [2, channels, 13, 13]))
-        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
-        last = "s"
-    if activation:  # Clip between the constants lo and hi (ReLU6)
-        operands = [last, "lo", "hi"] if activation == "Clip" else [last]
-        nodes.append(helper.make_node(activation, operands, ["y"]))
-        last = "y"
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
-    inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
-    model, _ = optimize(import_model(make_model(nodes, inputs, [tensor_info(last, None)], 17, inits)))
-    (node,) = model.graph.nodes
+    if "auto_pad" not in conv:
+        conv.setdefault("pads", [kernel // 2] * 4)
+    node = fused_conv((2, channels, 13, 13), w, b, (2, channels, 13, 13) if residual else None, activation,
+                      group=group, **conv)  # fmt: skip
     torch.manual_seed(channels)
     x = torch.randn(2, channels, 13, 13) * 3
-    feeds = [x] + ([torch.randn(2, channels, *node.outputs[0].shape[2:])] if residual else [])
-    return node, feeds
+    return node, [x] + ([torch.randn(2, channels, *node.outputs[0].shape[2:])] if residual else [])
 
 
 def _reference(node, feeds):

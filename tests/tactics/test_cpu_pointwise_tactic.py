@@ -8,15 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from onnx import helper, numpy_helper
 
-from tensorforge.frontend import import_model
 from tensorforge.kernels.cpu import pointwise as pw
 from tensorforge.kernels.cpu.extension import compiler_problem
-from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import make_model, tensor_info
+from tests.helpers import fused_conv
 
 POINTWISE = "cpu.pointwise"
 CPU = torch.device("cpu")
@@ -29,21 +26,9 @@ def _layer(activation="Relu", residual=False, kernel=1, c=24, k=40, hw=(9, 11), 
     rng = np.random.default_rng(c + k)
     w = rng.standard_normal((k, c // conv.get("group", 1), kernel, kernel)).astype(np.float32) / c**0.5
     b = rng.standard_normal(k).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **conv)]
-    inputs, last = [tensor_info("x", [2, c, *hw])], "c"
-    if residual:
-        inputs.append(tensor_info("r", [2, k, *hw]))
-        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
-        last = "s"
-    if activation:
-        nodes.append(helper.make_node(activation, [last], ["y"]))
-        last = "y"
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
-    model, _ = optimize(import_model(make_model(nodes, inputs, [tensor_info(last, None)], 17, inits)))
-    (node,) = model.graph.nodes
+    node = fused_conv((2, c, *hw), w, b, (2, k, *hw) if residual else None, activation, **conv)
     torch.manual_seed(c + k)
-    feeds = [torch.randn(2, c, *hw)] + ([torch.randn(2, k, *hw)] if residual else [])
-    return node, feeds
+    return node, [torch.randn(2, c, *hw)] + ([torch.randn(2, k, *hw)] if residual else [])
 
 
 @needs_kernel
