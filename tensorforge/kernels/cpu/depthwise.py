@@ -3,10 +3,13 @@ FusedConv epilogue (bias, activation) inside:
 
     y[n, oh, ow, c] = act(b[c] + Σ_kh,kw w[kh, kw, c] · x[n, oh·s_h − p_h + kh·d_h, ow·s_w − p_w + kw·d_w, c])
 
-A thread takes whole output rows of one block of 16 channels (one vector); along a row, output pixels whose taps
-all fall inside the input go in tiles of `tile` pixels, `tile` accumulator vectors updated by one weight vector a
-tap, the rest (the borders, padding) one at a time with bounds checks. The weights are packed once as
-[KH·KW, C rounded up to 16] so that a tap's 16 weights are one load; a last partial block of channels is masked.
+A vector is 16 channels of one pixel. A thread takes output rows (or, on maps of few rows, a span of channel
+blocks of a row); along a row, tiles of `tile` output pixels sweep the row's channel blocks, blocks innermost, so
+that a pixel's channels are read in memory order. For filters 3, 5 or 7 wide at stride 1 or 2 a tile loads the
+(tile−1)·stride + KW input pixels of a row of taps into registers once and multiplies them by each tap's weight
+vector; other filters load each tap's pixels. Tiles at the borders take the same path with masked loads that read
+zeros for the padding and touch no memory. The weights are packed once as [KH·KW, C rounded up to 16] so that a
+tap's 16 weights are one load; a last partial block of channels is masked.
 
 Why our own: through torch a oneDNN depthwise call costs 25-45 µs before it computes (docs/design.md, "The CPU
 at batch 1"), more than the whole layer on the deep, small maps of MobileNet and EfficientNet.
