@@ -22,7 +22,7 @@ from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, pack_bias, rounded
 from .extension import load
 
-TILES = ((8, 3), (12, 2))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
+TILES = ((8, 3), (6, 4))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 
 SOURCE = (
     VECTOR_MATH
@@ -107,7 +107,8 @@ void run(const Problem& q) {
     for (int64_t t = first; t < last; ++t) {
       int64_t v = 0;
       for (; v + NV <= vectors; v += NV) tile<MR, NV>(q, t * MR, 16 * v);
-      if (vectors - v == 2) tile<MR, 2>(q, t * MR, 16 * v);
+      if (vectors - v == 3) tile<MR, 3>(q, t * MR, 16 * v);
+      else if (vectors - v == 2) tile<MR, 2>(q, t * MR, 16 * v);
       else if (vectors - v == 1) tile<MR, 1>(q, t * MR, 16 * v);
     }
   });
@@ -124,8 +125,8 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
                   _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
                   _mm512_set1_ps(float(post1))};
   if (rows == 8 && vectors == 3) run<8, 3>(q);
-  else if (rows == 12 && vectors == 2) run<12, 2>(q);
-  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8 by 3 or 12 by 2)");
+  else if (rows == 6 && vectors == 4) run<6, 4>(q);
+  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3 or 6×4)");
 }
 """
 )
