@@ -40,6 +40,7 @@ from ..ir import DType, Model, Node, Value, format_type
 from ..ir.clone import clone_model
 from ..ir.serialize import model_to_dict
 from ..ir.walk import Walk
+from ..kernels.cpu import compile_all as compile_cpu_kernels
 from ..ops.cuda_graphs import capture
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
@@ -250,6 +251,11 @@ class Builder:
         graph = model.graph
         nodes = graph.nodes
         env: dict[Value, Any] = dict(_random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device))
+        families = self.config.tactic_families
+        if self.device.type == "cpu" and self.config.precompile and (families is None or "cpu" in families):
+            started = time.perf_counter()
+            compile_cpu_kernels()
+            tuning["precompile_s"] = tuning.get("precompile_s", 0.0) + time.perf_counter() - started
         if self.device.type == "cuda" and self.config.precompile:
             done = precompile(
                 model, dict(env), self.device, effort=self.config.effort, precisions=precisions,

@@ -171,7 +171,8 @@ class BuildConfig:
     timing_cache: str | None = None
     tactic_families: tuple[str, ...] | None = None  # None: every family
     quantization: QuantizationConfig | None = None  # scales of int8 / fp8 layers
-    precompile: bool = True  # on CUDA, compile every layer's candidates in one pool first (tactics.precompile)
+    # compile first, in parallel: on CUDA every layer's candidates (tactics.precompile), on the CPU our C++ kernels
+    precompile: bool = True
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):

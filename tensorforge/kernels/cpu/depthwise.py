@@ -273,7 +273,7 @@ class DepthwiseConv:
         self._weight, self._bias = pack_weight(weight), pack_bias(bias, self.channels)
         self._strides = (*strides, *dilations)
         self._epilogue = (ACTIVATION_CODES[act], *act_params, tile)
-        self._module = _module()
+        self._module = module()
 
     def __call__(
         self, x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int], out: torch.Tensor | None = None
@@ -297,7 +297,8 @@ class DepthwiseConv:
 
 
 @functools.cache
-def _module():
+def module():
+    """The compiled extension (built on first use, then loaded from the cache)."""
     problem_here = problem()
     if problem_here:
         raise RuntimeError(problem_here)

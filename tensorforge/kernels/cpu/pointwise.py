@@ -180,7 +180,7 @@ class PointwiseConv:
         self.channels = weight.shape[0]
         self._weight, self._bias = pack_weight(weight), pack_bias(bias, self.channels)
         self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
-        self._module = _module()
+        self._module = module()
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
@@ -214,7 +214,8 @@ def _rows(name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 @functools.cache
-def _module():
+def module():
+    """The compiled extension (built on first use, then loaded from the cache)."""
     problem_here = problem()
     if problem_here:
         raise RuntimeError(problem_here)

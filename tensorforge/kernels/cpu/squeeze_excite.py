@@ -138,10 +138,14 @@ def squeeze_excite(
     for name in (act1, act2):
         if name not in ACTIVATIONS:
             raise ValueError(f"the CPU squeeze-excite kernel has no activation {name!r}; it has {ACTIVATIONS}")
-    module = load("squeeze_excite", SOURCE, ("squeeze_excite",))
     empty = x.new_empty(0)
-    return module.squeeze_excite(
+    return module().squeeze_excite(
         x.contiguous(memory_format=torch.channels_last), w1, empty if b1 is None else b1.contiguous(), w2,
         empty if b2 is None else b2.contiguous(), ACTIVATION_CODES[act1], *act1_params, ACTIVATION_CODES[act2],
         *act2_params,
     )  # fmt: skip
+
+
+def module():
+    """The compiled extension (built on first use, then loaded from the cache)."""
+    return load("squeeze_excite", SOURCE, ("squeeze_excite",))

@@ -1,0 +1,58 @@
+"""CPU engines with our C++ kernels: a whole MobileNetV3 on them against ONNX Runtime, and the builder compiling
+them first (in parallel) only when the build may use them."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from tensorforge import zoo
+from tensorforge.build import builder
+from tensorforge.build.builder import build_engine
+from tensorforge.build.config import BuildConfig
+from tensorforge.frontend import import_model
+from tensorforge.kernels.cpu import depthwise, pointwise
+from tensorforge.kernels.cpu.extension import compiler_problem
+from tests.helpers import make_model, relative_error, run_onnxruntime, tensor_info
+
+REL_TOL = 1e-4  # float32, normwise against ONNX Runtime
+_PROBLEM = compiler_problem() or depthwise.problem() or pointwise.problem()
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+def test_mobilenetv3_on_our_cpu_kernels_matches_onnxruntime():
+    """Only our family, the fallback and the reference allowed: every 1×1, depthwise and squeeze-excite layer of
+    MobileNetV3 the kernels take runs on them, and the engine computes what ONNX Runtime does."""
+    proto = zoo.export("mobilenetv3", batch=2, size=64, dynamic_batch=False)
+    feeds = {key: value.numpy() for key, value in zoo.example_inputs("mobilenetv3", 2, 64, seed=3).items()}
+    config = BuildConfig(effort=0, tactic_families=("cpu", "fallback", "reference"))
+    engine = build_engine(import_model(proto), config)
+    used = collections.Counter(layer.tactic for layer in engine.plans[0].layers)
+    assert used["cpu.pointwise"] >= 25 and used["cpu.depthwise"] == 15 and used["cpu.squeeze-excite"] == 8, used
+    got = engine.create_context().run(feeds)["output"]
+    assert relative_error(got.numpy(), run_onnxruntime(proto, feeds)["output"]) <= REL_TOL
+
+
+def _one_conv():
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4, 1, 1)).astype(np.float32), "w")
+    conv = helper.make_node("Conv", ["x", "w"], ["y"])
+    return import_model(make_model([conv], [tensor_info("x", [1, 4, 5, 5])], [tensor_info("y", None)], 17, [w]))
+
+
+@pytest.mark.parametrize(
+    ("config", "compiles"),
+    [
+        ({}, True),
+        ({"tactic_families": ("cpu", "reference")}, True),
+        ({"tactic_families": ("vendor", "reference")}, False),
+        ({"precompile": False}, False),
+    ],
+)
+def test_cpu_builds_compile_our_kernels_first_when_they_may_use_them(monkeypatch, config, compiles):
+    calls = []
+    monkeypatch.setattr(builder, "compile_cpu_kernels", lambda: calls.append(1))
+    build_engine(_one_conv(), BuildConfig(effort=0, **config))
+    assert len(calls) == (1 if compiles else 0)
