@@ -6,6 +6,8 @@
   where a oneDNN call through torch costs more to set up than the layer computes.
 - `cpu.pointwise`: a 1×1 FusedConv (stride 1, unpadded, one group) with its whole epilogue, residual included
   (`kernels.cpu.pointwise`, AVX-512), float32.
+- `cpu.stem-conv`: a one-group FusedConv of at most four input channels (a network's stem) with its bias and
+  activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512), float32.
 
 The convolutions write fresh tensors, not the memory plan's arena: on the CPU a freshly allocated buffer is one the
 allocator just freed, still in cache, and engines whose depthwise layers wrote into the arena ran 2-4% slower
@@ -26,6 +28,7 @@ from ..kernels.activations import activation_args
 from ..kernels.cpu import depthwise as dw
 from ..kernels.cpu import pointwise as pw
 from ..kernels.cpu import squeeze_excite as se
+from ..kernels.cpu import stem_conv as st
 from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
@@ -197,5 +200,55 @@ class CpuPointwiseTactic(_CpuConv):
         def kernel(inputs):
             conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
             return (conv(inputs[0], inputs[3] if len(inputs) > 3 else None),)
+
+        return kernel
+
+
+@register_tactic
+class CpuStemConvTactic(_CpuConv):
+    """The weight packed once as [C·KH·KW, K rounded up to 16] with its bias; the padding worked out once per input
+    size. Reads its input in whatever layout it comes (an NCHW network input is not copied to channels_last
+    first)."""
+
+    name = "stem-conv"
+    converts_on_load = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _conv_reason(node, device)
+        if reason:
+            return reason
+        a = node.attributes
+        if a.get("group", 1) != 1:
+            return f"one group only, not {a['group']}"
+        channels = node.inputs[1].shape[1]
+        if channels > st.MAX_CHANNELS:
+            return f"at most {st.MAX_CHANNELS} input channels (a stem), not {channels}"
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return "no residual input"
+        if a.get("post", ""):
+            return f"no activation after a residual (post={a['post']!r})"
+        if a.get("pre", "") not in st.ACTIVATIONS:
+            return f"the kernel has no activation {a.get('pre')!r}"
+        return st.problem() or compiler_problem()
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides = list(a.get("strides") or [1, 1])
+        dilations = list(a.get("dilations") or [1, 1])
+        pre = a.get("pre", "")
+        params = activation_args(pre, a.get("pre_params", ()))[1:]
+        convs = PerWeight(lambda w, b: st.StemConv(w, b, strides, dilations, pre, params))
+        geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+
+        def kernel(inputs):
+            x = inputs[0].float()
+            conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
+            spatial = tuple(x.shape[2:])
+            if spatial not in geometry:
+                begin, _, out_hw = window_geometry(
+                    spatial, conv.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
+                )
+                geometry[spatial] = (begin, out_hw)
+            return (conv(x, *geometry[spatial]),)
 
         return kernel

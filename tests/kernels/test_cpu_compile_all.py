@@ -1,7 +1,7 @@
 """`kernels.cpu.compile_all`: every CPU kernel built at once; one that cannot be built does not stop the others."""
 
 from tensorforge.kernels import cpu
-from tensorforge.kernels.cpu import depthwise, pointwise, squeeze_excite
+from tensorforge.kernels.cpu import depthwise, pointwise, squeeze_excite, stem_conv
 
 
 def test_every_kernel_is_built_and_a_failure_is_left_to_its_tactic(monkeypatch):
@@ -13,5 +13,6 @@ def test_every_kernel_is_built_and_a_failure_is_left_to_its_tactic(monkeypatch):
     monkeypatch.setattr(depthwise, "module", broken)
     monkeypatch.setattr(pointwise, "module", lambda: built.append("pointwise"))
     monkeypatch.setattr(squeeze_excite, "module", lambda: built.append("squeeze_excite"))
+    monkeypatch.setattr(stem_conv, "module", lambda: built.append("stem_conv"))
     cpu.compile_all()
-    assert sorted(built) == ["pointwise", "squeeze_excite"]
+    assert sorted(built) == ["pointwise", "squeeze_excite", "stem_conv"]

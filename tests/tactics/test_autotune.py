@@ -54,7 +54,8 @@ def test_every_supported_candidate_is_timed_and_the_fastest_wins():
 def test_on_the_cpu_the_fastest_candidates_are_timed_again_against_one_another():
     node, inputs = _fused_conv_layer()
     cache = TimingCache()
-    choice = autotune(node, 1, inputs, "cpu", effort=0, cache=cache)
+    # torch's kernels only: our stem kernel is over twice as fast on this 4-channel layer, leaving none to compare
+    choice = autotune(node, 1, inputs, "cpu", effort=0, cache=cache, families=("vendor", "reference"))
     finite = sorted((c for c in choice.candidates if math.isfinite(c.median_ms)), key=lambda c: c.median_ms)
     confirmed = [c for c in finite if c.note == "confirmed in 3 interleaved rounds"]
     assert len(confirmed) >= 2 and finite[0] in confirmed  # the winner is among those timed again

@@ -1,0 +1,195 @@
+"""A network's stem: a one-group convolution of few input channels (an image's three), on the CPU in C++ with
+AVX-512, float32, with its bias and activation, read straight from the input as it comes (NCHW or channels_last,
+through its strides) and written channels_last:
+
+    y[n, oh, ow, k] = act(b[k] + Σ_(c,kh,kw) w[c, kh, kw, k] · x[n, c, oh·s_h − p_h + kh·d_h, ow·s_w − p_w + kw·d_w])
+
+A tile is 8 output pixels of a row × up to 3 vectors of 16 output channels: each of the C·KH·KW taps loads its
+weight row once and broadcasts each pixel's input value into the multiply-adds. Tiles whose taps all fall inside
+the input along W read without checks; the others read zeros for the padding. The weight is packed once as
+[C·KH·KW, K rounded up to 16].
+
+Why our own: a stem has too few input channels for a product over them (27 multiply-adds a pixel for a 3×3 RGB
+stem), and oneDNN through torch first reorders the NCHW network input to channels_last, a copy of the image.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+from ..activations import ACTIVATION_CODES
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, pack_bias, rounded
+from .extension import load
+
+TILE = 8  # output pixels a tile
+MAX_CHANNELS = 4  # the most input channels the kernel takes
+
+SOURCE = (
+    VECTOR_MATH
+    + r"""
+namespace {
+
+struct Stem {
+  int64_t C, H, W, K, Kp, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW;
+  int64_t xN, xC, xH, xW, yN, yH, yW;  // element strides (y's channels are contiguous)
+  const float* x;
+  const float* w;  // [C·KH·KW, Kp], taps in (c, kh, kw) order
+  const float* b;  // [Kp]
+  float* y;
+  int64_t act;
+  __m512 p0, p1;
+};
+
+// Pixels ow0 .. ow0+count-1 of output row oh of image n × output vectors from k0, NV of them. BORDER: some taps of
+// these pixels fall outside the input along W (they read zeros); otherwise count == T.
+template <int T, int NV, bool BORDER>
+inline void tile(const Stem& q, int64_t n, int64_t oh, int64_t ow0, int count, int64_t k0) {
+  __m512 acc[T * NV];
+  #pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const __m512 bias = _mm512_loadu_ps(q.b + k0 + 16 * v);
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[t * NV + v] = bias;
+  }
+  const int64_t left = ow0 * q.sw - q.pw;
+  for (int64_t c = 0; c < q.C; ++c) {
+    for (int64_t kh = 0; kh < q.KH; ++kh) {
+      const int64_t ih = oh * q.sh - q.ph + kh * q.dh;
+      if (ih < 0 || ih >= q.H) continue;
+      const float* row = q.x + n * q.xN + c * q.xC + ih * q.xH;
+      const float* taps = q.w + (c * q.KH + kh) * q.KW * q.Kp + k0;
+      for (int64_t kw = 0; kw < q.KW; ++kw) {
+        __m512 wv[NV];
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(taps + kw * q.Kp + 16 * v);
+        const int64_t iw0 = left + kw * q.dw;
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const int64_t iw = iw0 + t * q.sw;
+          float value;
+          if (BORDER) value = t < count && iw >= 0 && iw < q.W ? row[iw * q.xW] : 0.f;
+          else value = row[iw * q.xW];
+          const __m512 xv = _mm512_set1_ps(value);
+          #pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) acc[t * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[t * NV + v]);
+        }
+      }
+    }
+  }
+  activate_tile<T * NV>(acc, T * NV, q.act, q.p0, q.p1);
+  float* out = q.y + n * q.yN + oh * q.yH + ow0 * q.yW + k0;
+  #pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int64_t lanes = q.K - k0 - 16 * v;
+    const __mmask16 m = lanes >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << lanes) - 1);
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+      if (t < count) _mm512_mask_storeu_ps(out + t * q.yW + 16 * v, m, acc[t * NV + v]);
+  }
+}
+
+template <int NV, bool BORDER>
+inline void tiles(const Stem& q, int64_t n, int64_t oh, int64_t ow, int count) {
+  const int64_t vectors = q.Kp / 16;
+  int64_t v = 0;
+  for (; v + NV <= vectors; v += NV) tile<8, NV, BORDER>(q, n, oh, ow, count, 16 * v);
+  if (vectors - v == 2) tile<8, 2, BORDER>(q, n, oh, ow, count, 16 * v);
+  else if (vectors - v == 1) tile<8, 1, BORDER>(q, n, oh, ow, count, 16 * v);
+}
+
+}  // namespace
+
+// x [N, C, H, W] float32, any strides; y [N, K, OH, OW] with contiguous channels; w [C·KH·KW, Kp]; b [Kp].
+void stem_conv(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor y, int64_t KH, int64_t KW,
+               int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t act, double p0,
+               double p1) {
+  const Stem q{x.size(1), x.size(2), x.size(3), y.size(1), w.size(1), KH, KW, sh, sw, ph, pw, dh, dw, y.size(2),
+               y.size(3), x.stride(0), x.stride(1), x.stride(2), x.stride(3), y.stride(0), y.stride(2),
+               y.stride(3), x.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(),
+               act, _mm512_set1_ps(float(p0)), _mm512_set1_ps(float(p1))};
+  // output columns whose taps along W are all inside the input: [lo, hi)
+  const int64_t lo = std::min<int64_t>(q.OW, (q.pw + q.sw - 1) / q.sw);
+  const int64_t reach = q.W - 1 + q.pw - (q.KW - 1) * q.dw;
+  const int64_t hi = reach < 0 ? lo : std::max<int64_t>(lo, std::min<int64_t>(q.OW, reach / q.sw + 1));
+  const int64_t rows = x.size(0) * q.OH;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, q.OW * q.C * KH * KW * q.Kp));
+  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const int64_t n = r / q.OH, oh = r % q.OH;
+      int64_t ow = 0;
+      for (int count; ow < lo; ow += count) {
+        count = int(std::min<int64_t>(8, lo - ow));
+        tiles<3, true>(q, n, oh, ow, count);
+      }
+      for (; ow + 8 <= hi; ow += 8) tiles<3, false>(q, n, oh, ow, 8);
+      for (int count; ow < q.OW; ow += count) {
+        count = int(std::min<int64_t>(8, q.OW - ow));
+        tiles<3, true>(q, n, oh, ow, count);
+      }
+    }
+  });
+}
+"""
+)
+
+
+def problem() -> str | None:
+    """Why the kernel cannot run on this CPU, or None."""
+    return avx512_problem("stem convolution")
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """A weight [K, C, KH, KW] as [C·KH·KW, K rounded up to 16] float32 (zeros past K)."""
+    k = w.shape[0]
+    packed = torch.zeros(w[0].numel(), rounded(k), dtype=torch.float32)
+    packed[:, :k] = w.detach().float().reshape(k, -1).t()
+    return packed
+
+
+class StemConv:
+    """A stem convolution ready to run: its weight [K, C, KH, KW] (C at most `MAX_CHANNELS`) and bias packed, its
+    strides, dilations and activation (by name, `ACTIVATIONS`, with its two parameters as
+    `kernels.activations.activation_args` gives them) checked, once; calls give the input and its padding."""
+
+    __slots__ = ("_bias", "_epilogue", "_module", "_strides", "_weight", "channels", "kernel")
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        strides: Sequence[int] = (1, 1),
+        dilations: Sequence[int] = (1, 1),
+        act: str = "",
+        act_params: tuple[float, float] = (0.0, 0.0),
+    ) -> None:
+        if act not in ACTIVATIONS:
+            raise ValueError(f"the CPU stem kernel has no activation {act!r}; it has {ACTIVATIONS}")
+        if weight.shape[1] > MAX_CHANNELS:
+            raise ValueError(f"the CPU stem kernel takes at most {MAX_CHANNELS} input channels, not {weight.shape[1]}")
+        self.channels, self.kernel = weight.shape[0], tuple(weight.shape[2:])
+        self._weight, self._bias = pack_weight(weight), pack_bias(bias, self.channels)
+        self._strides = (tuple(strides), tuple(dilations))
+        self._epilogue = (ACTIVATION_CODES[act], *act_params)
+        self._module = module()
+
+    def __call__(self, x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int]) -> torch.Tensor:
+        """act(conv(x) + bias) for x [N, C, H, W] float32 in any layout, `pads` the leading (top, left) padding and
+        `out_hw` the output's size, which fixes the trailing padding; a new channels_last tensor."""
+        if x.dtype != torch.float32 or x.dim() != 4:
+            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        out = torch.empty((x.shape[0], self.channels, *out_hw), memory_format=torch.channels_last)
+        (sh, sw), (dh, dw) = self._strides
+        self._module.stem_conv(x, self._weight, self._bias, out, *self.kernel, sh, sw, *pads, dh, dw, *self._epilogue)
+        return out
+
+
+@functools.cache
+def module():
+    """The compiled extension (built on first use, then loaded from the cache)."""
+    problem_here = problem()
+    if problem_here:
+        raise RuntimeError(problem_here)
+    return load("stem_conv", SOURCE, ("stem_conv",))

@@ -1,0 +1,66 @@
+"""`cpu.stem-conv`: a few-channel FusedConv through the autotuner and `build_layer_kernel` against the reference
+tactic, reading the NCHW network input as it comes, and its reasons for declining."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tensorforge.kernels.cpu import stem_conv as st
+from tensorforge.kernels.cpu.extension import compiler_problem
+from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
+from tensorforge.tactics.base import tactic_by_key
+from tests.helpers import fused_conv
+
+STEM = "cpu.stem-conv"
+CPU = torch.device("cpu")
+_PROBLEM = compiler_problem() or st.problem()
+
+
+def _layer(activation="HardSwish", c=3, k=16, kernel=3, residual=False, **conv):
+    """The fused node of Conv (+ Add) (+ activation) on a [2, c, 20, 18] input, and its non-constant inputs."""
+    rng = np.random.default_rng(c + k)
+    w = rng.standard_normal((k, c // conv.get("group", 1), kernel, kernel)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    conv.setdefault("pads", [kernel // 2] * 4)
+    conv.setdefault("strides", [2, 2])
+    out = [(20 + 2 * (kernel // 2) - kernel) // 2 + 1, (18 + 2 * (kernel // 2) - kernel) // 2 + 1]
+    node = fused_conv((2, c, 20, 18), w, b, (2, k, *out) if residual else None, activation, **conv)
+    torch.manual_seed(c + k)
+    return node, [torch.randn(2, c, 20, 18)] + ([torch.randn(2, k, *out)] if residual else [])
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+@pytest.mark.parametrize(("activation", "conv"), [("HardSwish", {}), ("Relu", {"kernel": 7}), ("", {"c": 1})])
+def test_the_autotuner_times_it_and_it_matches_the_reference(activation, conv):
+    node, feeds = _layer(activation, **conv)
+    choice = autotune(node, 1, [feeds[0], None, None], "cpu", effort=0)
+    timed = [c for c in choice.candidates if c.tactic == STEM]
+    assert timed and all(math.isfinite(c.median_ms) for c in timed), [c.note for c in timed]
+    kernel = build_layer_kernel(tactic_by_key(STEM), node, 1, CPU, {"precision": "fp32", "layout": "NHWC"}, {})
+    got = kernel(feeds)[0]  # the NCHW input, read as it is
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    want = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})(feeds)[0]
+    assert relative_error(got, want) <= TOLERANCE["fp32"]
+
+
+@pytest.mark.parametrize(
+    ("layer", "reason"),
+    [
+        (lambda: _layer(c=8), "at most 4 input channels"),
+        (lambda: _layer(c=4, k=4, group=4), "one group only"),
+        (lambda: _layer(residual=True), "no residual"),
+        (lambda: _layer("Gelu"), "no activation 'Gelu'"),
+    ],
+)
+def test_declines_what_the_kernel_does_not_run(layer, reason):
+    node, _ = layer()
+    assert reason in tactic_by_key(STEM).supports(node, 1, CPU)
+
+
+def test_declines_off_the_cpu():
+    node, _ = _layer()
+    assert tactic_by_key(STEM).supports(node, 1, torch.device("cuda")) == "a CPU kernel"
