@@ -19,6 +19,7 @@ They decline off the CPU, where no C++ compiler or ninja is found, and for activ
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -98,6 +99,32 @@ def _conv_reason(node: Node, device: torch.device) -> str | None:
     return None
 
 
+def _windowed(node: Node, prepare: Callable[..., Any]) -> Kernel:
+    """A kernel for a FusedConv with a pre activation only: `prepare(weight, bias, strides, dilations, activation,
+    its parameters)` makes the convolution once per weight, and each input size's leading padding and output size
+    (`ops.pool.window_geometry`, SAME padding too) are worked out once and passed to it with the input."""
+    a = node.attributes
+    strides = list(a.get("strides") or [1, 1])
+    dilations = list(a.get("dilations") or [1, 1])
+    pre = a.get("pre", "")
+    params = activation_args(pre, a.get("pre_params", ()))[1:]
+    convs = PerWeight(lambda w, b: prepare(w, b, strides, dilations, pre, params))
+    geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+
+    def kernel(inputs):
+        x = inputs[0]
+        conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
+        spatial = tuple(x.shape[2:])
+        if spatial not in geometry:
+            begin, _, out_hw = window_geometry(
+                spatial, conv.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
+            )
+            geometry[spatial] = (begin, out_hw)
+        return (conv(x, *geometry[spatial]),)
+
+    return kernel
+
+
 @register_tactic
 class CpuDepthwiseTactic(_CpuConv):
     """The weight packed once as [KH·KW, C rounded up to 16] with its bias; the padding worked out once per input
@@ -126,26 +153,8 @@ class CpuDepthwiseTactic(_CpuConv):
         return [{"tile": tile} for tile in dw.TILES]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides = list(a.get("strides") or [1, 1])
-        dilations = list(a.get("dilations") or [1, 1])
-        pre = a.get("pre", "")
-        params = activation_args(pre, a.get("pre_params", ()))[1:]
-        convs = PerWeight(lambda w, b: dw.DepthwiseConv(w, b, strides, dilations, pre, params, config["tile"]))
-        geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
-
-        def kernel(inputs):
-            x, w = inputs[0], inputs[1]
-            conv = convs(w, inputs[2] if len(inputs) > 2 else None)
-            spatial = tuple(x.shape[2:])
-            if spatial not in geometry:
-                begin, _, out_hw = window_geometry(
-                    spatial, conv.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
-                )
-                geometry[spatial] = (begin, out_hw)
-            return (conv(x, *geometry[spatial]),)
-
-        return kernel
+        return _windowed(node, lambda w, b, strides, dilations, pre, params: dw.DepthwiseConv(
+            w, b, strides, dilations, pre, params, config["tile"]))  # fmt: skip
 
 
 # The most multiply-adds a 1×1 layer may have for `cpu.pointwise` to claim it. Its gain is oneDNN's fixed cost a
@@ -232,23 +241,4 @@ class CpuStemConvTactic(_CpuConv):
         return st.problem() or compiler_problem()
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides = list(a.get("strides") or [1, 1])
-        dilations = list(a.get("dilations") or [1, 1])
-        pre = a.get("pre", "")
-        params = activation_args(pre, a.get("pre_params", ()))[1:]
-        convs = PerWeight(lambda w, b: st.StemConv(w, b, strides, dilations, pre, params))
-        geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
-
-        def kernel(inputs):
-            x = inputs[0].float()
-            conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
-            spatial = tuple(x.shape[2:])
-            if spatial not in geometry:
-                begin, _, out_hw = window_geometry(
-                    spatial, conv.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
-                )
-                geometry[spatial] = (begin, out_hw)
-            return (conv(x, *geometry[spatial]),)
-
-        return kernel
+        return _windowed(node, st.StemConv)

@@ -91,9 +91,20 @@ def test_a_nan_reaches_exactly_the_outputs_whose_window_holds_it():
     [
         (lambda: st.StemConv(torch.randn(16, 3, 3, 3), act="Gelu"), "no activation 'Gelu'"),
         (lambda: st.StemConv(torch.randn(16, 8, 3, 3)), "at most 4 input channels"),
-        (lambda: st.StemConv(torch.randn(16, 3, 3, 3))(torch.randn(1, 3, 8, 8).half(), (1, 1), (8, 8)), "float32"),
+        (
+            lambda: st.StemConv(torch.randn(16, 3, 3, 3))(torch.ones(1, 3, 8, 8, dtype=torch.int32), (1, 1), (8, 8)),
+            "4-D tensor of floats",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_by_name(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_another_float_type_is_converted_first():
+    torch.manual_seed(4)
+    x, weight, b = torch.randn(1, 3, 12, 12, dtype=torch.float64), torch.randn(16, 3, 3, 3), torch.randn(16)
+    got = _run(x, weight, b, (2, 2), (1, 1, 1, 1), (1, 1))
+    assert got.dtype == torch.float32
+    assert _error(got, _reference(x, weight, b, (2, 2), (1, 1, 1, 1), (1, 1), "", [])) <= BOUND

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .extension import host_flags
+from .extension import host_flags, load
 
 # The activations the kernels evaluate (by `kernels.activations` code): the rest decline.
 ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU")
@@ -92,6 +92,14 @@ def avx512_problem(kernel: str) -> str | None:
     if "avx512f" not in host_flags():
         return f"the {kernel} kernel is written for AVX-512 and this CPU has none"
     return None
+
+
+def load_avx512(name: str, source: str, kernel: str):
+    """The extension module of an AVX-512 kernel (`extension.load`), or RuntimeError where the CPU has none."""
+    problem = avx512_problem(kernel)
+    if problem:
+        raise RuntimeError(problem)
+    return load(name, source, (name,))
 
 
 def rounded(channels: int) -> int:

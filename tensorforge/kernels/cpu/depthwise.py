@@ -23,8 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, pack_bias, rounded
-from .extension import load
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias, rounded
 
 TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
 
@@ -299,7 +298,4 @@ class DepthwiseConv:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    problem_here = problem()
-    if problem_here:
-        raise RuntimeError(problem_here)
-    return load("depthwise", SOURCE, ("depthwise",))
+    return load_avx512("depthwise", SOURCE, "depthwise")

@@ -19,8 +19,7 @@ import functools
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, pack_bias, rounded
-from .extension import load
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias, rounded
 
 TILES = ((8, 3), (6, 4))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 
@@ -216,7 +215,4 @@ def _rows(name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    problem_here = problem()
-    if problem_here:
-        raise RuntimeError(problem_here)
-    return load("pointwise", SOURCE, ("pointwise",))
+    return load_avx512("pointwise", SOURCE, "1×1 convolution")

@@ -21,8 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, pack_bias, rounded
-from .extension import load
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias, rounded
 
 TILE = 8  # output pixels a tile
 MAX_CHANNELS = 4  # the most input channels the kernel takes
@@ -176,10 +175,12 @@ class StemConv:
         self._module = module()
 
     def __call__(self, x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int]) -> torch.Tensor:
-        """act(conv(x) + bias) for x [N, C, H, W] float32 in any layout, `pads` the leading (top, left) padding and
-        `out_hw` the output's size, which fixes the trailing padding; a new channels_last tensor."""
-        if x.dtype != torch.float32 or x.dim() != 4:
-            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        """act(conv(x) + bias) for x [N, C, H, W] of floats in any layout (another type than float32 converted
+        first), `pads` the leading (top, left) padding and `out_hw` the output's size, which fixes the trailing
+        padding; a new channels_last float32 tensor."""
+        if not x.is_floating_point() or x.dim() != 4:
+            raise ValueError(f"x must be a 4-D tensor of floats, not {x.dtype} {tuple(x.shape)}")
+        x = x.float()
         out = torch.empty((x.shape[0], self.channels, *out_hw), memory_format=torch.channels_last)
         (sh, sw), (dh, dw) = self._strides
         self._module.stem_conv(x, self._weight, self._bias, out, *self.kernel, sh, sw, *pads, dh, dw, *self._epilogue)
@@ -189,7 +190,4 @@ class StemConv:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    problem_here = problem()
-    if problem_here:
-        raise RuntimeError(problem_here)
-    return load("stem_conv", SOURCE, ("stem_conv",))
+    return load_avx512("stem_conv", SOURCE, "stem convolution")
