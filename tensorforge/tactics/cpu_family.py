@@ -99,6 +99,18 @@ def _conv_reason(node: Node, device: torch.device) -> str | None:
     return None
 
 
+def _pre_only_reason(node: Node, activations: tuple[str, ...]) -> str | None:
+    """Why a kernel with a bias and one activation (`activations`) cannot run `node`'s epilogue, or None."""
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        return "no residual input"
+    if node.attributes.get("post", ""):
+        return f"no activation after a residual (post={node.attributes['post']!r})"
+    pre = node.attributes.get("pre", "")
+    if pre not in activations:
+        return f"the kernel has no activation {pre!r}"
+    return None
+
+
 def _windowed(node: Node, prepare: Callable[..., Any]) -> Kernel:
     """A kernel for a FusedConv with a pre activation only: `prepare(weight, bias, strides, dilations, activation,
     its parameters)` makes the convolution once per weight, and each input size's leading padding and output size
@@ -140,14 +152,7 @@ class CpuDepthwiseTactic(_CpuConv):
         group = node.attributes.get("group", 1)
         if not (group > 1 and weight.shape[1] == 1 and weight.shape[0] == group):
             return f"not depthwise: group {group}, weight {list(weight.shape)} (needs C output channels, 1 input each)"
-        if len(node.inputs) > 3 and node.inputs[3] is not None:
-            return "no residual input"
-        if node.attributes.get("post", ""):
-            return f"no activation after a residual (post={node.attributes['post']!r})"
-        pre = node.attributes.get("pre", "")
-        if pre not in dw.ACTIVATIONS:
-            return f"the kernel has no activation {pre!r}"
-        return dw.problem() or compiler_problem()
+        return _pre_only_reason(node, dw.ACTIVATIONS) or dw.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": tile} for tile in dw.TILES]
@@ -232,13 +237,7 @@ class CpuStemConvTactic(_CpuConv):
         channels = node.inputs[1].shape[1]
         if channels > st.MAX_CHANNELS:
             return f"at most {st.MAX_CHANNELS} input channels (a stem), not {channels}"
-        if len(node.inputs) > 3 and node.inputs[3] is not None:
-            return "no residual input"
-        if a.get("post", ""):
-            return f"no activation after a residual (post={a['post']!r})"
-        if a.get("pre", "") not in st.ACTIVATIONS:
-            return f"the kernel has no activation {a.get('pre')!r}"
-        return st.problem() or compiler_problem()
+        return _pre_only_reason(node, st.ACTIVATIONS) or st.problem() or compiler_problem()
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         return _windowed(node, st.StemConv)

@@ -50,6 +50,14 @@ inline __m512 load(const float* p, __mmask16 m, bool full) {
   return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
 }
 
+// Every accumulator of a tile starts at the block's bias.
+template <int T, bool FULL>
+inline void start(__m512* acc, const Block& k) {
+  const __m512 bias = load(k.b, k.mask, FULL);
+  #pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) acc[t] = bias;
+}
+
 template <int T>
 inline void store(__m512* acc, float* out, int64_t step, int count, __mmask16 m, bool full) {
   #pragma GCC unroll 16
@@ -70,9 +78,7 @@ inline void window_tile(const Block& k, const Geometry& g, int64_t ow0, int coun
   constexpr int L = (T - 1) * S + KW;
   const int64_t KH = g.KH, Cp = g.Cp, xH = g.xH, xW = g.xW, H = g.H, W = g.W, dh = g.dh, col0 = ow0 * S - g.pw;
   __m512 acc[T];
-  const __m512 bias = load(k.b, k.mask, FULL);
-  #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) acc[t] = bias;
+  start<T, FULL>(acc, k);
   for (int64_t kh = 0; kh < KH; ++kh) {
     const int64_t ih = k.ih0 + kh * dh;
     if (ih < 0 || ih >= H) continue;
@@ -107,9 +113,7 @@ inline void any_tile(const Block& k, const Geometry& g, int64_t ow0, int count, 
   const int64_t KH = g.KH, KW = g.KW, Cp = g.Cp, xH = g.xH, xW = g.xW, sw = g.sw, step = g.sw * g.xW;
   const int64_t H = g.H, W = g.W, dh = g.dh, dw = g.dw, col0 = ow0 * g.sw - g.pw;
   __m512 acc[T];
-  const __m512 bias = load(k.b, k.mask, FULL);
-  #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) acc[t] = bias;
+  start<T, FULL>(acc, k);
   for (int64_t kh = 0; kh < KH; ++kh) {
     const int64_t ih = k.ih0 + kh * dh;
     if (ih < 0 || ih >= H) continue;
