@@ -1,15 +1,14 @@
-"""Does a tactic family pay end to end? One model built twice — with the default families and with a given set —
-and both engines timed in alternation in one process (call by call, so that a noisy machine slows both alike).
+"""Does a tactic family pay end to end? One model built twice — with every tactic family and without the given
+ones — and both engines timed in alternation in one process (call by call, so that a noisy machine slows both alike).
 
     python bench/families.py --model mobilenetv3 --without cpu --out DIR                 # the CPU kernels' worth
-    python bench/families.py --model bert_base --size 128 --batch 64 --with gluon --out DIR   # an opt-in family
+    python bench/families.py --model bert_base --size 128 --batch 64 --without gluon --out DIR
 
-`--without F ...` builds the second engine from every registered family but those; `--with F ...` adds opt-in
-families to the default ones. The two builds share one timing cache, so that the second reuses the first's
-timings and the engines differ only in the layers the compared families decide (on a noisy machine, two builds
-timed apart pick different tactics for unrelated layers, a larger difference than the one measured). A model is a
-zoo name or an ONNX file. Prints each engine's median, their ratio, and which layers ran in the families compared;
-writes `families-MODEL-bBATCH.json` under DIR.
+`--without F ...` builds the second engine from every registered family but those. The two builds share one timing
+cache, so that the second reuses the first's timings and the engines differ only in the layers the compared families
+decide (on a noisy machine, two builds timed apart pick different tactics for unrelated layers, a larger difference
+than the one measured). A model is a zoo name or an ONNX file. Prints each engine's median, their ratio, and which
+layers ran in the families compared; writes `families-MODEL-bBATCH.json` under DIR.
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ from tensorforge.tactics import autotune  # noqa: F401 - registers every tactic 
 from tensorforge.tactics.base import all_tactics
 
 
-def _families(without: list[str], with_: list[str]) -> tuple[str, ...] | None:
-    """The tactic families of the compared build: the default (non-opt-in) families plus `with_`, less `without`."""
-    default = {t.family for t in all_tactics() if not t.opt_in}
-    return tuple(sorted((default | set(with_)) - set(without)))
+def _families(without: list[str]) -> tuple[str, ...]:
+    """The tactic families of the compared build: every family less `without`."""
+    return tuple(sorted({t.family for t in all_tactics()} - set(without)))
 
 
 def _differing_layers(default, compared) -> list[dict[str, str]]:
@@ -66,8 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         "their scales from the benchmark's own inputs",
     )  # fmt: skip
     parser.add_argument("--effort", type=int, default=0)
-    parser.add_argument("--without", nargs="+", default=[], metavar="FAMILY")
-    parser.add_argument("--with", dest="with_", nargs="+", default=[], metavar="FAMILY")
+    parser.add_argument("--without", nargs="+", required=True, metavar="FAMILY")
     parser.add_argument("--runs", type=int, default=300, help="calls of each engine, alternating")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
@@ -85,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         proto = zoo.export(args.model, batch=args.batch, size=args.size, dynamic_batch=False)
         feeds = {k: v.to(device) for k, v in zoo.example_inputs(args.model, args.batch, args.size, seed=1).items()}
     precisions = tuple(args.precision or (["fp32", "fp16"] if device.type == "cuda" else ["fp32"]))
-    compared = _families(args.without, args.with_)
+    compared = _families(args.without)
     engines = {}
     quantized = any(p in ("int8", "fp8") for p in precisions)
     # int8 / fp8: scales from the benchmark's own inputs (minmax), as bench/suite.py: a speed measurement

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="timings of the engines in alternation")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--families", nargs="+", metavar="FAMILY", help="tactic families (opt-in ones when named)")
+    parser.add_argument("--families", nargs="+", metavar="FAMILY", help="tactic families (default: every one)")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)

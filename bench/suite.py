@@ -563,7 +563,7 @@ def run_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--families", nargs="+", metavar="FAMILY",
-        help="tensorforge builds try only these tactic families (opt-in ones such as gluon only when named)",
+        help="tensorforge builds try only these tactic families",
     )  # fmt: skip
     parser.add_argument(
         "--engines",

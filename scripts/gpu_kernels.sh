@@ -16,7 +16,7 @@
 #   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite; its engines kept in
 #             OUTPUT_DIR/engines, for `profile`, with each build's timing cache beside them: *.timing.json)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256", INT8_PRECISIONS="fp16 int8 fp8";
-#             engines kept for `profile`; INT8_ARGS, e.g. "--families vendor triton cuda fallback gluon")
+#             engines kept for `profile`; INT8_ARGS, e.g. "--families vendor triton fallback")
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
 #             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all, LAYERS_ARGS)
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500

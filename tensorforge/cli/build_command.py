@@ -100,9 +100,7 @@ def build(
     effort: Annotated[int, typer.Option(min=0, max=2, help="tuning effort: 0 quick, 1 default, 2 careful")] = 1,
     families: Annotated[
         str | None,
-        typer.Option(
-            help="comma-separated tactic families to allow (reference is always kept; opt-in ones, gluon, when named)"
-        ),
+        typer.Option(help="comma-separated tactic families to allow (reference is always kept)"),
     ] = None,
     precompile: Annotated[
         bool, typer.Option(help="on CUDA, compile every layer's candidates in one pool before tuning")

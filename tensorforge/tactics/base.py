@@ -88,7 +88,6 @@ class Tactic:
     converts_on_load: ClassVar[bool] = False  # activations reach its kernels unconverted (module docstring)
     strided_inputs: ClassVar[bool] = False  # channel slices of channels_last tensors reach it uncopied
     strided_outputs: ClassVar[bool] = False  # its kernels write through the strides of the buffers given
-    opt_in: ClassVar[bool] = False  # tried only when a build names its family (kernels not yet proven on a GPU)
 
     @property
     def key(self) -> str:

@@ -11,7 +11,7 @@ TMA loads of the next tiles in flight while the consumer warpgroups multiply and
 
 They decline on the CPU, before Hopper, and where this Triton has no Gluon; a call whose tensors the kernel
 cannot take (unaligned rows, a tile that does not fit in shared memory) raises, and the autotuner scores it
-`inf`. The family is opt-in (a build names "gluon" among its tactic families) until its kernels have run on a GPU.
+`inf`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from .triton_conv import _activations as node_activations
 from .triton_conv import _float_output
 
 try:
-    from ..kernels.gluon.gemm import GemmConfig, conv_ws, gemm_ws, pack_conv_weight
+    from ..kernels.gluon.gemm import SHARED_LIMIT, GemmConfig, conv_ws, gemm_ws, pack_conv_weight
 except ImportError as missing:  # a Triton without Gluon's Hopper language (before 3.6)
-    GemmConfig = conv_ws = gemm_ws = pack_conv_weight = None
+    GemmConfig = conv_ws = gemm_ws = pack_conv_weight = SHARED_LIMIT = None
     _GLUON_MISSING = f"this Triton has no Gluon for Hopper ({missing})"
 else:
     _GLUON_MISSING = ""
@@ -58,6 +58,22 @@ def gemm_ws_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]
 
 def _gemm_config(config: dict[str, Any]) -> GemmConfig:
     return GemmConfig(**{field: config[field] for field in _FIELDS})
+
+
+def _fitting(node: Node, configs: list[dict[str, Any]], quantized: bool) -> list[dict[str, Any]]:
+    """The configs whose rings fit in shared memory for `node` in any precision the tactic runs it: a float
+    layer's tensors are 16-bit; a quantized one's operands 8-bit, its output and a float residual up to float32."""
+    if GemmConfig is None:
+        return configs
+    residual = len(node.inputs) > 3 and node.inputs[3] is not None
+    a = node.attributes
+    if quantized:
+        operands = torch.int8
+        y = torch.int8 if float(a.get("y_scale", 0.0)) else torch.float32
+        z = torch.int8 if float(a.get("z_scale", 0.0)) else torch.float32
+    else:
+        operands = y = z = torch.float16
+    return [c for c in configs if _gemm_config(c).shared_bytes(operands, y, z if residual else None) <= SHARED_LIMIT]
 
 
 def _device_problem(device: torch.device) -> str | None:
@@ -118,7 +134,6 @@ class GluonGemmTactic(Tactic):
     K-major, C absent or a constant vector over the N columns, alpha = beta = 1."""
 
     family = "gluon"
-    opt_in = True
     name = "gemm-ws"
     op_types = ("MatMul", "Gemm", _FUSED_GEMM)
     precisions = ("fp16", "bf16")
@@ -144,6 +159,9 @@ class GluonGemmTactic(Tactic):
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_ws_configs(effort)
 
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return _fitting(node, self.space(effort), quantized=False)
+
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         trans_b = bool(node.attributes.get("transB", 0)) and node.op_type != "MatMul"
         epilogue = _epilogue(node) if qualified_op(node) == _FUSED_GEMM else {}
@@ -167,7 +185,6 @@ class GluonConvTactic(Tactic):
     """A stride-1 FusedConv of one group through `conv_ws`; the weight packed [C_out, KH·KW·C] once."""
 
     family = "gluon"
-    opt_in = True
     name = "conv-ws"
     op_types = (f"{DOMAIN}::FusedConv",)
     precisions = ("fp16", "bf16")
@@ -180,6 +197,9 @@ class GluonConvTactic(Tactic):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_ws_configs(effort, quantized=self.quantized)
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return _fitting(node, self.space(effort), quantized=self.quantized)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)

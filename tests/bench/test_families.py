@@ -8,11 +8,10 @@ from bench import families
 from tests.passes.test_squeeze_excite import _se_model
 
 
-def test_the_compared_families_are_the_defaults_with_and_without_those_named():
-    default = families._families([], [])
-    assert "cpu" in default and "vendor" in default and "gluon" not in default  # gluon is opt-in
-    assert "cpu" not in families._families(["cpu"], [])
-    assert "gluon" in families._families([], ["gluon"])
+def test_the_compared_families_are_every_family_but_those_named():
+    every = families._families([])
+    assert {"cpu", "vendor", "gluon", "reference"} <= set(every)
+    assert set(families._families(["cpu", "gluon"])) == set(every) - {"cpu", "gluon"}
 
 
 def test_a_model_file_without_the_cpu_kernels(tmp_path, capsys):

@@ -64,13 +64,11 @@ def test_the_gluon_tactics_decline_on_the_cpu():
         assert reason == "needs CUDA" or "no Gluon" in reason
 
 
-def test_the_family_is_tried_only_when_a_build_names_it():
+def test_the_family_is_among_every_builds_candidates():
     node, _ = _conv(64, 128, 1, 1, True)
     cpu = torch.device("cpu")
     default = {t.key: reason for t, reason, _ in candidate_groups(node, 17, cpu, 0, ("fp32",), None)}
-    assert "opt-in" in default["gluon.conv-ws"]
-    named = {t.key: reason for t, reason, _ in candidate_groups(node, 17, cpu, 0, ("fp32",), ["gluon"])}
-    assert named["gluon.conv-ws"] == "needs CUDA" or "no Gluon" in named["gluon.conv-ws"]
+    assert default["gluon.conv-ws"] == "needs CUDA" or "no Gluon" in default["gluon.conv-ws"]
 
 
 def test_the_convolutions_are_those_of_stride_1_and_one_group():
@@ -169,3 +167,18 @@ def test_the_quantized_tactic_hands_the_kernel_the_layers_scales(monkeypatch):
     assert options["QUANT_Y"] == 1 and options["HAS_RES"] and options["HAS_SCALE"] and options["POST"] == 1
     assert args[4].shape == (64,) and torch.allclose(args[4].double(), w_scale.double() * a["x_scale"])
     assert args[-2] == pytest.approx(a["z_scale"]) and args[-1] == pytest.approx(1 / a["y_scale"])
+
+
+def test_a_layer_with_a_residual_drops_the_configs_whose_rings_do_not_fit_in_shared_memory():
+    """A 16-bit residual's tile pair beside a 128 × 256 ring of three stages is 344 KB, more than a block's 227 KB;
+    without a residual that ring fits. The kernel would refuse the call; the tactic does not offer it."""
+    pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
+    tactic = tactic_by_key("gluon.conv-ws")
+    wide = {"block_m": 128, "block_n": 256}
+
+    def wide_configs(node):
+        return [c for c in tactic.space_for(node, 0) if wide.items() <= c.items()]
+
+    assert wide_configs(_conv(64, 128, 1, 1, False)[0])
+    assert not wide_configs(_conv(64, 128, 1, 1, True)[0])
+    assert len(tactic.space_for(_conv(64, 128, 1, 1, True)[0], 0)) == len(tactic.space(0)) - 1
