@@ -163,14 +163,16 @@ class CpuDepthwiseTactic(_CpuConv):
 
 
 # The most multiply-adds a 1×1 layer may have for `cpu.pointwise` to claim it. Its gain is oneDNN's fixed cost a
-# call; above this (0.2 ms on two cores) that cost is small, and on ResNet-50's larger 1×1 layers (51M) oneDNN's
-# cache blocking won inside the network (2-20% a layer, the engine 1.8%) though the two tie in a warm loop.
+# call; above this (0.2 ms on two cores) that cost is small. On ResNet-50's 1×1 layers (up to 51M) ours is 1.26×
+# faster over the sequence alone and 4% in the engine's per-layer profile, yet the engine with them ran 1.5% slower
+# (`bench/families.py --model resnet50 --without cpu`, limit lifted; glibc's mmap threshold is not the cause).
 POINTWISE_LARGEST = 24_000_000
 
 
 @register_tactic
 class CpuPointwiseTactic(_CpuConv):
-    """The weight packed once as [C, K rounded up to 16] with its bias. Reads a channel slice of a channels_last
+    """The weight packed once in column blocks of the tile's width (`kernels.cpu.pointwise.pack_weight`) with its
+    bias. Reads a channel slice of a channels_last
     tensor as it is. Declines layers of more than `POINTWISE_LARGEST` multiply-adds (where the input's shape is
     known)."""
 

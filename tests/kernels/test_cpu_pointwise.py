@@ -124,6 +124,7 @@ def test_nchw_operands_are_made_channels_last_and_a_new_output_returned():
         (lambda w, x: pw.PointwiseConv(w)(x.double()), "x must be a 4-D float32"),
         (lambda w, x: pw.PointwiseConv(w)(x, torch.randn(1, 24, 4, 4).half()), "residual must be a 4-D float32"),
         (lambda w, x: pw.PointwiseConv(w)(x, None, torch.empty(1, 24, 4, 4)), "out must be a 4-D float32"),
+        (lambda w, x: pw.PointwiseConv(w)(x[:, :8]), "x has 8 channels; this 1×1 convolution takes 16"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(make, message):

@@ -5,8 +5,12 @@ float32, channels_last, with the whole FusedConv epilogue inside:
 
 A tile is `rows` pixels × `vectors` vectors of 16 output channels held in registers: each input channel adds one
 weight row (`vectors` loads) times each pixel's value (a broadcast) to the tile, `rows` × `vectors` multiply-adds
-a step. The weight is packed once as [C, K rounded up to 16]; a last partial vector of output channels is masked
-when stored. Threads take tiles of pixels, each tile every output channel, so a tile's input rows stay in cache.
+a step. The weight is packed once in column blocks of the tile's width, each [C, 16·vectors] contiguous (the last
+block narrower where the vectors do not divide K rounded up to 16), so that a tile reads its weights as one stream
+(read as a strip of [C, K] rows they were 1.09-1.11× slower over MobileNetV3's 1×1 layers in sequence); a last
+partial vector of output channels is masked when stored. Threads take tiles of pixels, each tile every output
+channel, so a tile's input rows stay in cache (blocks outermost, each strip reused by a chunk of pixel tiles, was
+slower still).
 
 Why our own: a oneDNN call through torch costs 25-45 µs of set-up (docs/design.md, "The CPU at batch 1"), and the
 1×1 convolutions are half the layers of MobileNet and EfficientNet.
@@ -32,7 +36,7 @@ struct Problem {
   int64_t P, C, K, Kp;  // pixels, input channels, output channels, K rounded up to 16
   const float* x;       // pixel p's channels at x + p·xs
   int64_t xs;
-  const float* w;       // [C, Kp]
+  const float* w;       // column blocks [C, 16·NV], block b at C·16·NV·b
   const float* b;       // [Kp]
   const float* z;       // the residual (pixel p's at z + p·zs), or null
   int64_t zs;
@@ -59,12 +63,12 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r * NV + v] = bias;
   }
-  const float* w = q.w + k0;
-  const int64_t C = q.C, Kp = q.Kp;
+  const int64_t C = q.C;
+  const float* w = q.w + k0 * C;  // this tile's block: [C, 16·NV]
   for (int64_t c = 0; c < C; ++c) {
     __m512 wv[NV];
     #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * Kp + 16 * v);
+    for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * 16 * NV + 16 * v);
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 xv = _mm512_set1_ps(a[r][c]);
@@ -115,14 +119,16 @@ void run(const Problem& q) {
 
 }  // namespace
 
-// x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w [C, Kp], b [Kp], z [P, K] (stride zs) or empty.
+// x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
+// z [P, K] (stride zs) or empty.
 void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
                torch::Tensor y, int64_t ys, int64_t P, int64_t K, int64_t pre, double pre0, double pre1, int64_t post,
                double post0, double post1, int64_t rows, int64_t vectors) {
-  const Problem q{P, w.size(0), K, w.size(1), x.data_ptr<float>(), xs, w.data_ptr<float>(), b.data_ptr<float>(),
+  const Problem q{P, x.size(1), K, b.size(0), x.data_ptr<float>(), xs, w.data_ptr<float>(), b.data_ptr<float>(),
                   z.numel() ? z.data_ptr<float>() : nullptr, zs, y.data_ptr<float>(), ys, pre, post,
                   _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
                   _mm512_set1_ps(float(post1))};
+  TORCH_CHECK(w.numel() == q.C * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C, " input channels");
   if (rows == 8 && vectors == 3) run<8, 3>(q);
   else if (rows == 6 && vectors == 4) run<6, 4>(q);
   else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3 or 6×4)");
@@ -136,12 +142,13 @@ def problem() -> str | None:
     return avx512_problem("1×1 convolution")
 
 
-def pack_weight(w: torch.Tensor) -> torch.Tensor:
-    """A 1×1 convolution's weight [K, C, 1, 1] as [C, K rounded up to 16] float32 (zeros past K)."""
+def pack_weight(w: torch.Tensor, vectors: int) -> torch.Tensor:
+    """A 1×1 convolution's weight [K, C, 1, 1] as float32 column blocks of `vectors` × 16 output channels, each
+    [C, 16·vectors] contiguous, one after the other (the last narrower; zeros past K): flat, C · K rounded up to 16."""
     k, c = w.shape[:2]
-    packed = torch.zeros(c, rounded(k), dtype=torch.float32)
-    packed[:, :k] = w.detach().float().reshape(k, c).t()
-    return packed
+    columns = torch.zeros(c, rounded(k), dtype=torch.float32)
+    columns[:, :k] = w.detach().float().reshape(k, c).t()
+    return torch.cat([block.reshape(-1) for block in columns.split(16 * vectors, dim=1)])
 
 
 def pixel_stride(t: torch.Tensor) -> int | None:
@@ -159,7 +166,7 @@ class PointwiseConv:
     `ACTIVATIONS`, with their parameters as `kernels.activations.activation_args` gives them) and tile checked,
     once."""
 
-    __slots__ = ("_bias", "_epilogue", "_module", "_weight", "channels")
+    __slots__ = ("_bias", "_epilogue", "_module", "_weight", "channels", "in_channels")
 
     def __init__(
         self,
@@ -176,8 +183,8 @@ class PointwiseConv:
                 raise ValueError(f"the CPU 1×1 convolution kernel has no activation {name!r}; it has {ACTIVATIONS}")
         if tuple(tile) not in TILES:
             raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
-        self.channels = weight.shape[0]
-        self._weight, self._bias = pack_weight(weight), pack_bias(bias, self.channels)
+        self.channels, self.in_channels = weight.shape[:2]
+        self._weight, self._bias = pack_weight(weight, tile[1]), pack_bias(bias, self.channels)
         self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
         self._module = module()
 
@@ -188,7 +195,9 @@ class PointwiseConv:
         channels_last unless its pixels are evenly spaced rows of contiguous channels, `pixel_stride`); into `out`
         (evenly spaced pixels too) or a new channels_last tensor, which is returned."""
         x, xs = _rows("x", x)
-        n, _, h, w = x.shape
+        n, c, h, w = x.shape
+        if c != self.in_channels:
+            raise ValueError(f"x has {c} channels; this 1×1 convolution takes {self.in_channels}")
         if out is None:
             out = torch.empty((n, self.channels, h, w), memory_format=torch.channels_last)
         ys = pixel_stride(out)
