@@ -22,6 +22,7 @@ import contextlib
 import copy
 import datetime
 import enum
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -66,8 +67,8 @@ def device_key(device: torch.device | str) -> str:
 
 
 def software_versions() -> dict[str, str]:
-    """The versions a timing depends on: tensorforge, torch, CUDA, cuDNN and Triton ("none" when absent), and
-    the timing method."""
+    """The versions a timing depends on: tensorforge, torch, CUDA, cuDNN and Triton ("none" when absent), the
+    timing method, and a digest of our kernels' and tactics' code (`code_digest`)."""
     from .. import __version__
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -78,7 +79,19 @@ def software_versions() -> dict[str, str]:
         "cudnn": str(cudnn) if cudnn else "none",
         "triton": _package_version("triton"),
         "timing": METHOD,
+        "code": code_digest(),
     }
+
+
+@functools.cache
+def code_digest() -> str:
+    """The sha256 (16 hex digits) of the source of tensorforge's `kernels` and `tactics` packages: a timing measured
+    with other kernel code (a change between releases, or a source tree being edited) is not reused."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*(root / "kernels").rglob("*.py"), *(root / "tactics").rglob("*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def signature(

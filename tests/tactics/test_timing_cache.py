@@ -18,6 +18,7 @@ from tensorforge.tactics.timing_cache import (
     FORMAT_VERSION,
     TimingCache,
     TimingCacheError,
+    code_digest,
     describe,
     device_key,
     signature,
@@ -189,8 +190,9 @@ def test_device_key_and_versions_describe_this_machine():
     assert key.startswith("cpu:") and key.endswith(f"{torch.get_num_threads()}threads")
     versions = software_versions()
     assert versions["torch"] == torch.__version__
-    assert set(versions) == {"tensorforge", "torch", "cuda", "cudnn", "triton", "timing"}
+    assert set(versions) == {"tensorforge", "torch", "cuda", "cudnn", "triton", "timing", "code"}
     assert all(isinstance(v, str) and v for v in versions.values())
+    assert len(versions["code"]) == 16 and versions["code"] == code_digest()
     with pytest.raises(ValueError, match="'meta'"):
         device_key("meta")
 
