@@ -212,3 +212,26 @@ def test_strided_inputs_are_timed_apart_from_contiguous_ones():
     cpu = torch.device("cpu")
     keys = [autotune_module.layer_signature(node, tensors, cpu)[0] for tensors in (contiguous, views)]
     assert keys[0] != keys[1]
+
+
+def test_e4m3_products_are_held_to_the_fp8_accumulation_bound_in_float_and_quantized_outputs():
+    """A float32 output 5e-4 off its reference fails an fp32 candidate of a float layer and passes one of E4M3
+    products; an E4M3 output that rounds a value 5e-4 off likewise; 2e-3 off fails both."""
+    from tensorforge.tactics.autotune import _mismatch
+    from tensorforge.tactics.variant import Variant
+
+    torch.manual_seed(0)
+    want = torch.randn(64, 64)
+    fp32 = Variant("fp32", "NCHW")
+    for offset, products_pass in ((5e-4, True), (2e-3, False)):
+        got = want + offset * want.abs().max()
+        assert "relative error" in _mismatch([got], [want], [None], fp32)
+        assert (_mismatch([got], [want], [None], fp32, fp8_products=True) == "") is products_pass
+        scale = want.abs().max().item() / 448 * 8  # values up to 56 on the grid: steps of 4 near the largest
+        quantized = {0: (scale, "fp8e4m3")}
+        got_q = (got / scale).to(torch.float8_e4m3fn)
+        near_steps = (want / scale).to(torch.float8_e4m3fn).double() != got_q.double()
+        assert near_steps.any()  # some values round to another step than the reference's
+        assert "no rounding" in _mismatch([got_q], [want], [torch.float8_e4m3fn], fp32, quantized)
+        result = _mismatch([got_q], [want], [torch.float8_e4m3fn], fp32, quantized, fp8_products=True)
+        assert (result == "") is products_pass
