@@ -13,10 +13,16 @@ Systems (`--systems`):
 
 Each time is the median of `--runs` synchronized calls after `--warmup` calls; build/compile/session time is
 recorded, and the accuracy as max|y − y₆₄| / max|y₆₄| against the module in float64. Precisions other than
-fp32 run on CUDA only. A system that fails records its error and the suite goes on.
+fp32 run on CUDA only. A system that fails records its error and the suite goes on. `--interleave` times the
+systems of a model, batch and precision in rounds of a few calls each (`interleaved_ms`), in a new random order
+each round, rather than one after another: on a shared machine whose speed drifts, every system then sees the same
+drift, and their ratios hold (all of them are held in memory at once). A round begins with an untimed call:
+alternating call by call instead left every call with weights the other systems had evicted, and doubled every
+time on a 2-core CPU with MobileNetV3.
 
     python bench/suite.py --models resnet50 bert_base --batch 1 --batch 64 --precision fp16 --out DIR
     python bench/suite.py --models yolo --batch 8 --systems compile-max --merge --out DIR   # adds to DIR
+    python bench/suite.py --models mobilenetv3 --device cpu --systems tensorforge ort --interleave --out DIR
     python bench/suite.py report DIR                                                          # md + png again
 
 Writes `results.json` (the invocations with device, versions, date, command line; one row per model, batch,
@@ -30,6 +36,7 @@ import contextlib
 import json
 import math
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -91,6 +98,44 @@ def median_ms(fn: Callable[[], Any], device: torch.device, runs: int, warmup: in
         sync()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def interleaved_ms(
+    calls: Mapping[str, Callable[[], Any]], device: torch.device, runs: int, warmup: int, block: int = 5, seed: int = 0
+) -> dict[str, float | Exception]:
+    """Per key, the median wall time in ms of `runs` calls of its function, after `warmup` calls of each, timed in
+    rounds: each round every function in turn (a new random order each round, `seed`) makes one untimed call, which
+    brings its weights back into the caches the others used, then up to `block` timed calls, each followed by a
+    device synchronization. A function that raises gets its exception and leaves the rounds."""
+    sync = synchronizer(device)
+    results: dict[str, float | Exception] = {}
+    times: dict[str, list[float]] = {key: [] for key in calls}
+    for key, fn in calls.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            sync()
+        except Exception as error:  # the caller records it in the row
+            results[key] = error
+    order = random.Random(seed)
+    for first in range(0, runs, block):
+        keys = [key for key in calls if key not in results]
+        order.shuffle(keys)
+        for key in keys:
+            try:
+                calls[key]()
+                sync()
+                for _ in range(min(block, runs - first)):
+                    start = time.perf_counter()
+                    calls[key]()
+                    sync()
+                    times[key].append(time.perf_counter() - start)
+            except Exception as error:  # the caller records it in the row
+                results[key] = error
+    for key, samples in times.items():
+        if key not in results:
+            results[key] = 1e3 * statistics.median(samples)
+    return results
 
 
 def graphed(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
@@ -176,15 +221,14 @@ class Case:
             )
         del reference
 
-    def time(self, fn: Callable[[], Any]) -> float:
-        return median_ms(fn, self.device, self.runs, self.warmup)
-
     def error(self, output: Any) -> float:
         output = torch.as_tensor(output).to(self.reference.device)
         return relative_error(output, self.reference)
 
 
-Measurement = dict[str, float]
+Measurement = dict[str, Any]
+# What a runner gives: the call to time (one request) and what it measured besides (build time, accuracy, ...).
+Prepared = tuple[Callable[[], Any], Measurement]
 
 
 def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engine, float]:
@@ -219,20 +263,18 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
         return engine, build_s
 
 
-def run_tensorforge(case: Case, precision: str) -> Measurement:
+def run_tensorforge(case: Case, precision: str) -> Prepared:
     engine, build_s = build_engine(case, precision)
     if case.engines is not None:  # kept for a later profile or inspection of the very engine measured
         case.engines.mkdir(parents=True, exist_ok=True)
         engine.save(case.engines / f"{case.name}-b{case.batch}-{precision}.engine", overwrite=True)
     context = engine.create_context()
     feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
-    ms = case.time(lambda: context.run(feeds))
     tactics: dict[str, int] = {}
     for layer in engine.plans[0].layers:
         key = f"{layer.tactic} {layer.config.get('precision', '')}".strip()
         tactics[key] = tactics.get(key, 0) + 1
     measured = {
-        "ms": ms,
         "build_s": build_s,
         "error_vs_fp64": case.error(context.run(feeds)["output"]),
         "tuning": engine.report.get("tuning", {}),
@@ -248,10 +290,10 @@ def run_tensorforge(case: Case, precision: str) -> Measurement:
             "timed_slower": len(chaining.get("timed_slower", [])),
             "attempts": chaining.get("attempts", []),
         }
-    return measured
+    return (lambda: context.run(feeds)), measured
 
 
-def run_eager(case: Case, precision: str, *, graph: bool = False, compile_mode: str | None = None) -> Measurement:
+def run_eager(case: Case, precision: str, *, graph: bool = False, compile_mode: str | None = None) -> Prepared:
     module = eager_module(case.name, case.size, case.device, precision)
     inputs = eager_inputs(case.feeds, case.device, precision)
     build_s = 0.0
@@ -271,23 +313,29 @@ def run_eager(case: Case, precision: str, *, graph: bool = False, compile_mode: 
             def fn():
                 return module(*inputs)
 
-        ms = case.time(fn)
         output = fn().float()
-    return {"ms": ms, "build_s": build_s, "error_vs_fp64": case.error(output)}
+
+    def call():
+        with math_mode(precision), torch.inference_mode():
+            return fn()
+
+    return call, {"build_s": build_s, "error_vs_fp64": case.error(output)}
 
 
-def run_ort(case: Case, precision: str) -> Measurement:
+def run_ort(case: Case, precision: str) -> Prepared:
     import onnxruntime as ort
 
     started = time.perf_counter()
     session = ort.InferenceSession(case.proto.SerializeToString(), providers=["CPUExecutionProvider"])
     build_s = time.perf_counter() - started
     feeds = {k: v.numpy() for k, v in case.feeds.items()}
-    ms = median_ms(lambda: session.run(None, feeds), torch.device("cpu"), case.runs, case.warmup)
-    return {"ms": ms, "build_s": build_s, "error_vs_fp64": case.error(session.run(None, feeds)[0])}
+    return (lambda: session.run(None, feeds)), {
+        "build_s": build_s,
+        "error_vs_fp64": case.error(session.run(None, feeds)[0]),
+    }
 
 
-RUNNERS: dict[str, Callable[[Case, str], Measurement]] = {
+RUNNERS: dict[str, Callable[[Case, str], Prepared]] = {
     "tensorforge": run_tensorforge,
     "eager": run_eager,
     "eager+graph": lambda case, precision: run_eager(case, precision, graph=True),
@@ -311,8 +359,9 @@ def not_applicable(system: str, precision: str, device: torch.device) -> str | N
     return None
 
 
-def measure_system(case: Case, system: str, precision: str) -> dict[str, Any]:
-    """One result row; a failure is recorded in it (status "error", the exception and its last frames)."""
+def prepare_system(case: Case, system: str, precision: str) -> tuple[dict[str, Any], Callable[[], Any] | None]:
+    """One result row with what the system measured before timing, and the call to time (None when it failed:
+    the row says how, status "error", the exception and its last frames)."""
     row: dict[str, Any] = {
         "model": case.name,
         "size": case.size,
@@ -324,22 +373,59 @@ def measure_system(case: Case, system: str, precision: str) -> dict[str, Any]:
         "warmup": case.warmup,
     }
     try:
-        row.update(RUNNERS[system](case, precision))
-        row["status"] = "ok"
-        row["throughput"] = 1e3 * case.batch / row["ms"]
+        call, measured = RUNNERS[system](case, precision)
     except Exception as error:  # the suite goes on: the row says what broke
-        row["status"] = "error"
-        row["error"] = f"{type(error).__name__}: {error}"
-        row["traceback"] = traceback.format_exc(limit=-4)
-    finally:
-        if case.device.type == "cuda":
-            try:
-                torch.cuda.empty_cache()
-            except RuntimeError as error:  # a kernel broke the CUDA context: nothing after it can run
-                row["status"] = "error"
-                row.setdefault("error", f"{type(error).__name__}: {error}")
-                row["cuda_context_lost"] = True
+        _failed(row, error)
+        return row, None
+    row.update(measured)
+    return row, call
+
+
+def _failed(row: dict[str, Any], error: BaseException) -> None:
+    row["status"] = "error"
+    row["error"] = f"{type(error).__name__}: {error}"
+    row["traceback"] = "".join(traceback.format_exception(error, limit=-4))
+
+
+def _timed(case: Case, row: dict[str, Any], ms: float | BaseException) -> None:
+    """`row` completed with its median (or the error its timing raised), then the CUDA cache emptied."""
+    if isinstance(ms, BaseException):
+        _failed(row, ms)
+    else:
+        row.update(ms=ms, status="ok", throughput=1e3 * case.batch / ms)
+    if case.device.type == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError as error:  # a kernel broke the CUDA context: nothing after it can run
+            row["status"] = "error"
+            row.setdefault("error", f"{type(error).__name__}: {error}")
+            row["cuda_context_lost"] = True
+
+
+def measure_system(case: Case, system: str, precision: str) -> dict[str, Any]:
+    """One result row, the system timed alone; a failure is recorded in it and the suite goes on."""
+    row, call = prepare_system(case, system, precision)
+    if call is not None:
+        try:
+            ms: float | BaseException = median_ms(call, case.device, case.runs, case.warmup)
+        except Exception as error:  # recorded in the row
+            ms = error
+        _timed(case, row, ms)
     return row
+
+
+def measure_interleaved(case: Case, systems: Sequence[str], precision: str) -> list[dict[str, Any]]:
+    """One result row per system, the systems timed together call by call (`interleaved_ms`)."""
+    prepared = {system: prepare_system(case, system, precision) for system in systems}
+    calls = {system: call for system, (_, call) in prepared.items() if call is not None}
+    times = interleaved_ms(calls, case.device, case.runs, case.warmup)
+    rows = []
+    for system, (row, call) in prepared.items():
+        if call is not None:
+            row["interleaved"] = True
+            _timed(case, row, times[system])
+        rows.append(row)
+    return rows
 
 
 # -- results: JSON, merge, markdown, plot ------------------------------------------------------------------
@@ -498,6 +584,15 @@ def parse_sizes(items: Sequence[str]) -> dict[str, int]:
     return sizes
 
 
+def _report(row: Mapping[str, Any]) -> None:
+    summary = f"{row['ms']:.3f} ms" if row["status"] == "ok" else row["error"].splitlines()[0]
+    if row.get("tuning"):
+        summary += f", built in {row['build_s']:.1f} s {row['tuning']}, layers {row['tactics']}"
+    if row.get("cuda_graph", "captured") != "captured":
+        summary += f", CUDA graph {row['cuda_graph']}"
+    print(f"{row['model']} batch {row['batch']} {row['system']} {row['precision']}: {summary}", flush=True)
+
+
 def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -519,24 +614,26 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 tuple(args.families) if args.families else None,
             )  # fmt: skip
             for precision in args.precision or ["fp32"]:
+                systems = []
                 for system in args.systems:
                     reason = not_applicable(system, precision, device)
                     if reason:
                         print(f"skip {name} batch {batch} {system} {precision}: {reason}", flush=True)
-                        continue
-                    row = measure_system(case, system, precision)
-                    rows.append(row)
-                    summary = f"{row['ms']:.3f} ms" if row["status"] == "ok" else row["error"].splitlines()[0]
-                    if row.get("tuning"):
-                        summary += f", built in {row['build_s']:.1f} s {row['tuning']}, layers {row['tactics']}"
-                    if row.get("cuda_graph", "captured") != "captured":
-                        summary += f", CUDA graph {row['cuda_graph']}"
-                    print(f"{name} batch {batch} {system} {precision}: {summary}", flush=True)
-                    # Written after every row: a run cut short keeps what it measured.
-                    path.write_text(json.dumps(merge_results(old, meta, rows), indent=2) + "\n")
-                    if row.get("cuda_context_lost"):
+                    else:
+                        systems.append(system)
+                measured = (
+                    [measure_interleaved(case, systems, precision)] if args.interleave
+                    else ([measure_system(case, system, precision)] for system in systems)
+                )  # fmt: skip
+                for group in measured:
+                    for row in group:
+                        rows.append(row)
+                        _report(row)
+                        # Written after every row: a run cut short keeps what it measured.
+                        path.write_text(json.dumps(merge_results(old, meta, rows), indent=2) + "\n")
+                    if any(row.get("cuda_context_lost") for row in group):
                         write_reports(args.out)
-                        raise SystemExit(f"{name} batch {batch} {system} {precision} broke the CUDA context")
+                        raise SystemExit(f"{name} batch {batch} {precision} broke the CUDA context")
             del case
     data = merge_results(old, meta, rows)
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -556,6 +653,11 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--size", action="append", metavar="[MODEL=]SIZE", help="image side / sequence length")
     parser.add_argument("--merge", action="store_true", help="add to DIR/results.json instead of overwriting it")
+    parser.add_argument(
+        "--interleave", action="store_true",
+        help="time the systems of a model, batch and precision in alternating rounds of a few calls (a shared "
+        "machine's drift then reaches all alike)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/results/suite"))
     parser.add_argument(
         "--no-precompile", dest="precompile", action="store_false",

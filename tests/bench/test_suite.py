@@ -1,8 +1,11 @@
 """The side-by-side benchmark suite on the CPU: a tiny model, few runs; the files it writes, merging, failures."""
 
 import json
+import random
+import time
 
 import pytest
+import torch
 
 from bench import suite
 from tensorforge.tactics.timing_cache import TimingCache
@@ -119,3 +122,46 @@ def test_bad_options_are_refused(tmp_path):
         suite.main(["--models", "resnet51", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="MODEL=SIZE"):
         suite.main([*TINY, "--size", "yolo=big", "--out", str(tmp_path)])
+
+
+def test_interleaved_timing_runs_the_functions_in_rounds_and_keeps_errors_apart():
+    log = []
+
+    def timed(name, seconds):
+        def fn():
+            log.append(name)
+            time.sleep(seconds)
+
+        return fn
+
+    fns = {"fast": timed("fast", 0.001), "slow": timed("slow", 0.004)}
+    result = suite.interleaved_ms(fns, torch.device("cpu"), runs=7, warmup=2, block=3, seed=5)
+    assert 1 <= result["fast"] < result["slow"]
+    # 2 warm-ups each, then rounds of 3, 3 and 1 timed calls, each after an untimed one, in the seeded order
+    expected, order = ["fast", "fast", "slow", "slow"], random.Random(5)
+    for timed_calls in (3, 3, 1):
+        keys = ["fast", "slow"]
+        order.shuffle(keys)
+        expected += [name for name in keys for _ in range(1 + timed_calls)]
+    assert log == expected
+
+    def broken():
+        if log.count("broken") == 3:  # survives the warm-up, fails in the first round
+            raise RuntimeError("lost the device")
+        log.append("broken")
+
+    result = suite.interleaved_ms({"fast": fns["fast"], "broken": broken}, torch.device("cpu"), runs=4, warmup=2)
+    assert isinstance(result["broken"], RuntimeError) and result["fast"] >= 1
+
+
+def test_interleaved_systems_are_measured_together_and_a_failing_one_recorded(tmp_path, monkeypatch):
+    def broken(case, precision):
+        raise RuntimeError("session creation failed")
+
+    monkeypatch.setitem(suite.RUNNERS, "ort", broken)
+    suite.main([*TINY, "--systems", "tensorforge", "eager", "ort", "--interleave", "--out", str(tmp_path)])
+    _, rows = _rows(tmp_path)
+    for system in ("tensorforge", "eager"):
+        row = rows[("inception", 1, system, "fp32")]
+        assert row["status"] == "ok" and row["interleaved"] and row["ms"] > 0 and 0 < row["error_vs_fp64"] < 1e-5
+    assert rows[("inception", 1, "ort", "fp32")]["error"] == "RuntimeError: session creation failed"
