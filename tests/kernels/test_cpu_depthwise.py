@@ -153,6 +153,7 @@ def test_an_nchw_input_is_made_channels_last_and_a_new_output_returned():
         (lambda w, x: dw.DepthwiseConv(w, tile=6), "tiles"),
         (lambda w, x: dw.DepthwiseConv(w)(x.double(), (1, 1), (5, 5)), "x must be a 4-D float32"),
         (lambda w, x: dw.DepthwiseConv(w)(x, (1, 1), (5, 5), torch.empty(1, 16, 5, 5)), "out must be a 4-D float32"),
+        (lambda w, x: dw.DepthwiseConv(w)(x, (1, 1, 1, 1), (5, 5)), r"pads \(top, left\) and out_hw"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(make, message):

@@ -287,6 +287,8 @@ class DepthwiseConv:
         tensor, which is returned."""
         if x.dtype != torch.float32 or x.dim() != 4:
             raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        if len(pads) != 2 or len(out_hw) != 2:
+            raise ValueError(f"pads (top, left) and out_hw (height, width) take two values each, not {pads}, {out_hw}")
         if x.stride(1) != 1:
             x = x.contiguous(memory_format=torch.channels_last)
         if out is None:
