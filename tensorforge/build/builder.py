@@ -41,6 +41,8 @@ from ..ir.clone import clone_model
 from ..ir.serialize import model_to_dict
 from ..ir.walk import Walk
 from ..kernels.cpu import compile_all as compile_cpu_kernels
+from ..kernels.cpu import depthwise_pointwise
+from ..kernels.cpu.extension import compiler_problem
 from ..ops.cuda_graphs import capture
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
@@ -108,7 +110,7 @@ class Builder:
             )
             precisions = tuple(p for p in precisions if p not in dropped)
         _specialize(model, profiles)
-        model, optimization = optimize(model, device=self.device.type)
+        model, optimization = optimize(model, device=self.device.type, depthwise_pointwise=self._depthwise_pointwise())
         infer_model(model, check=False)
         quantization = None
         if self.config.quantized_type is not None:
@@ -244,6 +246,15 @@ class Builder:
     def _load_cache(self) -> TimingCache:
         path = self.config.timing_cache
         return TimingCache.load(path) if path and Path(path).exists() else TimingCache()
+
+    def _depthwise_pointwise(self) -> tuple[str, ...] | None:
+        """The activations of our CPU kernel for a depthwise + 1×1 block where this build can use it, else None."""
+        families = self.config.tactic_families
+        if self.device.type != "cpu" or (families is not None and "cpu" not in families):
+            return None
+        if depthwise_pointwise.problem() or compiler_problem():
+            return None
+        return depthwise_pointwise.ACTIVATIONS
 
     def _tune(self, model: Model, profile: Profile, precisions, cache: TimingCache, constants, tuning) -> list[Layer]:
         """Each layer's fastest candidate on the real outputs of the layers chosen before it; `tuning` adds up

@@ -46,8 +46,9 @@ def _pool(value: Value | None) -> Node | None:
     return mean if isinstance(axes, tuple) and sorted(a % 4 for a in axes) == [2, 3] else None
 
 
-def _pointwise_problem(conv: Node, what: str) -> str | None:
-    """Why `conv` is not a 1×1 product with a constant weight and bias and only a `pre` activation."""
+def _pointwise_problem(conv: Node, what: str, pre_only: bool = True) -> str | None:
+    """Why `conv` is not a 1×1 product with a constant weight and bias (and, `pre_only`, only a `pre` activation:
+    no residual, no `post`)."""
     a = conv.attributes
     weight = conv.inputs[1]
     if constant(weight) is None or weight.rank != 4 or tuple(weight.shape[2:]) != (1, 1):
@@ -61,9 +62,9 @@ def _pointwise_problem(conv: Node, what: str) -> str | None:
     bias = conv.inputs[2] if len(conv.inputs) > 2 else None
     if bias is not None and constant(bias) is None:
         return f"the {what} convolution's bias is not a constant"
-    if len(conv.inputs) > 3 and conv.inputs[3] is not None:
+    if pre_only and len(conv.inputs) > 3 and conv.inputs[3] is not None:
         return f"the {what} convolution adds a residual"
-    if a.get("post", ""):
+    if pre_only and a.get("post", ""):
         return f"the {what} convolution has an activation after a residual"
     return None
 

@@ -6,6 +6,9 @@
   where a oneDNN call through torch costs more to set up than the layer computes.
 - `cpu.pointwise`: a 1×1 FusedConv (stride 1, unpadded, one group) with its whole epilogue, residual included
   (`kernels.cpu.pointwise`, AVX-512), float32.
+- `cpu.depthwise-pointwise`: a DepthwisePointwise block (a depthwise convolution and the 1×1 after it, made by
+  `passes.depthwise_pointwise` for CPU builds) in one pass that keeps the depthwise output in cache
+  (`kernels.cpu.depthwise_pointwise`, AVX-512), float32.
 - `cpu.stem-conv`: a one-group FusedConv of at most four input channels (a network's stem) with its bias and
   activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512), float32.
 
@@ -27,6 +30,7 @@ import torch
 from ..ir import Node
 from ..kernels.activations import activation_args
 from ..kernels.cpu import depthwise as dw
+from ..kernels.cpu import depthwise_pointwise as dp
 from ..kernels.cpu import pointwise as pw
 from ..kernels.cpu import squeeze_excite as se
 from ..kernels.cpu import stem_conv as st
@@ -172,9 +176,8 @@ POINTWISE_LARGEST = 24_000_000
 @register_tactic
 class CpuPointwiseTactic(_CpuConv):
     """The weight packed once in column blocks of the tile's width (`kernels.cpu.pointwise.pack_weight`) with its
-    bias. Reads a channel slice of a channels_last
-    tensor as it is. Declines layers of more than `POINTWISE_LARGEST` multiply-adds (where the input's shape is
-    known)."""
+    bias. Reads a channel slice of a channels_last tensor as it is. Declines layers of more than
+    `POINTWISE_LARGEST` multiply-adds (where the input's shape is known)."""
 
     name = "pointwise"
 
@@ -216,6 +219,53 @@ class CpuPointwiseTactic(_CpuConv):
         def kernel(inputs):
             conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
             return (conv(inputs[0], inputs[3] if len(inputs) > 3 else None),)
+
+        return kernel
+
+
+@register_tactic
+class CpuDepthwisePointwiseTactic(_CpuConv):
+    """Both weights and biases packed once; the depthwise padding worked out once per input size. Reads a channel
+    slice of a channels_last tensor as it is."""
+
+    name = "depthwise-pointwise"
+    op_types = (f"{DOMAIN}::DepthwisePointwise",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _conv_reason(node, device)
+        if reason:
+            return reason
+        a = node.attributes
+        for slot in ("act", "pre", "post"):
+            if a.get(slot, "") not in dp.ACTIVATIONS:
+                return f"the kernel has no activation {a.get(slot)!r}"
+        return dp.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in dp.TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides = list(a.get("strides") or [1, 1])
+        dilations = list(a.get("dilations") or [1, 1])
+        slots = ("act", "pre", "post")
+        params = {slot: activation_args(a.get(slot, ""), a.get(f"{slot}_params", ()))[1:] for slot in slots}
+        tile = tuple(config["tile"])
+        blocks = PerWeight(lambda wd, bd, wp, bp: dp.DepthwisePointwise(
+            wd, bd, strides, dilations, a.get("act", ""), params["act"], wp, bp, a.get("pre", ""), params["pre"],
+            a.get("post", ""), params["post"], tile))  # fmt: skip
+        geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+
+        def kernel(inputs):
+            x, wd, bd, wp, bp, z = (list(inputs) + [None] * 6)[:6]
+            block = blocks(wd, bd, wp, bp)
+            spatial = tuple(x.shape[2:])
+            if spatial not in geometry:
+                begin, _, out_hw = window_geometry(
+                    spatial, block.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
+                )
+                geometry[spatial] = (begin, out_hw)
+            return (block(x, *geometry[spatial], z),)
 
         return kernel
 

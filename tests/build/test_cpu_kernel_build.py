@@ -14,24 +14,26 @@ from tensorforge.build import builder
 from tensorforge.build.builder import build_engine
 from tensorforge.build.config import BuildConfig
 from tensorforge.frontend import import_model
-from tensorforge.kernels.cpu import depthwise, pointwise
+from tensorforge.kernels.cpu import depthwise, depthwise_pointwise, pointwise
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tests.helpers import make_model, relative_error, run_onnxruntime, tensor_info
 
 REL_TOL = 1e-4  # float32, normwise against ONNX Runtime
-_PROBLEM = compiler_problem() or depthwise.problem() or pointwise.problem()
+_PROBLEM = compiler_problem() or depthwise.problem() or pointwise.problem() or depthwise_pointwise.problem()
 
 
 @pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 def test_mobilenetv3_on_our_cpu_kernels_matches_onnxruntime():
     """Only our family, the fallback and the reference allowed: every 1×1, depthwise and squeeze-excite layer of
-    MobileNetV3 the kernels take runs on them, and the engine computes what ONNX Runtime does."""
+    MobileNetV3 the kernels take runs on them (the 7 depthwise + 1×1 pairs without squeeze-excite as one block),
+    and the engine computes what ONNX Runtime does."""
     proto = zoo.export("mobilenetv3", batch=2, size=64, dynamic_batch=False)
     feeds = {key: value.numpy() for key, value in zoo.example_inputs("mobilenetv3", 2, 64, seed=3).items()}
     config = BuildConfig(effort=0, tactic_families=("cpu", "fallback", "reference"))
     engine = build_engine(import_model(proto), config)
     used = collections.Counter(layer.tactic for layer in engine.plans[0].layers)
-    assert used["cpu.pointwise"] >= 25 and used["cpu.depthwise"] == 15 and used["cpu.squeeze-excite"] == 8, used
+    assert used["cpu.depthwise-pointwise"] == 7 and used["cpu.depthwise"] == 8 and used["cpu.squeeze-excite"] == 8, used
+    assert used["cpu.pointwise"] >= 18, used
     got = engine.create_context().run(feeds)["output"]
     assert relative_error(got.numpy(), run_onnxruntime(proto, feeds)["output"]) <= REL_TOL
 
@@ -56,3 +58,22 @@ def test_cpu_builds_compile_our_kernels_first_when_they_may_use_them(monkeypatch
     monkeypatch.setattr(builder, "compile_cpu_kernels", lambda: calls.append(1))
     build_engine(_one_conv(), BuildConfig(effort=0, **config))
     assert len(calls) == (1 if compiles else 0)
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+def test_a_depthwise_block_is_fused_only_when_the_build_may_use_our_kernels(tmp_path):
+    """The default CPU build runs a depthwise + 1×1 block as one layer, and its engine file loads and runs again;
+    a build without our family keeps the two convolutions (the fused node would have no fast tactic there)."""
+    from tensorforge.runtime.engine import Engine
+    from tests.passes.test_depthwise_pointwise import _block, _feeds
+
+    proto = _block(residual=True, stride=1)
+    feeds = {key: value.numpy() for key, value in _feeds(residual=True, stride=1)[0].items()}
+    want = run_onnxruntime(proto, feeds)["y"]
+    fused = build_engine(import_model(proto), BuildConfig(effort=0))
+    apart = build_engine(import_model(proto), BuildConfig(effort=0, tactic_families=("vendor", "reference")))
+    assert [layer.tactic for layer in fused.plans[0].layers] == ["cpu.depthwise-pointwise"]
+    assert len(apart.plans[0].layers) == 2
+    fused.save(tmp_path / "block.engine")
+    for engine in (fused, apart, Engine.load(tmp_path / "block.engine")):
+        assert relative_error(engine.create_context().run(feeds)["y"].numpy(), want) <= REL_TOL

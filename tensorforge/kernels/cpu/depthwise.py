@@ -27,10 +27,9 @@ from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_
 
 TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
 
-SOURCE = (
-    VECTOR_MATH
-    + r"""
-namespace {
+# The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
+# kernel, `kernels.cpu.depthwise_pointwise`, in a named one).
+CORE = r"""
 
 struct Geometry {
   int64_t H, W, C, Cp, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW;
@@ -214,7 +213,14 @@ void dispatch(const float* x, const float* w, const float* b, float* y, const Ge
   }
 }
 
-}  // namespace
+"""
+
+SOURCE = (
+    VECTOR_MATH
+    + "namespace {\n"
+    + CORE
+    + "}  // namespace\n"
+    + r"""
 
 // x [N, C, H, W] and y [N, C, OH, OW] channels_last (any pixel strides, channels contiguous); w [KH·KW, Cp] and
 // b [Cp], Cp = C rounded up to 16. Writes y.

@@ -27,10 +27,9 @@ from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_
 
 TILES = ((8, 3), (6, 4))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 
-SOURCE = (
-    VECTOR_MATH
-    + r"""
-namespace {
+# The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
+# kernel, `kernels.cpu.depthwise_pointwise`, in a named one).
+CORE = r"""
 
 struct Problem {
   int64_t P, C, K, Kp;  // pixels, input channels, output channels, K rounded up to 16
@@ -117,7 +116,14 @@ void run(const Problem& q) {
   });
 }
 
-}  // namespace
+"""
+
+SOURCE = (
+    VECTOR_MATH
+    + "namespace {\n"
+    + CORE
+    + "}  // namespace\n"
+    + r"""
 
 // x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
 // z [P, K] (stride zs) or empty.

@@ -1,0 +1,101 @@
+"""Depthwise + 1×1 fusion (CPU builds with the kernel): the fused graph computes what the original did; what it
+must not fuse stays apart, with the reason."""
+
+import numpy as np
+import pytest
+import torch
+from onnx import helper
+
+from tensorforge import zoo
+from tensorforge.frontend import import_model
+from tensorforge.passes.pipeline import default_passes, optimize
+from tests.helpers import make_model, tensor_info
+from tests.passes.support import init, ops, optimize_and_compare
+
+SHAPE = [2, 16, 9, 9]
+KERNEL_ACTIVATIONS = ("", "Relu", "Clip", "HardSwish")  # stands in for the kernel's list
+
+
+def _block(act="Relu", stride=2, residual=False, dw_output=False, act_after="HardSwish"):
+    """x → depthwise 3×3 (16 channels, `stride`) → BatchNorm → act → Conv 1×1 (16→24) [+ r] [→ act_after]."""
+    rng = np.random.default_rng(0)
+    inits = [
+        init("wd", rng.standard_normal((16, 1, 3, 3)).astype(np.float32) * 0.3),
+        init("bd", rng.standard_normal(16).astype(np.float32)),
+        init("scale", rng.uniform(0.5, 1.5, 16).astype(np.float32)),
+        init("shift", rng.standard_normal(16).astype(np.float32)),
+        init("mean", rng.standard_normal(16).astype(np.float32) * 0.1),
+        init("var", rng.uniform(0.5, 1.5, 16).astype(np.float32)),
+        init("wp", rng.standard_normal((24, 16, 1, 1)).astype(np.float32) * 0.25),
+        init("bp", rng.standard_normal(24).astype(np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "wd", "bd"], ["d0"], group=16, pads=[1, 1, 1, 1], strides=[stride] * 2),
+        helper.make_node("BatchNormalization", ["d0", "scale", "shift", "mean", "var"], ["d1"]),
+        helper.make_node(act, ["d1"], ["d"]),
+        helper.make_node("Conv", ["d", "wp", "bp"], ["p"]),
+    ]
+    last, out_hw = "p", (SHAPE[2] + 2 - 3) // stride + 1
+    inputs = [tensor_info("x", SHAPE)]
+    if residual:
+        inputs.append(tensor_info("r", [2, 24, out_hw, out_hw]))
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if act_after:
+        nodes.append(helper.make_node(act_after, [last], ["y"]))
+        last = "y"
+    outputs = [tensor_info(last, None)] + ([tensor_info("d", None)] if dw_output else [])
+    return make_model(nodes, inputs, outputs, 17, inits)
+
+
+def _feeds(residual=False, stride=2):
+    out_hw = (SHAPE[2] + 2 - 3) // stride + 1
+    feeds = [{"x": torch.randn(*SHAPE)}, {"x": torch.randn(*SHAPE) * 4}]
+    for f in feeds:
+        if residual:
+            f["r"] = torch.randn(2, 24, out_hw, out_hw)
+    return feeds
+
+
+def _passes():
+    return default_passes("cpu", KERNEL_ACTIVATIONS)
+
+
+@pytest.mark.parametrize(("stride", "residual"), [(2, False), (1, True)])
+def test_a_depthwise_and_its_1x1_fuse_into_one_node_with_the_same_results(stride, residual):
+    model, report = optimize_and_compare(_block(stride=stride, residual=residual), _feeds(residual, stride), _passes())
+    assert ops(model) == ["DepthwisePointwise"]
+    (node,) = model.graph.nodes
+    a = node.attributes
+    assert a["act"] == "Relu" and a["strides"] == [stride, stride] and a["pads"] == [1, 1, 1, 1]
+    assert (a.get("pre", ""), a.get("post", "")) == (("", "HardSwish") if residual else ("HardSwish", ""))
+    assert (node.inputs[5] is not None) == residual
+    assert any(e.rule == "depthwise-pointwise" and e.status == "fired" for e in report.events)
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        (_block(dw_output=True), "is a graph output"),
+        (_block(act="Sigmoid"), "no activation 'Sigmoid'"),
+        (_block(act_after="Sigmoid"), "no activation 'Sigmoid'"),
+    ],
+)
+def test_what_the_kernel_cannot_take_stays_apart_with_the_reason(block, reason):
+    model, report = optimize_and_compare(block, _feeds(), _passes())
+    assert "DepthwisePointwise" not in ops(model)
+    declined = [e for e in report.events if e.rule == "depthwise-pointwise" and e.status == "declined"]
+    assert declined and reason in declined[0].detail
+
+
+def test_only_cpu_builds_with_the_kernel_fuse():
+    for passes in (default_passes("cpu"), default_passes("cuda", KERNEL_ACTIVATIONS), default_passes()):
+        model, _ = optimize_and_compare(_block(), _feeds(), passes)
+        assert "DepthwisePointwise" not in ops(model)
+
+
+def test_mobilenetv3_fuses_its_seven_blocks_without_squeeze_excite():
+    model = import_model(zoo.export("mobilenetv3", batch=1, size=64, dynamic_batch=False))
+    model, _ = optimize(model, device="cpu", depthwise_pointwise=("", "Relu", "HardSwish", "HardSigmoid"))
+    kinds = ops(model)
+    assert kinds.count("DepthwisePointwise") == 7 and kinds.count("SqueezeExcite") == 8
