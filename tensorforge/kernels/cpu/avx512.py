@@ -94,6 +94,12 @@ def avx512_problem(kernel: str) -> str | None:
     return None
 
 
+def module_source(core: str, entry: str) -> str:
+    """An AVX-512 kernel's module: the vector math, the kernel's C++ (`core`) in an unnamed namespace, and its
+    entry point."""
+    return VECTOR_MATH + "namespace {\n" + core + "}  // namespace\n" + entry
+
+
 def load_avx512(name: str, source: str, kernel: str):
     """The extension module of an AVX-512 kernel (`extension.load`), or RuntimeError where the CPU has none."""
     problem = avx512_problem(kernel)

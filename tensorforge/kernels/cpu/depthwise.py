@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias, rounded
+from .avx512 import ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
 
 TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
 
@@ -215,12 +215,9 @@ void dispatch(const float* x, const float* w, const float* b, float* y, const Ge
 
 """
 
-SOURCE = (
-    VECTOR_MATH
-    + "namespace {\n"
-    + CORE
-    + "}  // namespace\n"
-    + r"""
+SOURCE = module_source(
+    CORE,
+    r"""
 
 // x [N, C, H, W] and y [N, C, OH, OW] channels_last (any pixel strides, channels contiguous); w [KH·KW, Cp] and
 // b [Cp], Cp = C rounded up to 16. Writes y.
@@ -240,7 +237,7 @@ void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor 
     default: TORCH_CHECK(false, "depthwise: no tile of ", tile, " pixels (4 or 8)");
   }
 }
-"""
+""",
 )
 
 

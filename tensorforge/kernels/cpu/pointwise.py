@@ -23,7 +23,7 @@ import functools
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias, rounded
+from .avx512 import ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
 
 TILES = ((8, 3), (6, 4))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 
@@ -118,12 +118,9 @@ void run(const Problem& q) {
 
 """
 
-SOURCE = (
-    VECTOR_MATH
-    + "namespace {\n"
-    + CORE
-    + "}  // namespace\n"
-    + r"""
+SOURCE = module_source(
+    CORE,
+    r"""
 
 // x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
 // z [P, K] (stride zs) or empty.
@@ -139,7 +136,7 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
   else if (rows == 6 && vectors == 4) run<6, 4>(q);
   else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3 or 6×4)");
 }
-"""
+""",
 )
 
 
