@@ -3,12 +3,14 @@ ones — and both engines timed in alternation in one process (call by call, so 
 
     python bench/families.py --model mobilenetv3 --without cpu --out DIR                 # the CPU kernels' worth
     python bench/families.py --model bert_base --size 128 --batch 64 --without gluon --out DIR
+    python bench/families.py --model mobilenetv3 --unfused --out DIR     # the depthwise + 1×1 fusion's worth
 
-`--without F ...` builds the second engine from every registered family but those. The two builds share one timing
-cache, so that the second reuses the first's timings and the engines differ only in the layers the compared families
-decide (on a noisy machine, two builds timed apart pick different tactics for unrelated layers, a larger difference
-than the one measured). A model is a zoo name or an ONNX file. Prints each engine's median, their ratio, and which
-layers ran in the families compared; writes `families-MODEL-bBATCH.json` under DIR.
+`--without F ...` builds the second engine from every registered family but those; `--unfused` builds it without the
+CPU's depthwise + 1×1 fusion (`passes.depthwise_pointwise`), which needs the "cpu" family. The two builds share one
+timing cache, so that the second reuses the first's timings and the engines differ only in the layers the compared
+families decide (on a noisy machine, two builds timed apart pick different tactics for unrelated layers, a larger
+difference than the one measured). A model is a zoo name or an ONNX file. Prints each engine's median, their ratio,
+and which layers ran in the families compared; writes `families-MODEL-bBATCH.json` under DIR.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import onnx
 import torch
@@ -64,10 +68,13 @@ def main(argv: list[str] | None = None) -> None:
         "their scales from the benchmark's own inputs",
     )  # fmt: skip
     parser.add_argument("--effort", type=int, default=0)
-    parser.add_argument("--without", nargs="+", required=True, metavar="FAMILY")
+    parser.add_argument("--without", nargs="+", default=[], metavar="FAMILY")
+    parser.add_argument("--unfused", action="store_true", help="the compared engine without the depthwise + 1×1 fusion")
     parser.add_argument("--runs", type=int, default=300, help="calls of each engine, alternating")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
+    if not args.without and not args.unfused:
+        parser.error("name the families to leave out (--without) or compare without the fusion (--unfused)")
     device = torch.device(args.device)
     path = Path(args.model)
     if path.suffix == ".onnx":
@@ -94,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
             quantization=QuantizationConfig(method="minmax") if quantized else None, timing_cache=str(timing_cache),
         )  # fmt: skip
         started = time.perf_counter()
-        engines[label] = Builder(config, calibration_data=calibration).build(import_model(proto))
+        unfused = label == "compared" and args.unfused
+        with mock.patch.object(Builder, "_depthwise_pointwise", return_value=None) if unfused else nullcontext():
+            engines[label] = Builder(config, calibration_data=calibration).build(import_model(proto))
         print(f"{label} engine ({families or 'default families'}) built in {time.perf_counter() - started:.1f} s")
     contexts = {label: engine.create_context() for label, engine in engines.items()}
     samples: dict[str, list[float]] = {label: [] for label in contexts}
@@ -124,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": str(device),
         "precisions": precisions,
         "compared_families": compared,
+        "compared_unfused": args.unfused,
         "medians_ms": medians,
         "ratio": ratio,
         "tactics_in_one_engine_only": changed,

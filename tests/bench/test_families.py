@@ -3,9 +3,14 @@
 import json
 
 import onnx
+import pytest
 
 from bench import families
+from tensorforge.kernels.cpu import depthwise_pointwise
+from tensorforge.kernels.cpu.extension import compiler_problem
 from tests.passes.test_squeeze_excite import _se_model
+
+_FUSION_PROBLEM = compiler_problem() or depthwise_pointwise.problem()
 
 
 def test_the_compared_families_are_every_family_but_those_named():
@@ -29,3 +34,21 @@ def test_a_model_file_without_the_cpu_kernels(tmp_path, capsys):
     assert "compared/default" in capsys.readouterr().out
     # the builds share their timings: only layers the CPU kernels ran may run otherwise in the compared engine
     assert all(d["default"].startswith("cpu.") for d in result["differing_layers"]), result["differing_layers"]
+
+
+@pytest.mark.skipif(_FUSION_PROBLEM is not None, reason=str(_FUSION_PROBLEM))
+def test_the_depthwise_pointwise_fusion_can_be_compared_alone(tmp_path):
+    """--unfused: the compared engine is built with the builder's depthwise + 1×1 fusion off (the same families)."""
+    from tests.passes.test_depthwise_pointwise import _block
+
+    path = tmp_path / "block.onnx"
+    onnx.save(_block(), path)
+    families.main(["--model", str(path), "--unfused", "--runs", "3", "--device", "cpu", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "families-block-b1.json").read_text())
+    assert result["compared_unfused"] and "cpu" in result["compared_families"]
+    assert result["tactics_in_one_engine_only"] and "cpu.depthwise-pointwise" in result["tactics_in_one_engine_only"]
+
+
+def test_something_to_compare_must_be_named():
+    with pytest.raises(SystemExit):
+        families.main(["--model", "mobilenetv3"])
