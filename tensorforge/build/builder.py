@@ -248,9 +248,12 @@ class Builder:
         return TimingCache.load(path) if path and Path(path).exists() else TimingCache()
 
     def _depthwise_pointwise(self) -> tuple[str, ...] | None:
-        """The activations of our CPU kernel for a depthwise + 1×1 block where this build can use it, else None."""
+        """The activations of our CPU kernel for a depthwise + 1×1 block where this build can use it, else None (a
+        quantized build keeps the two convolutions, each of which may be quantized)."""
         families = self.config.tactic_families
         if self.device.type != "cpu" or (families is not None and "cpu" not in families):
+            return None
+        if self.config.quantized_type is not None:
             return None
         if depthwise_pointwise.problem() or compiler_problem():
             return None

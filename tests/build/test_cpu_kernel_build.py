@@ -77,3 +77,10 @@ def test_a_depthwise_block_is_fused_only_when_the_build_may_use_our_kernels(tmp_
     fused.save(tmp_path / "block.engine")
     for engine in (fused, apart, Engine.load(tmp_path / "block.engine")):
         assert relative_error(engine.create_context().run(feeds)["y"].numpy(), want) <= REL_TOL
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+def test_quantized_cpu_builds_keep_depthwise_blocks_apart():
+    """Each of the two convolutions may be quantized (and chained) on its own: the fusion would hide them."""
+    assert builder.Builder(BuildConfig(effort=0))._depthwise_pointwise() is not None
+    assert builder.Builder(BuildConfig(effort=0, precisions=("fp32", "int8")))._depthwise_pointwise() is None
