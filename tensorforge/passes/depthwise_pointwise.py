@@ -60,7 +60,7 @@ class DepthwisePointwisePattern(Rule):
 
     def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
         depthwise = _fused_conv(node.inputs[0])
-        if depthwise is None:
+        if depthwise is None or depthwise.attributes.get("group", 1) == 1:  # not grouped: no depthwise block
             return None
         return PatternMatch([depthwise, node], depthwise.inputs[0], extra={"depthwise": depthwise})
 
