@@ -99,6 +99,20 @@ def test_reads_and_writes_channel_slices_of_larger_tensors():
     assert (host[:, :2] == 7.0).all() and (host[:, 42:] == 7.0).all()
 
 
+@pytest.mark.parametrize("tile", pw.TILES)
+def test_each_images_input_channels_scaled(tile):
+    """A squeeze-excite gate applied on the fly: conv(x · scale[n]) per image, tiles straddling two images (5×5
+    pixels an image, tiles of 8 and 6)."""
+    x, weight, b = _operands(3, 40, 56, 5, 5, seed=11)
+    scale = torch.rand(3, 40)
+    z = torch.randn(3, 56, 5, 5).contiguous(memory_format=torch.channels_last)
+    conv = pw.PointwiseConv(weight, b, "Relu", post="HardSwish", tile=tile)
+    out = torch.full((3, 56, 5, 5), math.nan).contiguous(memory_format=torch.channels_last)
+    got = conv(x, z, out, scale)
+    want = _reference(x * scale[:, :, None, None].double(), weight, b, z, "Relu", [], "HardSwish", [])
+    assert not got.isnan().any() and _error(got, want) <= BOUND
+
+
 def test_a_nan_reaches_exactly_its_pixel():
     x, weight, b = _operands(1, 16, 24, 5, 5, seed=8)
     x[0, 3, 2, 1] = math.nan
@@ -125,6 +139,7 @@ def test_nchw_operands_are_made_channels_last_and_a_new_output_returned():
         (lambda w, x: pw.PointwiseConv(w)(x, torch.randn(1, 24, 4, 4).half()), "residual must be a 4-D float32"),
         (lambda w, x: pw.PointwiseConv(w)(x, None, torch.empty(1, 24, 4, 4)), "out must be a 4-D float32"),
         (lambda w, x: pw.PointwiseConv(w)(x[:, :8]), "x has 8 channels; this 1×1 convolution takes 16"),
+        (lambda w, x: pw.PointwiseConv(w)(x, scale=torch.ones(2, 16)), r"scale must be a float32 tensor of shape \(1,"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(make, message):

@@ -119,3 +119,19 @@ def test_a_source_that_does_not_build_fails_once_with_its_error(monkeypatch, tmp
     with pytest.raises(RuntimeError, match="'broken_probe' did not build"):
         extension.load("broken_probe", source + "\n", ("broken",))  # another source, same name: not compiled again
     assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("pair", ["silu-sigmoid", "relu-hardsigmoid"])
+def test_the_gate_alone_is_the_factor_the_block_multiplies_by(pair):
+    """`se.gate` gives each image's [C] factor: x · gate[n] is the block's output (against float64)."""
+    (x, w1, b1, w2, b2), attributes = _block((2, 40, 6, 5), 10, pair)
+    a = attributes
+    gate = se.gate(
+        x, w1.reshape(10, -1), b1, w2.reshape(40, -1), b2,
+        a["act1"], activation_args(a["act1"], a["act1_params"])[1:],
+        a["act2"], activation_args(a["act2"], a["act2_params"])[1:],
+    )  # fmt: skip
+    assert gate.shape == (2, 40) and gate.dtype == torch.float32
+    want = _reference(x, w1, b1, w2, b2, attributes)
+    got = x.double() * gate.double()[:, :, None, None]
+    assert ((got - want).abs().max() / want.abs().max()).item() <= BOUND

@@ -43,6 +43,8 @@ struct Problem {
   int64_t ys;
   int64_t pre, post;
   __m512 pre0, pre1, post0, post1;
+  const float* s;       // per image, a scale for each input channel ([N, C]: a squeeze-excite gate), or null
+  int64_t sP;           // pixels an image
 };
 
 inline __mmask16 lanes(int64_t count) {
@@ -50,11 +52,17 @@ inline __mmask16 lanes(int64_t count) {
 }
 
 // Pixels p0 .. p0+MR-1 (those past P read the last pixel and are not stored) × output vectors from k0, NV of them.
-template <int MR, int NV>
+// SCALED: each input value times its image's scale for its channel (q.s).
+template <int MR, int NV, bool SCALED = false>
 inline void tile(const Problem& q, int64_t p0, int64_t k0) {
   const float* a[MR];
+  const float* g[MR];
   #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) a[r] = q.x + std::min(p0 + r, q.P - 1) * q.xs;
+  for (int r = 0; r < MR; ++r) {
+    const int64_t p = std::min(p0 + r, q.P - 1);
+    a[r] = q.x + p * q.xs;
+    if (SCALED) g[r] = q.s + p / q.sP * q.C;
+  }
   __m512 acc[MR * NV];
   #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
@@ -70,7 +78,7 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * 16 * NV + 16 * v);
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const __m512 xv = _mm512_set1_ps(a[r][c]);
+      const __m512 xv = _mm512_set1_ps(SCALED ? a[r][c] * g[r][c] : a[r][c]);
       #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
     }
@@ -100,19 +108,26 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
   }
 }
 
-// Every output channel of a tile of pixels: blocks of NV vectors, the last of fewer.
+// Every output channel of pixel tiles [first, last): blocks of NV vectors, the last of fewer.
+template <int MR, int NV, bool SCALED>
+inline void tiles(const Problem& q, int64_t first, int64_t last) {
+  const int64_t vectors = q.Kp / 16;
+  for (int64_t t = first; t < last; ++t) {
+    int64_t v = 0;
+    for (; v + NV <= vectors; v += NV) tile<MR, NV, SCALED>(q, t * MR, 16 * v);
+    if (vectors - v == 3) tile<MR, 3, SCALED>(q, t * MR, 16 * v);
+    else if (vectors - v == 2) tile<MR, 2, SCALED>(q, t * MR, 16 * v);
+    else if (vectors - v == 1) tile<MR, 1, SCALED>(q, t * MR, 16 * v);
+  }
+}
+
 template <int MR, int NV>
 void run(const Problem& q) {
-  const int64_t tiles = (q.P + MR - 1) / MR, vectors = q.Kp / 16;
+  const int64_t count = (q.P + MR - 1) / MR;
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * q.Kp));
-  at::parallel_for(0, tiles, grain, [&](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t) {
-      int64_t v = 0;
-      for (; v + NV <= vectors; v += NV) tile<MR, NV>(q, t * MR, 16 * v);
-      if (vectors - v == 3) tile<MR, 3>(q, t * MR, 16 * v);
-      else if (vectors - v == 2) tile<MR, 2>(q, t * MR, 16 * v);
-      else if (vectors - v == 1) tile<MR, 1>(q, t * MR, 16 * v);
-    }
+  at::parallel_for(0, count, grain, [&](int64_t first, int64_t last) {
+    if (q.s) tiles<MR, NV, true>(q, first, last);
+    else tiles<MR, NV, false>(q, first, last);
   });
 }
 
@@ -123,14 +138,14 @@ SOURCE = module_source(
     r"""
 
 // x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
-// z [P, K] (stride zs) or empty.
+// z [P, K] (stride zs) or empty, s [N, C] input-channel scales of each image of sP pixels, or empty.
 void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
-               torch::Tensor y, int64_t ys, int64_t P, int64_t K, int64_t pre, double pre0, double pre1, int64_t post,
-               double post0, double post1, int64_t rows, int64_t vectors) {
+               torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t pre,
+               double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows, int64_t vectors) {
   const Problem q{P, x.size(1), K, b.size(0), x.data_ptr<float>(), xs, w.data_ptr<float>(), b.data_ptr<float>(),
                   z.numel() ? z.data_ptr<float>() : nullptr, zs, y.data_ptr<float>(), ys, pre, post,
                   _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
-                  _mm512_set1_ps(float(post1))};
+                  _mm512_set1_ps(float(post1)), s.numel() ? s.data_ptr<float>() : nullptr, sP};
   TORCH_CHECK(w.numel() == q.C * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C, " input channels");
   if (rows == 8 && vectors == 3) run<8, 3>(q);
   else if (rows == 6 && vectors == 4) run<6, 4>(q);
@@ -192,10 +207,15 @@ class PointwiseConv:
         self._module = module()
 
     def __call__(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """post(pre(conv(x) + bias) + residual) for x [N, C, H, W] and the residual [N, K, H, W], float32 (each made
-        channels_last unless its pixels are evenly spaced rows of contiguous channels, `pixel_stride`); into `out`
+        """post(pre(conv(x · scale) + bias) + residual) for x [N, C, H, W] and the residual [N, K, H, W], float32
+        (each made channels_last unless its pixels are evenly spaced rows of contiguous channels, `pixel_stride`),
+        `scale` [N, C] float32 (each image's input channels scaled, a squeeze-excite gate) or None; into `out`
         (evenly spaced pixels too) or a new channels_last tensor, which is returned."""
         x, xs = _rows("x", x)
         n, c, h, w = x.shape
@@ -208,8 +228,13 @@ class PointwiseConv:
             raise ValueError(f"out must be a 4-D float32 tensor of evenly spaced pixels with contiguous channels, "
                              f"not {out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
         z, zs = (x.new_empty(0), 0) if residual is None else _rows("residual", residual)
+        if scale is None:
+            scale = x.new_empty(0)
+        elif scale.dtype != torch.float32 or tuple(scale.shape) != (n, c):
+            raise ValueError(f"scale must be a float32 tensor of shape {(n, c)}, not {scale.dtype} "
+                             f"{tuple(scale.shape)}")  # fmt: skip
         self._module.pointwise(x, xs, self._weight, self._bias, z, zs, out, ys, n * h * w, self.channels,
-                               *self._epilogue)  # fmt: skip
+                               scale.contiguous(), h * w, *self._epilogue)  # fmt: skip
         return out
 
 

@@ -60,17 +60,15 @@ static void matvec(const float* w, const float* b, const float* in, float* out, 
   });
 }
 
-// x: [N, C, H, W] channels_last; w1 [R, C]; w2 [C, R]; b1 [R] and b2 [C] or empty. Returns y like x.
-torch::Tensor squeeze_excite(torch::Tensor x, torch::Tensor w1, torch::Tensor b1, torch::Tensor w2,
-                             torch::Tensor b2, int64_t act1, double p10, double p11, int64_t act2, double p20,
-                             double p21) {
+// The gate [N, C] of x: [N, C, H, W] channels_last; w1 [R, C]; w2 [C, R]; b1 [R] and b2 [C] or empty.
+torch::Tensor squeeze_excite_gate(torch::Tensor x, torch::Tensor w1, torch::Tensor b1, torch::Tensor w2,
+                                  torch::Tensor b2, int64_t act1, double p10, double p11, int64_t act2, double p20,
+                                  double p21) {
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3), R = w1.size(0);
-  auto y = torch::empty_like(x, at::MemoryFormat::ChannelsLast);
   auto pooled = torch::empty({N, C}, x.options());
   auto hidden = torch::empty({N, R}, x.options());
   auto gate = torch::empty({N, C}, x.options());
   const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
   float* sp = pooled.data_ptr<float>();
   float* hp = hidden.data_ptr<float>();
   float* gp = gate.data_ptr<float>();
@@ -103,9 +101,24 @@ torch::Tensor squeeze_excite(torch::Tensor x, torch::Tensor w1, torch::Tensor b1
       sn[c] = total * inv;
     }
     float* hn = hp + n * R;
-    float* gn = gp + n * C;
     matvec(w1p, b1p, sn, hn, R, C, act1, p10, p11);
-    matvec(w2p, b2p, hn, gn, C, R, act2, p20, p21);
+    matvec(w2p, b2p, hn, gp + n * C, C, R, act2, p20, p21);
+  }
+  return gate;
+}
+
+// y = x · gate, like x (see `squeeze_excite_gate`).
+torch::Tensor squeeze_excite(torch::Tensor x, torch::Tensor w1, torch::Tensor b1, torch::Tensor w2,
+                             torch::Tensor b2, int64_t act1, double p10, double p11, int64_t act2, double p20,
+                             double p21) {
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  auto gate = squeeze_excite_gate(x, w1, b1, w2, b2, act1, p10, p11, act2, p20, p21);
+  auto y = torch::empty_like(x, at::MemoryFormat::ChannelsLast);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = xp + n * HW * C;
+    const float* gn = gate.data_ptr<float>() + n * C;
     float* yn = yp + n * HW * C;
     at::parallel_for(0, HW, 8, [&](int64_t first, int64_t last) {
       for (int64_t p = first; p < last; ++p) {
@@ -135,11 +148,31 @@ def squeeze_excite(
     """y = x · act2(W2 · act1(W1 · mean_hw(x) + b1) + b2) for float32 x [N, C, H, W] (made channels_last), W1 [R, C]
     and W2 [C, R] (contiguous float32), biases [R] / [C] or None; activations by name (`ACTIVATIONS`), their two
     parameters as `kernels.activations.activation_args` gives them. The output is channels_last."""
+    return module().squeeze_excite(*_arguments(x, w1, b1, w2, b2, act1, act1_params, act2, act2_params))
+
+
+def gate(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    act1: str = "",
+    act1_params: tuple[float, float] = (0.0, 0.0),
+    act2: str = "",
+    act2_params: tuple[float, float] = (0.0, 0.0),
+) -> torch.Tensor:
+    """The gate act2(W2 · act1(W1 · mean_hw(x) + b1) + b2) alone, [N, C] float32 (arguments as `squeeze_excite`):
+    for a layer that applies it as it reads x (`pointwise.PointwiseConv`'s scale)."""
+    return module().squeeze_excite_gate(*_arguments(x, w1, b1, w2, b2, act1, act1_params, act2, act2_params))
+
+
+def _arguments(x, w1, b1, w2, b2, act1, act1_params, act2, act2_params) -> tuple:
     for name in (act1, act2):
         if name not in ACTIVATIONS:
             raise ValueError(f"the CPU squeeze-excite kernel has no activation {name!r}; it has {ACTIVATIONS}")
     empty = x.new_empty(0)
-    return module().squeeze_excite(
+    return (
         x.contiguous(memory_format=torch.channels_last), w1, empty if b1 is None else b1.contiguous(), w2,
         empty if b2 is None else b2.contiguous(), ACTIVATION_CODES[act1], *act1_params, ACTIVATION_CODES[act2],
         *act2_params,
@@ -148,4 +181,4 @@ def squeeze_excite(
 
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load("squeeze_excite", SOURCE, ("squeeze_excite",))
+    return load("squeeze_excite", SOURCE, ("squeeze_excite", "squeeze_excite_gate"))
