@@ -6,7 +6,7 @@ ones — and both engines timed in alternation in one process (call by call, so 
     python bench/families.py --model mobilenetv3 --unfused --out DIR     # the depthwise + 1×1 fusion's worth
 
 `--without F ...` builds the second engine from every registered family but those; `--unfused` builds it without the
-CPU's depthwise + 1×1 fusion (`passes.depthwise_pointwise`), which needs the "cpu" family. The two builds share one
+CPU's block fusions (`passes.cpu_blocks`), which need the "cpu" family. The two builds share one
 timing cache, so that the second reuses the first's timings and the engines differ only in the layers the compared
 families decide (on a noisy machine, two builds timed apart pick different tactics for unrelated layers, a larger
 difference than the one measured). A model is a zoo name or an ONNX file. Prints each engine's median, their ratio,
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
         started = time.perf_counter()
         unfused = label == "compared" and args.unfused
-        with mock.patch.object(Builder, "_depthwise_pointwise", return_value=None) if unfused else nullcontext():
+        with mock.patch.object(Builder, "_cpu_kernels", return_value=None) if unfused else nullcontext():
             engines[label] = Builder(config, calibration_data=calibration).build(import_model(proto))
         print(f"{label} engine ({families or 'default families'}) built in {time.perf_counter() - started:.1f} s")
     contexts = {label: engine.create_context() for label, engine in engines.items()}

@@ -41,12 +41,13 @@ from ..ir.clone import clone_model
 from ..ir.serialize import model_to_dict
 from ..ir.walk import Walk
 from ..kernels.cpu import compile_all as compile_cpu_kernels
-from ..kernels.cpu import depthwise_pointwise
+from ..kernels.cpu import depthwise_pointwise, squeeze_excite
 from ..kernels.cpu.extension import compiler_problem
 from ..ops.cuda_graphs import capture
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
 from ..ops.math_flags import full_float32
+from ..passes.cpu_blocks import CpuKernels
 from ..passes.pipeline import optimize
 from ..passes.quant_chain import chain_quantized, is_quantized_layer
 from ..runtime.engine import Engine
@@ -110,7 +111,7 @@ class Builder:
             )
             precisions = tuple(p for p in precisions if p not in dropped)
         _specialize(model, profiles)
-        model, optimization = optimize(model, device=self.device.type, depthwise_pointwise=self._depthwise_pointwise())
+        model, optimization = optimize(model, device=self.device.type, cpu_kernels=self._cpu_kernels())
         infer_model(model, check=False)
         quantization = None
         if self.config.quantized_type is not None:
@@ -247,9 +248,9 @@ class Builder:
         path = self.config.timing_cache
         return TimingCache.load(path) if path and Path(path).exists() else TimingCache()
 
-    def _depthwise_pointwise(self) -> tuple[str, ...] | None:
-        """The activations of our CPU kernel for a depthwise + 1×1 block where this build can use it, else None (a
-        quantized build keeps the two convolutions, each of which may be quantized)."""
+    def _cpu_kernels(self) -> CpuKernels | None:
+        """What our CPU kernels for fused blocks evaluate, where this build can use them, else None (a quantized
+        build keeps the convolutions apart, each of which may be quantized)."""
         families = self.config.tactic_families
         if self.device.type != "cpu" or (families is not None and "cpu" not in families):
             return None
@@ -257,7 +258,7 @@ class Builder:
             return None
         if depthwise_pointwise.problem() or compiler_problem():
             return None
-        return depthwise_pointwise.ACTIVATIONS
+        return CpuKernels(convolution=depthwise_pointwise.ACTIVATIONS, gate=squeeze_excite.ACTIVATIONS)
 
     def _tune(self, model: Model, profile: Profile, precisions, cache: TimingCache, constants, tuning) -> list[Layer]:
         """Each layer's fastest candidate on the real outputs of the layers chosen before it; `tuning` adds up

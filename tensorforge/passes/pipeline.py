@@ -8,8 +8,8 @@ above the Transpose (next to the layer that can absorb them), BatchNorm is folde
 epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
 explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
 merged once their epilogues are settled, squeeze-and-excitation blocks (pool, two 1×1 convolutions, the gating
-product) become one node for an engine (and on the CPU, with our kernel for it, a depthwise convolution and the 1×1
-after it), and what is left of elementwise chains becomes FusedPointwise. A last
+product) become one node for an engine (and on the CPU, with our kernels for them, a depthwise convolution or a
+squeeze-excite block with the 1×1 after it), and what is left of elementwise chains becomes FusedPointwise. A last
 dead-code sweep removes what the fusions orphaned. The manager repeats the list to a fixed point.
 
 `device` is the device type the graph is optimized for ("cpu", "cuda"): a pass whose node pays off only through
@@ -23,8 +23,8 @@ from ..ir import Model
 from .attention import RecognizeAttention
 from .base import Pass
 from .cleanup import Cleanup
+from .cpu_blocks import CpuKernels, FuseCpuBlocks
 from .cse import CommonSubexpressions
-from .depthwise_pointwise import FuseDepthwisePointwise
 from .epilogue import FuseEpilogue
 from .explicit_quant import FoldExplicitQuantization
 from .fold import ConstantFolding, DeadCodeElimination
@@ -38,13 +38,13 @@ from .squeeze_excite import FuseSqueezeExcite
 from .transposes import HoistThroughTransposes
 
 
-def default_passes(device: str | None = None, depthwise_pointwise: tuple[str, ...] | None = None) -> list[Pass]:
+def default_passes(device: str | None = None, cpu_kernels: CpuKernels | None = None) -> list[Pass]:
     """A fresh instance of each pass of the default pipeline for `device` (a device type; None: the passes that
-    do not depend on one), in order. `depthwise_pointwise`: the activations of a CPU kernel that runs a depthwise
-    convolution and the 1×1 after it in one pass (`FuseDepthwisePointwise`; None: no such kernel)."""
+    do not depend on one), in order. `cpu_kernels`: what our CPU kernels for fused blocks evaluate, where the build
+    can use them (`FuseCpuBlocks`; None: no such kernels)."""
     for_engines = [FuseSqueezeExcite()] if device is not None else []
-    if device == "cpu" and depthwise_pointwise is not None:
-        for_engines.append(FuseDepthwisePointwise(depthwise_pointwise))
+    if device == "cpu" and cpu_kernels is not None:
+        for_engines.append(FuseCpuBlocks(cpu_kernels))
     return [
         ConstantFolding(),
         Cleanup(),
@@ -69,7 +69,7 @@ def optimize(
     passes: list[Pass] | None = None,
     max_iterations: int = 8,
     device: str | None = None,
-    depthwise_pointwise: tuple[str, ...] | None = None,
+    cpu_kernels: CpuKernels | None = None,
 ) -> tuple[Model, OptimizationReport]:
     """Optimize `model` in place with `passes` (the default pipeline for the device type `device` when None);
     return it and the report.
@@ -77,6 +77,6 @@ def optimize(
     Clone the model first (`tensorforge.ir.clone.clone_model`) to keep the original.
     """
     if passes is None:
-        passes = default_passes() if device is None else default_passes(device, depthwise_pointwise)
+        passes = default_passes() if device is None else default_passes(device, cpu_kernels)
     manager = PassManager(passes, max_iterations=max_iterations)
     return manager.run(model)

@@ -7,8 +7,11 @@
 - `cpu.pointwise`: a 1×1 FusedConv (stride 1, unpadded, one group) with its whole epilogue, residual included
   (`kernels.cpu.pointwise`, AVX-512), float32.
 - `cpu.depthwise-pointwise`: a DepthwisePointwise block (a depthwise convolution and the 1×1 after it, made by
-  `passes.depthwise_pointwise` for CPU builds) in one pass that keeps the depthwise output in cache
+  `passes.cpu_blocks` for CPU builds) in one pass that keeps the depthwise output in cache
   (`kernels.cpu.depthwise_pointwise`, AVX-512), float32.
+- `cpu.squeeze-excite-pointwise`: a SqueezeExcitePointwise block (squeeze-excite and the 1×1 after it, made by
+  `passes.cpu_blocks`) as the gate alone (`kernels.cpu.squeeze_excite.gate`) and the 1×1 kernel scaling its input
+  channels by it as it reads them, float32.
 - `cpu.stem-conv`: a one-group FusedConv of at most four input channels (a network's stem) with its bias and
   activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512), float32.
 
@@ -266,6 +269,54 @@ class CpuDepthwisePointwiseTactic(_CpuConv):
                 )
                 geometry[spatial] = (begin, out_hw)
             return (block(x, *geometry[spatial], z),)
+
+        return kernel
+
+
+@register_tactic
+class CpuSqueezeExcitePointwiseTactic(Tactic):
+    """The gate's two matrices and the 1×1 weight packed once; the gate computed per call, then the 1×1 product
+    of the gated input without writing it."""
+
+    family = "cpu"
+    name = "squeeze-excite-pointwise"
+    op_types = (f"{DOMAIN}::SqueezeExcitePointwise",)
+    precisions = ("fp32",)
+    layouts = ("NHWC",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "a CPU kernel"
+        if node.inputs[0].rank != 4:
+            return f"a 4-D input only, not rank {node.inputs[0].rank}"
+        a = node.attributes
+        for slot, names in (("act1", se.ACTIVATIONS), ("act2", se.ACTIVATIONS), ("pre", pw.ACTIVATIONS),
+                            ("post", pw.ACTIVATIONS)):  # fmt: skip
+            if a.get(slot, "") not in names:
+                return f"the kernel has no {slot} {a.get(slot)!r}"
+        return pw.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in pw.TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        params = {slot: activation_args(a.get(slot, ""), a.get(f"{slot}_params", ()))[1:]
+                  for slot in ("act1", "act2", "pre", "post")}  # fmt: skip
+        matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).float().contiguous())
+        vector = PerWeight(lambda b: b.float().contiguous())
+        tile = tuple(config["tile"])
+        convs = PerWeight(lambda w, b: pw.PointwiseConv(
+            w, b, a.get("pre", ""), params["pre"], a.get("post", ""), params["post"], tile))  # fmt: skip
+
+        def kernel(inputs):
+            x, w1, b1, w2, b2, wp, bp, z = (list(inputs) + [None] * 8)[:8]
+            x = x.contiguous(memory_format=torch.channels_last)
+            gate = se.gate(
+                x, matrix(w1), None if b1 is None else vector(b1), matrix(w2), None if b2 is None else vector(b2),
+                a.get("act1", ""), params["act1"], a.get("act2", ""), params["act2"],
+            )  # fmt: skip
+            return (convs(wp, bp)(x, z, None, gate),)
 
         return kernel
 

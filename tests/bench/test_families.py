@@ -39,7 +39,7 @@ def test_a_model_file_without_the_cpu_kernels(tmp_path, capsys):
 @pytest.mark.skipif(_FUSION_PROBLEM is not None, reason=str(_FUSION_PROBLEM))
 def test_the_depthwise_pointwise_fusion_can_be_compared_alone(tmp_path):
     """--unfused: the compared engine is built with the builder's depthwise + 1×1 fusion off (the same families)."""
-    from tests.passes.test_depthwise_pointwise import _block
+    from tests.passes.test_cpu_blocks import _block
 
     path = tmp_path / "block.onnx"
     onnx.save(_block(), path)

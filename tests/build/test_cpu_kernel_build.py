@@ -25,15 +25,15 @@ _PROBLEM = compiler_problem() or depthwise.problem() or pointwise.problem() or d
 @pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 def test_mobilenetv3_on_our_cpu_kernels_matches_onnxruntime():
     """Only our family, the fallback and the reference allowed: every 1×1, depthwise and squeeze-excite layer of
-    MobileNetV3 the kernels take runs on them (the 7 depthwise + 1×1 pairs without squeeze-excite as one block),
-    and the engine computes what ONNX Runtime does."""
+    MobileNetV3 the kernels take runs on them (the 7 depthwise + 1×1 pairs without squeeze-excite, and the 8
+    squeeze-excite blocks with their 1×1, each as one block), and the engine computes what ONNX Runtime does."""
     proto = zoo.export("mobilenetv3", batch=2, size=64, dynamic_batch=False)
     feeds = {key: value.numpy() for key, value in zoo.example_inputs("mobilenetv3", 2, 64, seed=3).items()}
     config = BuildConfig(effort=0, tactic_families=("cpu", "fallback", "reference"))
     engine = build_engine(import_model(proto), config)
     used = collections.Counter(layer.tactic for layer in engine.plans[0].layers)
-    assert used["cpu.depthwise-pointwise"] == 7 and used["cpu.depthwise"] == 8 and used["cpu.squeeze-excite"] == 8, used
-    assert used["cpu.pointwise"] >= 18, used
+    assert used["cpu.depthwise-pointwise"] == 7 and used["cpu.depthwise"] == 8, used
+    assert used["cpu.squeeze-excite-pointwise"] == 8 and used["cpu.pointwise"] >= 10, used
     got = engine.create_context().run(feeds)["output"]
     assert relative_error(got.numpy(), run_onnxruntime(proto, feeds)["output"]) <= REL_TOL
 
@@ -65,7 +65,7 @@ def test_a_depthwise_block_is_fused_only_when_the_build_may_use_our_kernels(tmp_
     """The default CPU build runs a depthwise + 1×1 block as one layer, and its engine file loads and runs again;
     a build without our family keeps the two convolutions (the fused node would have no fast tactic there)."""
     from tensorforge.runtime.engine import Engine
-    from tests.passes.test_depthwise_pointwise import _block, _feeds
+    from tests.passes.test_cpu_blocks import _block, _feeds
 
     proto = _block(residual=True, stride=1)
     feeds = {key: value.numpy() for key, value in _feeds(residual=True, stride=1)[0].items()}
@@ -82,5 +82,5 @@ def test_a_depthwise_block_is_fused_only_when_the_build_may_use_our_kernels(tmp_
 @pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 def test_quantized_cpu_builds_keep_depthwise_blocks_apart():
     """Each of the two convolutions may be quantized (and chained) on its own: the fusion would hide them."""
-    assert builder.Builder(BuildConfig(effort=0))._depthwise_pointwise() is not None
-    assert builder.Builder(BuildConfig(effort=0, precisions=("fp32", "int8")))._depthwise_pointwise() is None
+    assert builder.Builder(BuildConfig(effort=0))._cpu_kernels() is not None
+    assert builder.Builder(BuildConfig(effort=0, precisions=("fp32", "int8")))._cpu_kernels() is None

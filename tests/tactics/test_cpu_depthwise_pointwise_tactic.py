@@ -15,7 +15,7 @@ from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.passes.test_depthwise_pointwise import SHAPE, _block
+from tests.passes.test_cpu_blocks import KERNELS, SHAPE, _block
 
 TACTIC = "cpu.depthwise-pointwise"
 CPU = torch.device("cpu")
@@ -24,7 +24,7 @@ needs_kernel = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 
 
 def _node(**block):
-    model, _ = optimize(import_model(_block(**block)), device="cpu", depthwise_pointwise=dp.ACTIVATIONS)
+    model, _ = optimize(import_model(_block(**block)), device="cpu", cpu_kernels=KERNELS)
     (node,) = model.graph.nodes
     assert node.op_type == "DepthwisePointwise"
     return node

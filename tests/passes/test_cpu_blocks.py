@@ -1,5 +1,6 @@
-"""Depthwise + 1×1 fusion (CPU builds with the kernel): the fused graph computes what the original did; what it
-must not fuse stays apart, with the reason."""
+"""The CPU block fusions (CPU builds with our kernels): a depthwise convolution or a squeeze-excite block with the
+1×1 convolution after it. The fused graph computes what the original did; what must not fuse stays apart, with the
+reason."""
 
 import numpy as np
 import pytest
@@ -8,12 +9,13 @@ from onnx import helper
 
 from tensorforge import zoo
 from tensorforge.frontend import import_model
+from tensorforge.passes.cpu_blocks import CpuKernels
 from tensorforge.passes.pipeline import default_passes, optimize
 from tests.helpers import make_model, tensor_info
 from tests.passes.support import init, ops, optimize_and_compare
 
 SHAPE = [2, 16, 9, 9]
-KERNEL_ACTIVATIONS = ("", "Relu", "Clip", "HardSwish")  # stands in for the kernel's list
+KERNELS = CpuKernels(convolution=("", "Relu", "Clip", "HardSwish"), gate=("", "Relu", "HardSigmoid", "Sigmoid"))
 
 
 def _block(act="Relu", stride=2, residual=False, dw_output=False, act_after="HardSwish"):
@@ -58,7 +60,7 @@ def _feeds(residual=False, stride=2):
 
 
 def _passes():
-    return default_passes("cpu", KERNEL_ACTIVATIONS)
+    return default_passes("cpu", KERNELS)
 
 
 @pytest.mark.parametrize(("stride", "residual"), [(2, False), (1, True)])
@@ -89,13 +91,74 @@ def test_what_the_kernel_cannot_take_stays_apart_with_the_reason(block, reason):
 
 
 def test_only_cpu_builds_with_the_kernel_fuse():
-    for passes in (default_passes("cpu"), default_passes("cuda", KERNEL_ACTIVATIONS), default_passes()):
+    for passes in (default_passes("cpu"), default_passes("cuda", KERNELS), default_passes()):
         model, _ = optimize_and_compare(_block(), _feeds(), passes)
         assert "DepthwisePointwise" not in ops(model)
 
 
-def test_mobilenetv3_fuses_its_seven_blocks_without_squeeze_excite():
+def test_mobilenetv3_fuses_its_seven_depthwise_blocks_and_eight_squeeze_excite_blocks():
     model = import_model(zoo.export("mobilenetv3", batch=1, size=64, dynamic_batch=False))
-    model, _ = optimize(model, device="cpu", depthwise_pointwise=("", "Relu", "HardSwish", "HardSigmoid"))
+    model, _ = optimize(model, device="cpu", cpu_kernels=KERNELS)
     kinds = ops(model)
-    assert kinds.count("DepthwisePointwise") == 7 and kinds.count("SqueezeExcite") == 8
+    assert kinds.count("DepthwisePointwise") == 7 and kinds.count("SqueezeExcitePointwise") == 8
+    assert "SqueezeExcite" not in kinds
+
+
+def _se_block(residual=False, gate_is_output=False, act2="HardSigmoid"):
+    """x → squeeze-excite (16 channels through 4, Relu and `act2`) → Conv 1×1 (16→24) [+ r] → Relu."""
+    rng = np.random.default_rng(1)
+    inits = [
+        init("w1", rng.standard_normal((4, 16, 1, 1)).astype(np.float32) * 0.3),
+        init("b1", rng.standard_normal(4).astype(np.float32)),
+        init("w2", rng.standard_normal((16, 4, 1, 1)).astype(np.float32) * 0.3),
+        init("b2", rng.standard_normal(16).astype(np.float32)),
+        init("wp", rng.standard_normal((24, 16, 1, 1)).astype(np.float32) * 0.25),
+        init("bp", rng.standard_normal(24).astype(np.float32)),
+    ]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["s"]),
+        helper.make_node("Conv", ["s", "w1", "b1"], ["h0"]),
+        helper.make_node("Relu", ["h0"], ["h"]),
+        helper.make_node("Conv", ["h", "w2", "b2"], ["g0"]),
+        helper.make_node(act2, ["g0"], ["g"]),
+        helper.make_node("Mul", ["x", "g"], ["gated"]),
+        helper.make_node("Conv", ["gated", "wp", "bp"], ["p"]),
+    ]
+    inputs, last = [tensor_info("x", SHAPE)], "p"
+    if residual:
+        inputs.append(tensor_info("r", [2, 24, *SHAPE[2:]]))
+        nodes.append(helper.make_node("Add", ["p", "r"], ["q"]))
+        last = "q"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    outputs = [tensor_info("y", None)] + ([tensor_info("gated", None)] if gate_is_output else [])
+    return make_model(nodes, inputs, outputs, 17, inits)
+
+
+def _se_feeds(residual=False):
+    return [
+        {"x": torch.randn(*SHAPE) * scale, **({"r": torch.randn(2, 24, *SHAPE[2:])} if residual else {})}
+        for scale in (1, 4)
+    ]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_squeeze_excite_block_and_its_1x1_fuse_into_one_node_with_the_same_results(residual):
+    model, report = optimize_and_compare(_se_block(residual), _se_feeds(residual), _passes())
+    assert ops(model) == ["SqueezeExcitePointwise"]
+    (node,) = model.graph.nodes
+    a = node.attributes
+    assert (a["act1"], a["act2"]) == ("Relu", "HardSigmoid")
+    assert (a.get("pre", ""), a.get("post", "")) == (("", "Relu") if residual else ("Relu", ""))
+    assert (node.inputs[7] is not None) == residual
+    assert any(e.rule == "squeeze-excite-pointwise" and e.status == "fired" for e in report.events)
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [(_se_block(gate_is_output=True), "is a graph output"), (_se_block(act2="Tanh"), "no activation 'Tanh'")],
+)
+def test_a_squeeze_excite_block_the_kernels_cannot_take_stays_apart(block, reason):
+    model, report = optimize_and_compare(block, _se_feeds(), _passes())
+    assert "SqueezeExcitePointwise" not in ops(model)
+    declined = [e for e in report.events if e.rule == "squeeze-excite-pointwise" and e.status == "declined"]
+    assert declined and reason in declined[0].detail

@@ -1,0 +1,164 @@
+"""Blocks of a CPU build with our kernels for them: a depthwise convolution and the 1×1 convolution that reads it,
+and a squeeze-and-excitation block and the 1×1 convolution that reads it, each as one node.
+
+    FusedConv(FusedConv(X, Wd, Bd; group = C, pre = a), Wp, Bp, Z; 1×1, pre = p, post = q)
+        =  tensorforge::DepthwisePointwise(X, Wd, Bd, Wp, Bp, Z; act = a, pre = p, post = q)
+
+    FusedConv(SqueezeExcite(X, W1, B1, W2, B2; act1, act2), Wp, Bp, Z; 1×1, pre = p, post = q)
+        =  tensorforge::SqueezeExcitePointwise(X, W1, B1, W2, B2, Wp, Bp, Z; act1, act2, pre = p, post = q)
+
+(the semantics are in `ops/depthwise_pointwise.py` and `ops/squeeze_excite_pointwise.py`). The depthwise
+convolution: constant weight [C, 1, KH, KW], group = C, any strides, padding and dilations, a constant bias, one
+activation, no residual, and its output read by the 1×1 convolution only. The 1×1 convolution: constant weight, one
+group, unit stride, no padding, constant bias, any epilogue. The squeeze-excite block's output must be read by the
+1×1 convolution only. Every activation must be one the kernels have (`CpuKernels`, given by the builder). Run after
+epilogue and squeeze-excite fusion.
+
+The nodes exist for our CPU kernels: `kernels.cpu.depthwise_pointwise` computes a row of the depthwise output into a
+buffer and the 1×1 row from it, so the block's widest tensor never goes to memory (1.10-1.31× the two kernels apart
+on MobileNetV3's pairs, caches evicted between calls as in a network); for the squeeze-excite block the gate is
+computed alone and the 1×1 kernel scales its input channels by it as it reads them (the gated tensor is never
+written). The builder runs the rules for CPU builds whose tactic families include "cpu" on a CPU that runs the
+kernels (`pipeline.default_passes`); elsewhere the nodes stay apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Node, Value
+from .base import PassContext, Rule, RulePass
+from .patterns import PatternMatch, _float_problem, _interior_problem, _replace_chain
+from .squeeze_excite import _fused_conv, _pointwise_problem
+from .utils import constant
+
+_WINDOW_ATTRIBUTES = ("auto_pad", "dilations", "pads", "strides")
+_EPILOGUE = ("pre", "pre_params", "post", "post_params")
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """The activations the CPU kernels for fused blocks evaluate: the 1×1 and depthwise convolutions' and the
+    squeeze-excite gate's."""
+
+    convolution: tuple[str, ...]
+    gate: tuple[str, ...]
+
+
+def _bias(conv: Node) -> Value | None:
+    return conv.inputs[2] if len(conv.inputs) > 2 else None
+
+
+def _depthwise_problem(conv: Node) -> str | None:
+    """Why `conv` is not a depthwise convolution with a constant weight and bias and only a `pre` activation."""
+    weight, a = conv.inputs[1], conv.attributes
+    channels = conv.inputs[0].shape[1] if conv.inputs[0].rank == 4 else None
+    if constant(weight) is None or weight.rank != 4 or weight.shape[1] != 1:
+        return "the first convolution's weight is not a constant depthwise kernel [C, 1, KH, KW]"
+    if a.get("group", 1) != channels or weight.shape[0] != channels:
+        return f"the first convolution is not depthwise (group {a.get('group', 1)}, {channels} channels)"
+    bias = _bias(conv)
+    if bias is not None and constant(bias) is None:
+        return "the depthwise convolution's bias is not a constant"
+    if len(conv.inputs) > 3 and conv.inputs[3] is not None:
+        return "the depthwise convolution adds a residual"
+    if a.get("post", ""):
+        return "the depthwise convolution has an activation after a residual"
+    return None
+
+
+class DepthwisePointwisePattern(Rule):
+    """`FusedConv(FusedConv(X; depthwise); 1×1)` = `DepthwisePointwise` (see the module)."""
+
+    name = "depthwise-pointwise"
+    op_types = ("tensorforge::FusedConv",)
+
+    def __init__(self, kernels: CpuKernels) -> None:
+        self.activations = kernels.convolution
+
+    def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
+        depthwise = _fused_conv(node.inputs[0])
+        if depthwise is None or depthwise.attributes.get("group", 1) == 1:  # not grouped: no depthwise block
+            return None
+        return PatternMatch([depthwise, node], depthwise.inputs[0], extra={"depthwise": depthwise})
+
+    def check(self, match: PatternMatch, ctx: PassContext) -> str | None:
+        depthwise, pointwise = match.extra["depthwise"], match.root
+        if match.x.rank != 4:
+            return f"the input has rank {match.x.rank}, not 4"
+        problem = _float_problem(match.x) or _interior_problem(match) or _depthwise_problem(depthwise)
+        problem = problem or _pointwise_problem(pointwise, "1×1", pre_only=False)
+        if problem:
+            return problem
+        for conv, slots in ((depthwise, ("pre",)), (pointwise, ("pre", "post"))):
+            for slot in slots:
+                if conv.attributes.get(slot, "") not in self.activations:
+                    return f"the kernel has no activation {conv.attributes[slot]!r}"
+        return None
+
+    def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
+        depthwise, pointwise = match.extra["depthwise"], match.root
+        d, p = depthwise.attributes, pointwise.attributes
+        attributes = {key: d[key] for key in _WINDOW_ATTRIBUTES if key in d}
+        attributes.update(act=d.get("pre", ""), act_params=list(d.get("pre_params", ())))
+        attributes.update({key: p[key] for key in _EPILOGUE if key in p})
+        residual = pointwise.inputs[3] if len(pointwise.inputs) > 3 else None
+        inputs = [match.x, depthwise.inputs[1], _bias(depthwise), pointwise.inputs[1], _bias(pointwise), residual]
+        weight = depthwise.inputs[1]
+        detail = f"{weight.shape[0]} channels, {weight.shape[2]}×{weight.shape[3]}, into {pointwise.inputs[1].shape[0]}"
+        name = pointwise.name
+        fused = _replace_chain(ctx, match, "DepthwisePointwise", inputs, attributes)
+        fused.name = name or fused.name  # the 1×1 convolution's: the block's name in profiles
+        return detail
+
+
+class SqueezeExcitePointwisePattern(Rule):
+    """`FusedConv(SqueezeExcite(X); 1×1)` = `SqueezeExcitePointwise` (see the module)."""
+
+    name = "squeeze-excite-pointwise"
+    op_types = ("tensorforge::FusedConv",)
+
+    def __init__(self, kernels: CpuKernels) -> None:
+        self.kernels = kernels
+
+    def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
+        block = node.inputs[0].producer()
+        if block is None or (block.op_type, block.domain) != ("SqueezeExcite", "tensorforge"):
+            return None
+        return PatternMatch([block, node], block.inputs[0], extra={"block": block})
+
+    def check(self, match: PatternMatch, ctx: PassContext) -> str | None:
+        block, pointwise = match.extra["block"], match.root
+        problem = _float_problem(match.x) or _interior_problem(match)
+        problem = problem or _pointwise_problem(pointwise, "1×1", pre_only=False)
+        if problem:
+            return problem
+        for node, slots, names in ((block, ("act1", "act2"), self.kernels.gate),
+                                   (pointwise, ("pre", "post"), self.kernels.convolution)):  # fmt: skip
+            for slot in slots:
+                if node.attributes.get(slot, "") not in names:
+                    return f"the kernel has no activation {node.attributes[slot]!r}"
+        return None
+
+    def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
+        block, pointwise = match.extra["block"], match.root
+        attributes = dict(block.attributes)
+        attributes.update({key: pointwise.attributes[key] for key in _EPILOGUE if key in pointwise.attributes})
+        residual = pointwise.inputs[3] if len(pointwise.inputs) > 3 else None
+        inputs = [*block.inputs[:5], *([None] * (5 - len(block.inputs))), pointwise.inputs[1], _bias(pointwise),
+                  residual]  # fmt: skip
+        detail = f"{match.x.shape[1]} channels into {pointwise.inputs[1].shape[0]}"
+        name = pointwise.name
+        fused = _replace_chain(ctx, match, "SqueezeExcitePointwise", inputs, attributes)
+        fused.name = name or fused.name  # the 1×1 convolution's: the block's name in profiles
+        return detail
+
+
+class FuseCpuBlocks(RulePass):
+    name = "fuse-cpu-blocks"
+
+    def __init__(self, kernels: CpuKernels) -> None:
+        self.rules = (
+            lambda: DepthwisePointwisePattern(kernels),
+            lambda: SqueezeExcitePointwisePattern(kernels),
+        )
