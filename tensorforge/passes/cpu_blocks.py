@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..ir import Node, Value
 from .base import PassContext, Rule, RulePass
-from .patterns import PatternMatch, _float_problem, _interior_problem, _replace_chain
+from .patterns import PatternMatch, _float_problem, _interior_problem, _replace_chain, _tensorforge_producer
 from .squeeze_excite import _fused_conv, _pointwise_problem
 from .utils import constant
 
@@ -90,25 +90,18 @@ class DepthwisePointwisePattern(Rule):
         problem = problem or _pointwise_problem(pointwise, "1×1", pre_only=False)
         if problem:
             return problem
-        for conv, slots in ((depthwise, ("pre",)), (pointwise, ("pre", "post"))):
-            for slot in slots:
-                if conv.attributes.get(slot, "") not in self.activations:
-                    return f"the kernel has no activation {conv.attributes[slot]!r}"
-        return None
+        return _missing_activation(
+            (depthwise, ("pre",), self.activations), (pointwise, ("pre", "post"), self.activations)
+        )
 
     def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
-        depthwise, pointwise = match.extra["depthwise"], match.root
-        d, p = depthwise.attributes, pointwise.attributes
+        depthwise, weight = match.extra["depthwise"], match.extra["depthwise"].inputs[1]
+        d = depthwise.attributes
         attributes = {key: d[key] for key in _WINDOW_ATTRIBUTES if key in d}
         attributes.update(act=d.get("pre", ""), act_params=list(d.get("pre_params", ())))
-        attributes.update({key: p[key] for key in _EPILOGUE if key in p})
-        residual = pointwise.inputs[3] if len(pointwise.inputs) > 3 else None
-        inputs = [match.x, depthwise.inputs[1], _bias(depthwise), pointwise.inputs[1], _bias(pointwise), residual]
-        weight = depthwise.inputs[1]
-        detail = f"{weight.shape[0]} channels, {weight.shape[2]}×{weight.shape[3]}, into {pointwise.inputs[1].shape[0]}"
-        name = pointwise.name
-        fused = _replace_chain(ctx, match, "DepthwisePointwise", inputs, attributes)
-        fused.name = name or fused.name  # the 1×1 convolution's: the block's name in profiles
+        detail = f"{weight.shape[0]} channels, {weight.shape[2]}×{weight.shape[3]}"
+        detail += f", into {match.root.inputs[1].shape[0]}"
+        _fuse_with_pointwise(ctx, match, "DepthwisePointwise", [match.x, weight, _bias(depthwise)], attributes)
         return detail
 
 
@@ -122,8 +115,8 @@ class SqueezeExcitePointwisePattern(Rule):
         self.kernels = kernels
 
     def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
-        block = node.inputs[0].producer()
-        if block is None or (block.op_type, block.domain) != ("SqueezeExcite", "tensorforge"):
+        block = _tensorforge_producer(node.inputs[0], "SqueezeExcite")
+        if block is None:
             return None
         return PatternMatch([block, node], block.inputs[0], extra={"block": block})
 
@@ -133,25 +126,37 @@ class SqueezeExcitePointwisePattern(Rule):
         problem = problem or _pointwise_problem(pointwise, "1×1", pre_only=False)
         if problem:
             return problem
-        for node, slots, names in ((block, ("act1", "act2"), self.kernels.gate),
-                                   (pointwise, ("pre", "post"), self.kernels.convolution)):  # fmt: skip
-            for slot in slots:
-                if node.attributes.get(slot, "") not in names:
-                    return f"the kernel has no activation {node.attributes[slot]!r}"
-        return None
+        return _missing_activation(
+            (block, ("act1", "act2"), self.kernels.gate), (pointwise, ("pre", "post"), self.kernels.convolution)
+        )
 
     def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
-        block, pointwise = match.extra["block"], match.root
-        attributes = dict(block.attributes)
-        attributes.update({key: pointwise.attributes[key] for key in _EPILOGUE if key in pointwise.attributes})
-        residual = pointwise.inputs[3] if len(pointwise.inputs) > 3 else None
-        inputs = [*block.inputs[:5], *([None] * (5 - len(block.inputs))), pointwise.inputs[1], _bias(pointwise),
-                  residual]  # fmt: skip
-        detail = f"{match.x.shape[1]} channels into {pointwise.inputs[1].shape[0]}"
-        name = pointwise.name
-        fused = _replace_chain(ctx, match, "SqueezeExcitePointwise", inputs, attributes)
-        fused.name = name or fused.name  # the 1×1 convolution's: the block's name in profiles
+        block = match.extra["block"]
+        detail = f"{match.x.shape[1]} channels into {match.root.inputs[1].shape[0]}"
+        head = [*block.inputs[:5], *([None] * (5 - len(block.inputs)))]
+        _fuse_with_pointwise(ctx, match, "SqueezeExcitePointwise", head, dict(block.attributes))
         return detail
+
+
+def _missing_activation(*checks: tuple[Node, tuple[str, ...], tuple[str, ...]]) -> str | None:
+    """The first activation a kernel lacks: `checks` are (node, its activation attributes, the kernel's names)."""
+    for node, slots, names in checks:
+        for slot in slots:
+            if node.attributes.get(slot, "") not in names:
+                return f"the kernel has no activation {node.attributes[slot]!r}"
+    return None
+
+
+def _fuse_with_pointwise(ctx: PassContext, match: PatternMatch, op_type: str, head: list, attributes: dict) -> None:
+    """Replace the matched block with one `op_type` node: the first part's inputs (`head`) and attributes, then the
+    1×1 convolution's weight, bias and residual and its epilogue; the node keeps the 1×1 convolution's name (the
+    block's in profiles)."""
+    pointwise = match.root
+    attributes.update({key: pointwise.attributes[key] for key in _EPILOGUE if key in pointwise.attributes})
+    residual = pointwise.inputs[3] if len(pointwise.inputs) > 3 else None
+    name = pointwise.name
+    fused = _replace_chain(ctx, match, op_type, [*head, pointwise.inputs[1], _bias(pointwise), residual], attributes)
+    fused.name = name or fused.name
 
 
 class FuseCpuBlocks(RulePass):

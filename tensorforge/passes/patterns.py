@@ -51,6 +51,12 @@ def _producer(value: Value | None, op_type: str) -> Node | None:
     return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
 
 
+def _tensorforge_producer(value: Value | None, op_type: str) -> Node | None:
+    """The node of the tensorforge domain's `op_type` that produces `value`, or None."""
+    node = value.producer() if value is not None else None
+    return node if node is not None and (node.op_type, node.domain) == (op_type, DOMAIN) else None
+
+
 def _users(value: Value, *op_types: str) -> list[Node]:
     found = [user for user, _ in value.uses() if user.op_type in op_types and user.domain in ("", "ai.onnx")]
     return list(dict.fromkeys(found))

@@ -23,15 +23,20 @@ from __future__ import annotations
 
 from ..ir import Node, Value
 from .base import PassContext, Rule, RulePass
-from .patterns import PatternMatch, _float_problem, _interior_problem, _producer, _replace_chain, reduce_axes
+from .patterns import (
+    PatternMatch,
+    _float_problem,
+    _interior_problem,
+    _producer,
+    _replace_chain,
+    _tensorforge_producer,
+    reduce_axes,
+)
 from .utils import attr, constant
-
-_FUSED_CONV = ("FusedConv", "tensorforge")
 
 
 def _fused_conv(value: Value | None) -> Node | None:
-    node = value.producer() if value is not None else None
-    return node if node is not None and (node.op_type, node.domain) == _FUSED_CONV else None
+    return _tensorforge_producer(value, "FusedConv")
 
 
 def _pool(value: Value | None) -> Node | None:

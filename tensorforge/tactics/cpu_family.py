@@ -43,6 +43,39 @@ from ..ops.pool import window_geometry
 from .base import Kernel, PerWeight, Tactic, register_tactic
 
 
+def _activation(node: Node, slot: str) -> tuple[str, tuple[float, float]]:
+    """The activation named by attribute `slot` and its two kernel parameters (`activation_args`)."""
+    name = node.attributes.get(slot, "")
+    return name, activation_args(name, node.attributes.get(f"{slot}_params", ()))[1:]
+
+
+def _squeeze_excite_reason(node: Node, device: torch.device, activations: dict[str, tuple[str, ...]]) -> str | None:
+    """Why our CPU kernels cannot run a squeeze-excite node: the device, the input's rank, an activation attribute
+    (`activations`: the kernel's names by attribute) they lack; or None."""
+    if device.type != "cpu":
+        return "a CPU kernel"
+    if node.inputs[0].rank != 4:
+        return f"a 4-D input only, not rank {node.inputs[0].rank}"
+    for key, names in activations.items():
+        name = node.attributes.get(key, "")
+        if name not in names:
+            return f"the kernel has no {key} {name!r}"
+    return None
+
+
+def _gate_operands(node: Node) -> Callable[..., tuple]:
+    """For a squeeze-excite node: `operands(w1, b1, w2, b2)`, the gate's weights as float32 matrices and vectors
+    (prepared once per weight) and its activations, as `kernels.cpu.squeeze_excite` takes them after x."""
+    matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).float().contiguous())
+    vector = PerWeight(lambda b: b.float().contiguous())
+    acts = (*_activation(node, "act1"), *_activation(node, "act2"))
+
+    def operands(w1, b1, w2, b2) -> tuple:
+        return (matrix(w1), None if b1 is None else vector(b1), matrix(w2), None if b2 is None else vector(b2), *acts)
+
+    return operands
+
+
 @register_tactic
 class CpuSqueezeExciteTactic(Tactic):
     """The block's two 1×1 weights as [R, C] and [C, R] float32 matrices (kept once), the rest in the kernel; the
@@ -55,31 +88,15 @@ class CpuSqueezeExciteTactic(Tactic):
     layouts = ("NHWC",)
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if device.type != "cpu":
-            return "a CPU kernel"
-        if node.inputs[0].rank != 4:
-            return f"a 4-D input only, not rank {node.inputs[0].rank}"
-        for key in ("act1", "act2"):
-            name = node.attributes.get(key, "")
-            if name not in se.ACTIVATIONS:
-                return f"the kernel has no {key} {name!r}"
-        return compiler_problem()
+        activations = {"act1": se.ACTIVATIONS, "act2": se.ACTIVATIONS}
+        return _squeeze_excite_reason(node, device, activations) or compiler_problem()
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        act1, act2 = a.get("act1", ""), a.get("act2", "")
-        params1 = activation_args(act1, a.get("act1_params", ()))[1:]
-        params2 = activation_args(act2, a.get("act2_params", ()))[1:]
-        matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).float().contiguous())
-        vector = PerWeight(lambda b: b.float().contiguous())
+        operands = _gate_operands(node)
 
         def kernel(inputs):
             x, w1, b1, w2, b2 = (list(inputs) + [None] * 5)[:5]
-            y = se.squeeze_excite(
-                x.float(), matrix(w1), None if b1 is None else vector(b1), matrix(w2),
-                None if b2 is None else vector(b2), act1, params1, act2, params2,
-            )  # fmt: skip
-            return (y.to(x.dtype),)
+            return (se.squeeze_excite(x.float(), *operands(w1, b1, w2, b2)).to(x.dtype),)
 
         return kernel
 
@@ -118,28 +135,40 @@ def _pre_only_reason(node: Node, activations: tuple[str, ...]) -> str | None:
     return None
 
 
-def _windowed(node: Node, prepare: Callable[..., Any]) -> Kernel:
-    """A kernel for a FusedConv with a pre activation only: `prepare(weight, bias, strides, dilations, activation,
-    its parameters)` makes the convolution once per weight, and each input size's leading padding and output size
-    (`ops.pool.window_geometry`, SAME padding too) are worked out once and passed to it with the input."""
+def _window(node: Node) -> Callable[[tuple[int, ...], tuple[int, ...]], tuple[list[int], list[int]]]:
+    """For a convolution node: `at(input size, kernel size)`, its leading padding and output size
+    (`ops.pool.window_geometry`, SAME padding too), worked out once per input size."""
     a = node.attributes
     strides = list(a.get("strides") or [1, 1])
     dilations = list(a.get("dilations") or [1, 1])
-    pre = a.get("pre", "")
-    params = activation_args(pre, a.get("pre_params", ()))[1:]
+    known: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+
+    def at(spatial: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[list[int], list[int]]:
+        if spatial not in known:
+            begin, _, out_hw = window_geometry(
+                spatial, kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
+            )
+            known[spatial] = (begin, out_hw)
+        return known[spatial]
+
+    return at
+
+
+def _windowed(node: Node, prepare: Callable[..., Any]) -> Kernel:
+    """A kernel for a FusedConv with a pre activation only: `prepare(weight, bias, strides, dilations, activation,
+    its parameters)` makes the convolution once per weight, and each input size's padding and output size
+    (`_window`) are passed to it with the input."""
+    a = node.attributes
+    strides = list(a.get("strides") or [1, 1])
+    dilations = list(a.get("dilations") or [1, 1])
+    pre, params = _activation(node, "pre")
     convs = PerWeight(lambda w, b: prepare(w, b, strides, dilations, pre, params))
-    geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+    window = _window(node)
 
     def kernel(inputs):
         x = inputs[0]
         conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
-        spatial = tuple(x.shape[2:])
-        if spatial not in geometry:
-            begin, _, out_hw = window_geometry(
-                spatial, conv.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
-            )
-            geometry[spatial] = (begin, out_hw)
-        return (conv(x, *geometry[spatial]),)
+        return (conv(x, *window(tuple(x.shape[2:]), conv.kernel)),)
 
     return kernel
 
@@ -212,12 +241,9 @@ class CpuPointwiseTactic(_CpuConv):
         return [{"tile": list(tile)} for tile in pw.TILES]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        pre, post = a.get("pre", ""), a.get("post", "")
-        pre_params = activation_args(pre, a.get("pre_params", ()))[1:]
-        post_params = activation_args(post, a.get("post_params", ()))[1:]
+        epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
-        convs = PerWeight(lambda w, b: pw.PointwiseConv(w, b, pre, pre_params, post, post_params, tile))
+        convs = PerWeight(lambda w, b: pw.PointwiseConv(w, b, *epilogue, tile))
 
         def kernel(inputs):
             conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
@@ -251,24 +277,16 @@ class CpuDepthwisePointwiseTactic(_CpuConv):
         a = node.attributes
         strides = list(a.get("strides") or [1, 1])
         dilations = list(a.get("dilations") or [1, 1])
-        slots = ("act", "pre", "post")
-        params = {slot: activation_args(a.get(slot, ""), a.get(f"{slot}_params", ()))[1:] for slot in slots}
+        act, pre, post = (_activation(node, slot) for slot in ("act", "pre", "post"))
         tile = tuple(config["tile"])
         blocks = PerWeight(lambda wd, bd, wp, bp: dp.DepthwisePointwise(
-            wd, bd, strides, dilations, a.get("act", ""), params["act"], wp, bp, a.get("pre", ""), params["pre"],
-            a.get("post", ""), params["post"], tile))  # fmt: skip
-        geometry: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+            wd, bd, strides, dilations, *act, wp, bp, *pre, *post, tile))  # fmt: skip
+        window = _window(node)
 
         def kernel(inputs):
             x, wd, bd, wp, bp, z = (list(inputs) + [None] * 6)[:6]
             block = blocks(wd, bd, wp, bp)
-            spatial = tuple(x.shape[2:])
-            if spatial not in geometry:
-                begin, _, out_hw = window_geometry(
-                    spatial, block.kernel, strides, dilations, a.get("pads"), a.get("auto_pad", "NOTSET")
-                )
-                geometry[spatial] = (begin, out_hw)
-            return (block(x, *geometry[spatial], z),)
+            return (block(x, *window(tuple(x.shape[2:]), block.kernel), z),)
 
         return kernel
 
@@ -285,38 +303,22 @@ class CpuSqueezeExcitePointwiseTactic(Tactic):
     layouts = ("NHWC",)
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        if device.type != "cpu":
-            return "a CPU kernel"
-        if node.inputs[0].rank != 4:
-            return f"a 4-D input only, not rank {node.inputs[0].rank}"
-        a = node.attributes
-        for slot, names in (("act1", se.ACTIVATIONS), ("act2", se.ACTIVATIONS), ("pre", pw.ACTIVATIONS),
-                            ("post", pw.ACTIVATIONS)):  # fmt: skip
-            if a.get(slot, "") not in names:
-                return f"the kernel has no {slot} {a.get(slot)!r}"
-        return pw.problem() or compiler_problem()
+        activations = {"act1": se.ACTIVATIONS, "act2": se.ACTIVATIONS, "pre": pw.ACTIVATIONS, "post": pw.ACTIVATIONS}
+        return _squeeze_excite_reason(node, device, activations) or pw.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": list(tile)} for tile in pw.TILES]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        params = {slot: activation_args(a.get(slot, ""), a.get(f"{slot}_params", ()))[1:]
-                  for slot in ("act1", "act2", "pre", "post")}  # fmt: skip
-        matrix = PerWeight(lambda w: w.reshape(w.shape[0], w.shape[1]).float().contiguous())
-        vector = PerWeight(lambda b: b.float().contiguous())
+        operands = _gate_operands(node)
+        epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
-        convs = PerWeight(lambda w, b: pw.PointwiseConv(
-            w, b, a.get("pre", ""), params["pre"], a.get("post", ""), params["post"], tile))  # fmt: skip
+        convs = PerWeight(lambda w, b: pw.PointwiseConv(w, b, *epilogue, tile))
 
         def kernel(inputs):
             x, w1, b1, w2, b2, wp, bp, z = (list(inputs) + [None] * 8)[:8]
             x = x.contiguous(memory_format=torch.channels_last)
-            gate = se.gate(
-                x, matrix(w1), None if b1 is None else vector(b1), matrix(w2), None if b2 is None else vector(b2),
-                a.get("act1", ""), params["act1"], a.get("act2", ""), params["act2"],
-            )  # fmt: skip
-            return (convs(wp, bp)(x, z, None, gate),)
+            return (convs(wp, bp)(x, z, None, se.gate(x, *operands(w1, b1, w2, b2))),)
 
         return kernel
 
