@@ -4,9 +4,11 @@ ones — and both engines timed in alternation in one process (call by call, so 
     python bench/families.py --model mobilenetv3 --without cpu --out DIR                 # the CPU kernels' worth
     python bench/families.py --model bert_base --size 128 --batch 64 --without gluon --out DIR
     python bench/families.py --model mobilenetv3 --unfused --out DIR     # the depthwise + 1×1 fusion's worth
+    python bench/families.py --model mobilenetv3 --without cpu.gemm --out DIR           # one tactic's worth
 
-`--without F ...` builds the second engine from every registered family but those; `--unfused` builds it without the
-CPU's block fusions (`passes.cpu_blocks`), which need the "cpu" family. The two builds share one
+`--without F ...` builds the second engine from every registered family but those (a name with a dot, a tactic's
+key such as `cpu.gemm`, leaves out that tactic alone: it declines every layer in that build); `--unfused` builds it
+without the CPU's block fusions (`passes.cpu_blocks`), which need the "cpu" family. The two builds share one
 timing cache, so that the second reuses the first's timings and the engines differ only in the layers the compared
 families decide (on a noisy machine, two builds timed apart pick different tactics for unrelated layers, a larger
 difference than the one measured). A model is a zoo name or an ONNX file. Prints each engine's median, their ratio,
@@ -21,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from unittest import mock
 
@@ -34,12 +36,21 @@ from tensorforge.build.builder import Builder
 from tensorforge.build.config import BuildConfig, QuantizationConfig
 from tensorforge.frontend import import_model
 from tensorforge.tactics import autotune  # noqa: F401 - registers every tactic family
-from tensorforge.tactics.base import all_tactics
+from tensorforge.tactics.base import all_tactics, tactic_by_key
 
 
 def _families(without: list[str]) -> tuple[str, ...]:
-    """The tactic families of the compared build: every family less `without`."""
-    return tuple(sorted({t.family for t in all_tactics()} - set(without)))
+    """The tactic families of the compared build: every family less those named in `without` (tactics, with a dot,
+    aside)."""
+    return tuple(sorted({t.family for t in all_tactics()} - {name for name in without if "." not in name}))
+
+
+def _left_out(stack: ExitStack, keys: list[str]) -> None:
+    """The tactics of `keys` decline every layer until `stack` closes."""
+    for key in keys:
+        stack.enter_context(
+            mock.patch.object(tactic_by_key(key), "supports", return_value="left out by the comparison")
+        )
 
 
 def _differing_layers(default, compared) -> list[dict[str, str]]:
@@ -68,13 +79,13 @@ def main(argv: list[str] | None = None) -> None:
         "their scales from the benchmark's own inputs",
     )  # fmt: skip
     parser.add_argument("--effort", type=int, default=0)
-    parser.add_argument("--without", nargs="+", default=[], metavar="FAMILY")
+    parser.add_argument("--without", nargs="+", default=[], metavar="FAMILY_OR_TACTIC")
     parser.add_argument("--unfused", action="store_true", help="the compared engine without the depthwise + 1×1 fusion")
     parser.add_argument("--runs", type=int, default=300, help="calls of each engine, alternating")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     if not args.without and not args.unfused:
-        parser.error("name the families to leave out (--without) or compare without the fusion (--unfused)")
+        parser.error("name the families or tactics to leave out (--without) or compare without the fusion (--unfused)")
     device = torch.device(args.device)
     path = Path(args.model)
     if path.suffix == ".onnx":
@@ -101,8 +112,11 @@ def main(argv: list[str] | None = None) -> None:
             quantization=QuantizationConfig(method="minmax") if quantized else None, timing_cache=str(timing_cache),
         )  # fmt: skip
         started = time.perf_counter()
-        unfused = label == "compared" and args.unfused
-        with mock.patch.object(Builder, "_cpu_kernels", return_value=None) if unfused else nullcontext():
+        with ExitStack() as stack:
+            if label == "compared":
+                _left_out(stack, [name for name in args.without if "." in name])
+                if args.unfused:
+                    stack.enter_context(mock.patch.object(Builder, "_cpu_kernels", return_value=None))
             engines[label] = Builder(config, calibration_data=calibration).build(import_model(proto))
         print(f"{label} engine ({families or 'default families'}) built in {time.perf_counter() - started:.1f} s")
     contexts = {label: engine.create_context() for label, engine in engines.items()}
@@ -133,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         "device": str(device),
         "precisions": precisions,
         "compared_families": compared,
+        "compared_without_tactics": [name for name in args.without if "." in name],
         "compared_unfused": args.unfused,
+        "compared_tactics": sorted({layer.tactic for layer in engines["compared"].plans[0].layers}),
         "medians_ms": medians,
         "ratio": ratio,
         "tactics_in_one_engine_only": changed,

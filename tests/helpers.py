@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper
 
 from tensorforge import Executor
@@ -71,6 +72,37 @@ def fused_conv(
     model, _ = optimize(import_model(make_model(nodes, inputs, [tensor_info(last, None)], 17, inits)))
     (node,) = model.graph.nodes
     return node
+
+
+def fused_gemm(x_shape, activation="", trans_b=False, residual=False, matmul=True, n=24):
+    """MatMul (or Gemm) + bias (+ residual) (+ activation) with `n` outputs, optimized into one FusedGemm, and its
+    feeds (random)."""
+    from onnx import numpy_helper
+
+    from tensorforge.passes.pipeline import optimize
+
+    rng = np.random.default_rng(0)
+    k = x_shape[-1]
+    w = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32) / k**0.5
+    b = rng.standard_normal(n).astype(np.float32)
+    if matmul:
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["c"])]
+    else:
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["c"], transB=int(trans_b))]
+    inputs, last = [tensor_info("x", x_shape)], "c"
+    if residual:
+        inputs.append(tensor_info("r", [*x_shape[:-1], n]))
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if activation:
+        nodes.append(helper.make_node(activation, [last], ["y"]))
+        last = "y"
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    model, _ = optimize(import_model(make_model(nodes, inputs, [tensor_info(last, None)], 17, inits)))
+    (node,) = model.graph.nodes
+    assert node.op_type == "FusedGemm"
+    feeds = [torch.randn(x_shape)] + ([torch.randn(*x_shape[:-1], n)] if residual else [])
+    return node, feeds
 
 
 def run_tensorforge(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], device: str = "cpu"):

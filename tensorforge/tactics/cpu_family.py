@@ -6,6 +6,8 @@
   where a oneDNN call through torch costs more to set up than the layer computes.
 - `cpu.pointwise`: a 1×1 FusedConv (stride 1, unpadded, one group) with its whole epilogue, residual included
   (`kernels.cpu.pointwise`, AVX-512), float32.
+- `cpu.gemm`: a FusedGemm with a constant weight, its whole epilogue inside, as the 1×1 kernel over the rows of A
+  (`kernels.cpu.pointwise`: a classifier's matrix-vector product at batch 1 spread over the threads), float32.
 - `cpu.depthwise-pointwise`: a DepthwisePointwise block (a depthwise convolution and the 1×1 after it, made by
   `passes.cpu_blocks` for CPU builds) in one pass that keeps the depthwise output in cache
   (`kernels.cpu.depthwise_pointwise`, AVX-512), float32.
@@ -248,6 +250,68 @@ class CpuPointwiseTactic(_CpuConv):
         def kernel(inputs):
             conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
             return (conv(inputs[0], inputs[3] if len(inputs) > 3 else None),)
+
+        return kernel
+
+
+@register_tactic
+class CpuGemmTactic(Tactic):
+    """FusedGemm `post(pre(A @ op(B) + C) + Z)` with B a constant matrix: the 1×1 kernel over A's rows, each a pixel
+    of a 1×1 image, B packed once as that kernel's weight and C as its bias. The residual Z must be the output's
+    shape. Declines products of more than `POINTWISE_LARGEST` multiply-adds (where A's shape is known)."""
+
+    family = "cpu"
+    name = "gemm"
+    op_types = (f"{DOMAIN}::FusedGemm",)
+    precisions = ("fp32",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "a CPU kernel"
+        a = node.attributes
+        weight = node.inputs[1]
+        if not weight.is_const or weight.rank != 2:
+            return "the weight must be a constant matrix (it is packed once)"
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            return "no transA, alpha or beta"
+        n = weight.shape[0 if a.get("transB", 0) else 1]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and (not bias.is_const or tuple(bias.shape or ()) not in ((n,), (1, n))):
+            return f"the bias must be a constant over the {n} output columns"
+        residual = node.inputs[3] if len(node.inputs) > 3 else None
+        if residual is not None and residual.shape != node.outputs[0].shape:
+            return "a residual of the output's shape only"
+        if node.inputs[0].rank is None or node.inputs[0].rank < 2:
+            return "the input must be a matrix or a batch of them"
+        for slot in ("pre", "post"):
+            if a.get(slot, "") not in pw.ACTIVATIONS:
+                return f"the kernel has no activation {a.get(slot)!r}"
+        shape = node.inputs[0].shape
+        work = math.prod(shape) * n if all(isinstance(d, int) for d in shape) else 0
+        if work > POINTWISE_LARGEST:
+            return f"{work / 1e6:.0f}M multiply-adds: oneDNN's cache blocking wins on products this large"
+        return pw.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in pw.TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
+        tile = tuple(config["tile"])
+        transposed = bool(node.attributes.get("transB", 0))
+
+        def derive(w, b):
+            rows = w if transposed else w.t()  # [N, C]: a 1×1 convolution's weight
+            return pw.PointwiseConv(rows[:, :, None, None], None if b is None else b.reshape(-1), *epilogue, tile)
+
+        products = PerWeight(derive)
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            product = products(w, b)
+            rows = x.reshape(-1, x.shape[-1])[:, :, None, None]
+            residual = None if z is None else z.reshape(-1, product.channels)[:, :, None, None]
+            return (product(rows, residual).reshape(*x.shape[:-1], product.channels),)
 
         return kernel
 

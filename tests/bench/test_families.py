@@ -2,15 +2,34 @@
 
 import json
 
+import numpy as np
 import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 from bench import families
 from tensorforge.kernels.cpu import depthwise_pointwise
 from tensorforge.kernels.cpu.extension import compiler_problem
+from tests.helpers import make_model, tensor_info
 from tests.passes.test_squeeze_excite import _se_model
 
 _FUSION_PROBLEM = compiler_problem() or depthwise_pointwise.problem()
+
+
+def _classifier() -> onnx.ModelProto:
+    """A network's head: global average pool, flatten, a product with bias and ReLU, then another."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 96)).astype(np.float32) / 8, "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((96, 40)).astype(np.float32) / 10, "w2")
+    b1 = numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), "b1")
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w1", "b1"], ["g"]),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    return make_model(nodes, [tensor_info("x", [1, 64, 4, 4])], [tensor_info("y", None)], 17, [w1, w2, b1])
 
 
 def test_the_compared_families_are_every_family_but_those_named():
@@ -47,6 +66,18 @@ def test_the_depthwise_pointwise_fusion_can_be_compared_alone(tmp_path):
     result = json.loads((tmp_path / "families-block-b1.json").read_text())
     assert result["compared_unfused"] and "cpu" in result["compared_families"]
     assert result["tactics_in_one_engine_only"] and "cpu.depthwise-pointwise" in result["tactics_in_one_engine_only"]
+
+
+@pytest.mark.skipif(_FUSION_PROBLEM is not None, reason=str(_FUSION_PROBLEM))
+def test_one_tactic_can_be_left_out(tmp_path):
+    """--without cpu.gemm: the compared engine has every family, and the classifier's product runs another tactic."""
+    path = tmp_path / "head.onnx"
+    onnx.save(_classifier(), path)
+    families.main(["--model", str(path), "--without", "cpu.gemm", "--runs", "3", "--device", "cpu", "--out",
+                   str(tmp_path)])  # fmt: skip
+    result = json.loads((tmp_path / "families-head-b1.json").read_text())
+    assert "cpu" in result["compared_families"] and result["compared_without_tactics"] == ["cpu.gemm"]
+    assert "cpu.gemm" not in result["compared_tactics"] and result["compared_tactics"]
 
 
 def test_something_to_compare_must_be_named():

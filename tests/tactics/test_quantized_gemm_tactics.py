@@ -12,7 +12,7 @@ from tensorforge.quant.layers import quantizable_layers
 from tensorforge.quant.lower import lowerable, quantize_layers
 from tensorforge.tactics.autotune import TOLERANCE, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.tactics.test_vendor_onednn_linear import _gemm_layer
+from tests.helpers import fused_gemm
 
 CPU = torch.device("cpu")
 CASES = [
@@ -23,7 +23,7 @@ CASES = [
 
 
 def _quantized(x_shape, activation, trans_b, residual, matmul, n=24):
-    node, feeds = _gemm_layer(x_shape, activation, trans_b, residual, matmul, n)
+    node, feeds = fused_gemm(x_shape, activation, trans_b, residual, matmul, n)
     model = Model(node.graph, {"": 17, "tensorforge": 1})
     names = [v.name for v in model.graph.inputs]
     batches = [{name: f.numpy() for name, f in zip(names, feeds, strict=True)}]
@@ -68,7 +68,7 @@ def test_onednn_int8_linear_and_the_float_fallback(x_shape, activation, trans_b,
 
 
 def test_a_gemm_with_alpha_stays_float_with_the_reason():
-    node, _ = _gemm_layer([4, 16], "Relu")
+    node, _ = fused_gemm([4, 16], "Relu")
     node.attributes["alpha"] = 0.5
     model = Model(node.graph, {"": 17, "tensorforge": 1})
     (layer,) = quantizable_layers(model)

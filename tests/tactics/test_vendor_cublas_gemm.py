@@ -8,7 +8,7 @@ import torch
 
 from tensorforge.tactics.autotune import autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.tactics.test_vendor_onednn_linear import _gemm_layer
+from tests.helpers import fused_gemm
 
 TACTIC = "vendor.cublas-gemm"
 CPU = torch.device("cpu")
@@ -23,7 +23,7 @@ CASES = [
 
 @pytest.mark.parametrize(("x_shape", "activation", "trans_b", "residual", "matmul"), CASES)
 def test_the_kernel_matches_the_reference(x_shape, activation, trans_b, residual, matmul):
-    node, feeds = _gemm_layer(x_shape, activation, trans_b, residual, matmul)
+    node, feeds = fused_gemm(x_shape, activation, trans_b, residual, matmul)
     got = build_layer_kernel(tactic_by_key(TACTIC), node, 1, CPU, {}, {})(feeds)[0]
     want = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})(feeds)[0]
     assert got.shape == want.shape and relative_error(got, want) <= 1e-5
@@ -31,7 +31,7 @@ def test_the_kernel_matches_the_reference(x_shape, activation, trans_b, residual
 
 def test_it_runs_on_cuda_only_and_needs_a_constant_weight():
     tactic = tactic_by_key(TACTIC)
-    node, _ = _gemm_layer([4, 16], "Relu")
+    node, _ = fused_gemm([4, 16], "Relu")
     assert tactic.supports(node, 1, CPU) == "cuBLAS runs on CUDA"
     assert tactic.supports(node, 1, torch.device("cuda")) is None
 
@@ -43,7 +43,7 @@ def test_on_cuda_every_variant_is_correct(x_shape, activation, trans_b, residual
     reference with its precision's tolerance: none may be refused as wrong."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    node, feeds = _gemm_layer(x_shape, activation, trans_b, residual, matmul)
+    node, feeds = fused_gemm(x_shape, activation, trans_b, residual, matmul)
     inputs = [feeds[0].cuda(), None, None, *[f.cuda() for f in feeds[1:]]]
     choice = autotune(node, 1, inputs, "cuda", effort=0, precisions=("fp32", "tf32", "fp16", "bf16"), exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == TACTIC]

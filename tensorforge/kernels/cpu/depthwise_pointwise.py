@@ -24,7 +24,9 @@ from . import depthwise as dw
 from . import pointwise as pw
 from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
 
-TILES = pw.TILES  # the 1×1 part's tiles (pixels, vectors of 16 output channels); the depthwise part's is 8 pixels
+# The 1×1 part's tiles (pixels, vectors of 16 output channels), those of `pointwise.TILES` that span a row of pixels;
+# the depthwise part's is 8 pixels.
+TILES = ((8, 3), (6, 4))
 
 SOURCE = (
     VECTOR_MATH
@@ -53,10 +55,8 @@ inline void pointwise_row(const pwk::Problem& q) {
   const int64_t tiles = (q.P + MR - 1) / MR, vectors = q.Kp / 16;
   for (int64_t t = 0; t < tiles; ++t) {
     int64_t v = 0;
-    for (; v + NV <= vectors; v += NV) pwk::tile<MR, NV>(q, t * MR, 16 * v);
-    if (vectors - v == 3) pwk::tile<MR, 3>(q, t * MR, 16 * v);
-    else if (vectors - v == 2) pwk::tile<MR, 2>(q, t * MR, 16 * v);
-    else if (vectors - v == 1) pwk::tile<MR, 1>(q, t * MR, 16 * v);
+    for (; v + NV <= vectors; v += NV) pwk::tile<MR, NV, false>(q, t * MR, 16 * v);
+    pwk::narrower<MR, NV - 1, false>(q, t * MR, 16 * v, vectors - v);
   }
 }
 

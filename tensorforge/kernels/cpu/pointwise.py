@@ -8,9 +8,10 @@ weight row (`vectors` loads) times each pixel's value (a broadcast) to the tile,
 a step. The weight is packed once in column blocks of the tile's width, each [C, 16·vectors] contiguous (the last
 block narrower where the vectors do not divide K rounded up to 16), so that a tile reads its weights as one stream
 (read as a strip of [C, K] rows they were 1.09-1.11× slower over MobileNetV3's 1×1 layers in sequence); a last
-partial vector of output channels is masked when stored. Threads take tiles of pixels, each tile every output
-channel, so a tile's input rows stay in cache (blocks outermost, each strip reused by a chunk of pixel tiles, was
-slower still).
+partial vector of output channels is masked when stored. Threads take runs of (pixel tile, column block) items, a
+pixel tile's blocks one after the other, so a tile's input rows stay in cache (blocks outermost, each strip reused
+by a chunk of pixel tiles, was slower still) and a product of one pixel (a matrix-vector product: a classifier at
+batch 1, run as a 1×1 convolution of a 1×1 image, with the 1×8 tile) spreads its column blocks over the threads.
 
 Why our own: a oneDNN call through torch costs 25-45 µs of set-up (docs/design.md, "The CPU at batch 1"), and the
 1×1 convolutions are half the layers of MobileNet and EfficientNet.
@@ -25,7 +26,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
 
-TILES = ((8, 3), (6, 4))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
+TILES = ((8, 3), (6, 4), (1, 8))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 
 # The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
 # kernel, `kernels.cpu.depthwise_pointwise`, in a named one).
@@ -108,26 +109,34 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
   }
 }
 
-// Every output channel of pixel tiles [first, last): blocks of NV vectors, the last of fewer.
-template <int MR, int NV, bool SCALED>
-inline void tiles(const Problem& q, int64_t first, int64_t last) {
-  const int64_t vectors = q.Kp / 16;
-  for (int64_t t = first; t < last; ++t) {
-    int64_t v = 0;
-    for (; v + NV <= vectors; v += NV) tile<MR, NV, SCALED>(q, t * MR, 16 * v);
-    if (vectors - v == 3) tile<MR, 3, SCALED>(q, t * MR, 16 * v);
-    else if (vectors - v == 2) tile<MR, 2, SCALED>(q, t * MR, 16 * v);
-    else if (vectors - v == 1) tile<MR, 1, SCALED>(q, t * MR, 16 * v);
+// The block of output vectors from k0, `left` of them (fewer than NV: the last block): the tile of that width.
+template <int MR, int R, bool SCALED>
+inline void narrower(const Problem& q, int64_t p0, int64_t k0, int64_t left) {
+  if constexpr (R > 0) {
+    if (left == R) tile<MR, R, SCALED>(q, p0, k0);
+    else narrower<MR, R - 1, SCALED>(q, p0, k0, left);
   }
 }
 
+// Work items: a tile of pixels × a block of NV output vectors (the last block narrower), a pixel tile's blocks
+// consecutive, so that a thread's items share their input rows; a product of few pixels (a matrix-vector
+// product) still spreads over every thread.
 template <int MR, int NV>
 void run(const Problem& q) {
-  const int64_t count = (q.P + MR - 1) / MR;
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * q.Kp));
-  at::parallel_for(0, count, grain, [&](int64_t first, int64_t last) {
-    if (q.s) tiles<MR, NV, true>(q, first, last);
-    else tiles<MR, NV, false>(q, first, last);
+  const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
+  const int64_t items = (q.P + MR - 1) / MR * blocks;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * 16 * NV));
+  at::parallel_for(0, items, grain, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t p0 = i / blocks * MR, v = i % blocks * NV;
+      if (q.s) {
+        if (vectors - v >= NV) tile<MR, NV, true>(q, p0, 16 * v);
+        else narrower<MR, NV - 1, true>(q, p0, 16 * v, vectors - v);
+      } else {
+        if (vectors - v >= NV) tile<MR, NV, false>(q, p0, 16 * v);
+        else narrower<MR, NV - 1, false>(q, p0, 16 * v, vectors - v);
+      }
+    }
   });
 }
 
@@ -149,7 +158,8 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
   TORCH_CHECK(w.numel() == q.C * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C, " input channels");
   if (rows == 8 && vectors == 3) run<8, 3>(q);
   else if (rows == 6 && vectors == 4) run<6, 4>(q);
-  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3 or 6×4)");
+  else if (rows == 1 && vectors == 8) run<1, 8>(q);
+  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3, 6×4 or 1×8)");
 }
 """,
 )
