@@ -3,16 +3,18 @@ ones — and both engines timed in alternation in one process (call by call, so 
 
     python bench/families.py --model mobilenetv3 --without cpu --out DIR                 # the CPU kernels' worth
     python bench/families.py --model bert_base --size 128 --batch 64 --without gluon --out DIR
-    python bench/families.py --model mobilenetv3 --unfused --out DIR     # the depthwise + 1×1 fusion's worth
+    python bench/families.py --model mobilenetv3 --unfused --out DIR              # the CPU block fusions' worth
+    python bench/families.py --model mobilenetv3 --unfused pooled-gemm --out DIR  # one of them
     python bench/families.py --model mobilenetv3 --without cpu.gemm --out DIR           # one tactic's worth
 
-`--without F ...` builds the second engine from every registered family but those (a name with a dot, a tactic's
-key such as `cpu.gemm`, leaves out that tactic alone: it declines every layer in that build); `--unfused` builds it
-without the CPU's block fusions (`passes.cpu_blocks`), which need the "cpu" family. The two builds share one
-timing cache, so that the second reuses the first's timings and the engines differ only in the layers the compared
-families decide (on a noisy machine, two builds timed apart pick different tactics for unrelated layers, a larger
-difference than the one measured). A model is a zoo name or an ONNX file. Prints each engine's median, their ratio,
-and which layers ran in the families compared; writes `families-MODEL-bBATCH.json` under DIR.
+`--without F ...` builds the second engine from every registered family but those (a name with a dot, a tactic's key
+such as `cpu.gemm`, leaves out that tactic alone: it declines every layer in that build); `--unfused [RULE ...]`
+builds it without the CPU's block fusions (`passes.cpu_blocks`, which need the "cpu" family), or without the rules
+named. The two builds share one timing cache, so that the second reuses the first's timings and the engines differ
+only in the layers the compared families decide (on a noisy machine, two builds timed apart pick different tactics
+for unrelated layers, a larger difference than the one measured). A model is a zoo name or an ONNX file. Prints each
+engine's median, their ratio, and which layers ran in the families compared; writes `families-MODEL-bBATCH.json`
+under DIR.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tensorforge import zoo
 from tensorforge.build.builder import Builder
 from tensorforge.build.config import BuildConfig, QuantizationConfig
 from tensorforge.frontend import import_model
+from tensorforge.passes import cpu_blocks
 from tensorforge.tactics import autotune  # noqa: F401 - registers every tactic family
 from tensorforge.tactics.base import all_tactics, tactic_by_key
 
@@ -51,6 +54,15 @@ def _left_out(stack: ExitStack, keys: list[str]) -> None:
         stack.enter_context(
             mock.patch.object(tactic_by_key(key), "supports", return_value="left out by the comparison")
         )
+
+
+def _unfused(stack: ExitStack, rules: list[str] | None) -> None:
+    """Until `stack` closes: no CPU block fusion (`rules` empty), or none of `rules` (by name); None: all as usual."""
+    if rules == []:
+        stack.enter_context(mock.patch.object(Builder, "_cpu_kernels", return_value=None))
+    for rule in cpu_blocks.RULES if rules else ():
+        if rule.name in rules:
+            stack.enter_context(mock.patch.object(rule, "check", return_value="left out by the comparison"))
 
 
 def _differing_layers(default, compared) -> list[dict[str, str]]:
@@ -80,11 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--effort", type=int, default=0)
     parser.add_argument("--without", nargs="+", default=[], metavar="FAMILY_OR_TACTIC")
-    parser.add_argument("--unfused", action="store_true", help="the compared engine without the depthwise + 1×1 fusion")
+    parser.add_argument(
+        "--unfused", nargs="*", metavar="RULE", choices=[rule.name for rule in cpu_blocks.RULES],
+        help="the compared engine without the CPU block fusions (all, or those named)",
+    )  # fmt: skip
     parser.add_argument("--runs", type=int, default=300, help="calls of each engine, alternating")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
-    if not args.without and not args.unfused:
+    if not args.without and args.unfused is None:
         parser.error("name the families or tactics to leave out (--without) or compare without the fusion (--unfused)")
     device = torch.device(args.device)
     path = Path(args.model)
@@ -115,8 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         with ExitStack() as stack:
             if label == "compared":
                 _left_out(stack, [name for name in args.without if "." in name])
-                if args.unfused:
-                    stack.enter_context(mock.patch.object(Builder, "_cpu_kernels", return_value=None))
+                _unfused(stack, args.unfused)
             engines[label] = Builder(config, calibration_data=calibration).build(import_model(proto))
         print(f"{label} engine ({families or 'default families'}) built in {time.perf_counter() - started:.1f} s")
     contexts = {label: engine.create_context() for label, engine in engines.items()}
@@ -148,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         "precisions": precisions,
         "compared_families": compared,
         "compared_without_tactics": [name for name in args.without if "." in name],
-        "compared_unfused": args.unfused,
+        "compared_unfused": args.unfused if args.unfused is None else args.unfused or ["all"],
         "compared_tactics": sorted({layer.tactic for layer in engines["compared"].plans[0].layers}),
         "medians_ms": medians,
         "ratio": ratio,

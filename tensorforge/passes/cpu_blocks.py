@@ -1,5 +1,6 @@
 """Blocks of a CPU build with our kernels for them: a depthwise convolution and the 1×1 convolution that reads it,
-and a squeeze-and-excitation block and the 1×1 convolution that reads it, each as one node.
+a squeeze-and-excitation block and the 1×1 convolution that reads it, and a classifier's head (global average pool,
+flatten, product), each as one node.
 
     FusedConv(FusedConv(X, Wd, Bd; group = C, pre = a), Wp, Bp, Z; 1×1, pre = p, post = q)
         =  tensorforge::DepthwisePointwise(X, Wd, Bd, Wp, Bp, Z; act = a, pre = p, post = q)
@@ -7,19 +8,25 @@ and a squeeze-and-excitation block and the 1×1 convolution that reads it, each 
     FusedConv(SqueezeExcite(X, W1, B1, W2, B2; act1, act2), Wp, Bp, Z; 1×1, pre = p, post = q)
         =  tensorforge::SqueezeExcitePointwise(X, W1, B1, W2, B2, Wp, Bp, Z; act1, act2, pre = p, post = q)
 
-(the semantics are in `ops/depthwise_pointwise.py` and `ops/squeeze_excite_pointwise.py`). The depthwise
-convolution: constant weight [C, 1, KH, KW], group = C, any strides, padding and dilations, a constant bias, one
-activation, no residual, and its output read by the 1×1 convolution only. The 1×1 convolution: constant weight, one
-group, unit stride, no padding, constant bias, any epilogue. The squeeze-excite block's output must be read by the
-1×1 convolution only. Every activation must be one the kernels have (`CpuKernels`, given by the builder). Run after
+    FusedGemm(Flatten(GlobalAveragePool(X); axis = 1), B, C; transB, pre = p, post = q)
+        =  tensorforge::PooledGemm(X, B, C; transB, pre = p, post = q)
+
+(the semantics are in `ops/depthwise_pointwise.py`, `ops/squeeze_excite_pointwise.py` and `ops/pooled_gemm.py`).
+The depthwise convolution: constant weight [C, 1, KH, KW], group = C, any strides, padding and dilations, a
+constant bias, one activation, no residual, and its output read by the 1×1 convolution only. The 1×1 convolution:
+constant weight, one group, unit stride, no padding, constant bias, any epilogue. The squeeze-excite block's output
+must be read by the 1×1 convolution only. The head's product: a constant weight, a constant bias over its columns,
+no residual, alpha and beta 1, A not transposed; the pool's input 4-D, its and the flattening's outputs read by the
+next node only. Every activation must be one the kernels have (`CpuKernels`, given by the builder). Run after
 epilogue and squeeze-excite fusion.
 
 The nodes exist for our CPU kernels: `kernels.cpu.depthwise_pointwise` computes a row of the depthwise output into a
 buffer and the 1×1 row from it, so the block's widest tensor never goes to memory (1.10-1.31× the two kernels apart
 on MobileNetV3's pairs, caches evicted between calls as in a network); for the squeeze-excite block the gate is
 computed alone and the 1×1 kernel scales its input channels by it as it reads them (the gated tensor is never
-written). The builder runs the rules for CPU builds whose tactic families include "cpu" on a CPU that runs the
-kernels (`pipeline.default_passes`); elsewhere the nodes stay apart.
+written); the head's pool and product are one call of the 1×1 kernel (`PointwiseConv.pooled`). The builder runs
+the rules for CPU builds whose tactic families include "cpu" on a CPU that runs the kernels
+(`pipeline.default_passes`); elsewhere the nodes stay apart.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ from dataclasses import dataclass
 
 from ..ir import Node, Value
 from .base import PassContext, Rule, RulePass
-from .patterns import PatternMatch, _float_problem, _interior_problem, _replace_chain, _tensorforge_producer
+from .patterns import (
+    PatternMatch,
+    _float_problem,
+    _interior_problem,
+    _producer,
+    _replace_chain,
+    _tensorforge_producer,
+)
 from .squeeze_excite import _fused_conv, _pointwise_problem
 from .utils import constant
 
@@ -138,6 +152,54 @@ class SqueezeExcitePointwisePattern(Rule):
         return detail
 
 
+class PooledGemmPattern(Rule):
+    """`FusedGemm(Flatten(GlobalAveragePool(X)))` = `PooledGemm` (see the module)."""
+
+    name = "pooled-gemm"
+    op_types = ("tensorforge::FusedGemm",)
+
+    def __init__(self, kernels: CpuKernels) -> None:
+        self.activations = kernels.convolution
+
+    def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
+        flatten = _producer(node.inputs[0], "Flatten")
+        pool = _producer(flatten.inputs[0], "GlobalAveragePool") if flatten is not None else None
+        if pool is None:
+            return None
+        return PatternMatch([pool, flatten, node], pool.inputs[0], extra={"flatten": flatten})
+
+    def check(self, match: PatternMatch, ctx: PassContext) -> str | None:
+        gemm, a = match.root, match.root.attributes
+        if match.x.rank != 4:
+            return f"the pool's input has rank {match.x.rank}, not 4"
+        if match.extra["flatten"].attributes.get("axis", 1) != 1:
+            return "the flattening is not at axis 1"
+        problem = _float_problem(match.x) or _interior_problem(match)
+        if problem:
+            return problem
+        weight = gemm.inputs[1]
+        if constant(weight) is None or weight.rank != 2:
+            return "the product's weight is not a constant matrix"
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            return "the product has transA, alpha or beta"
+        columns = weight.shape[0 if a.get("transB", 0) else 1]
+        bias = gemm.inputs[2] if len(gemm.inputs) > 2 else None
+        if bias is not None and (constant(bias) is None or tuple(bias.shape or ()) not in ((columns,), (1, columns))):
+            return f"the product's bias is not a constant over its {columns} columns"
+        if len(gemm.inputs) > 3 and gemm.inputs[3] is not None:
+            return "the product adds a residual"
+        return _missing_activation((gemm, ("pre", "post"), self.activations))
+
+    def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
+        gemm = match.root
+        attributes = {key: gemm.attributes[key] for key in ("transB", *_EPILOGUE) if key in gemm.attributes}
+        name = gemm.name
+        bias = gemm.inputs[2] if len(gemm.inputs) > 2 else None
+        fused = _replace_chain(ctx, match, "PooledGemm", [match.x, gemm.inputs[1], bias], attributes)
+        fused.name = name or fused.name
+        return f"{match.x.shape[1]} channels into {gemm.outputs[0].shape[-1]}"
+
+
 def _missing_activation(*checks: tuple[Node, tuple[str, ...], tuple[str, ...]]) -> str | None:
     """The first activation a kernel lacks: `checks` are (node, its activation attributes, the kernel's names)."""
     for node, slots, names in checks:
@@ -159,11 +221,11 @@ def _fuse_with_pointwise(ctx: PassContext, match: PatternMatch, op_type: str, he
     fused.name = name or fused.name
 
 
+RULES = (DepthwisePointwisePattern, SqueezeExcitePointwisePattern, PooledGemmPattern)
+
+
 class FuseCpuBlocks(RulePass):
     name = "fuse-cpu-blocks"
 
     def __init__(self, kernels: CpuKernels) -> None:
-        self.rules = (
-            lambda: DepthwisePointwisePattern(kernels),
-            lambda: SqueezeExcitePointwisePattern(kernels),
-        )
+        self.rules = tuple(lambda rule=rule: rule(kernels) for rule in RULES)

@@ -8,6 +8,8 @@
   (`kernels.cpu.pointwise`, AVX-512), float32.
 - `cpu.gemm`: a FusedGemm with a constant weight, its whole epilogue inside, as the 1×1 kernel over the rows of A
   (`kernels.cpu.pointwise`: a classifier's matrix-vector product at batch 1 spread over the threads), float32.
+- `cpu.pooled-gemm`: a PooledGemm (a classifier's head: global average pool, flatten, product; made by
+  `passes.cpu_blocks`) as one call of the 1×1 kernel, the pool into a buffer first, float32.
 - `cpu.depthwise-pointwise`: a DepthwisePointwise block (a depthwise convolution and the 1×1 after it, made by
   `passes.cpu_blocks` for CPU builds) in one pass that keeps the depthwise output in cache
   (`kernels.cpu.depthwise_pointwise`, AVX-512), float32.
@@ -254,6 +256,19 @@ class CpuPointwiseTactic(_CpuConv):
         return kernel
 
 
+def _products(node: Node, config: dict[str, Any]) -> PerWeight:
+    """A FusedGemm-like node's constant weight B (and bias) packed once as the 1×1 kernel's, with its epilogue."""
+    epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
+    tile = tuple(config["tile"])
+    transposed = bool(node.attributes.get("transB", 0))
+
+    def derive(w, b):
+        rows = w if transposed else w.t()  # [K, C]: a 1×1 convolution's weight
+        return pw.PointwiseConv(rows[:, :, None, None], None if b is None else b.reshape(-1), *epilogue, tile)
+
+    return PerWeight(derive)
+
+
 @register_tactic
 class CpuGemmTactic(Tactic):
     """FusedGemm `post(pre(A @ op(B) + C) + Z)` with B a constant matrix: the 1×1 kernel over A's rows, each a pixel
@@ -296,15 +311,7 @@ class CpuGemmTactic(Tactic):
         return [{"tile": list(tile)} for tile in pw.TILES]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
-        tile = tuple(config["tile"])
-        transposed = bool(node.attributes.get("transB", 0))
-
-        def derive(w, b):
-            rows = w if transposed else w.t()  # [N, C]: a 1×1 convolution's weight
-            return pw.PointwiseConv(rows[:, :, None, None], None if b is None else b.reshape(-1), *epilogue, tile)
-
-        products = PerWeight(derive)
+        products = _products(node, config)
 
         def kernel(inputs):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
@@ -312,6 +319,37 @@ class CpuGemmTactic(Tactic):
             rows = x.reshape(-1, x.shape[-1])[:, :, None, None]
             residual = None if z is None else z.reshape(-1, product.channels)[:, :, None, None]
             return (product(rows, residual).reshape(*x.shape[:-1], product.channels),)
+
+        return kernel
+
+
+@register_tactic
+class CpuPooledGemmTactic(Tactic):
+    """PooledGemm (a global average pool, flattened, then a product: `passes.cpu_blocks`) as one call of the 1×1
+    kernel: each image's mean pixel into a buffer, then the product with B packed once as in `cpu.gemm`."""
+
+    family = "cpu"
+    name = "pooled-gemm"
+    op_types = (f"{DOMAIN}::PooledGemm",)
+    precisions = ("fp32",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "a CPU kernel"
+        for slot in ("pre", "post"):
+            if node.attributes.get(slot, "") not in pw.ACTIVATIONS:
+                return f"the kernel has no activation {node.attributes.get(slot)!r}"
+        return pw.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in pw.TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        products = _products(node, config)
+
+        def kernel(inputs):
+            x, w, b = (list(inputs) + [None] * 3)[:3]
+            return (products(w, b).pooled(x),)
 
         return kernel
 

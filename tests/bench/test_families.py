@@ -80,6 +80,18 @@ def test_one_tactic_can_be_left_out(tmp_path):
     assert "cpu.gemm" not in result["compared_tactics"] and result["compared_tactics"]
 
 
+@pytest.mark.skipif(_FUSION_PROBLEM is not None, reason=str(_FUSION_PROBLEM))
+def test_one_block_fusion_can_be_left_out(tmp_path):
+    """--unfused pooled-gemm: the compared engine keeps the head's pool, flattening and product apart."""
+    path = tmp_path / "head.onnx"
+    onnx.save(_classifier(), path)
+    families.main(["--model", str(path), "--unfused", "pooled-gemm", "--runs", "3", "--device", "cpu", "--out",
+                   str(tmp_path)])  # fmt: skip
+    result = json.loads((tmp_path / "families-head-b1.json").read_text())
+    assert result["compared_unfused"] == ["pooled-gemm"]
+    assert "cpu.pooled-gemm" not in result["compared_tactics"]
+
+
 def test_something_to_compare_must_be_named():
     with pytest.raises(SystemExit):
         families.main(["--model", "mobilenetv3"])

@@ -113,6 +113,28 @@ def test_each_images_input_channels_scaled(tile):
     assert not got.isnan().any() and _error(got, want) <= BOUND
 
 
+@pytest.mark.parametrize("tile", pw.TILES)
+@pytest.mark.parametrize(("n", "c", "k", "h", "w"), [(1, 960, 1280, 7, 7), (3, 40, 37, 5, 3), (2, 17, 8, 1, 1)])
+def test_the_product_of_each_images_mean_pixel(tile, n, c, k, h, w):
+    """`pooled`: a global average pool then the product, one call: a classifier's head; a channel count no vector
+    divides, images of one pixel, a product as wide as MobileNetV3's."""
+    x, weight, b = _operands(n, c, k, h, w, seed=12)
+    got = pw.PointwiseConv(weight, b, "HardSwish", tile=tile).pooled(x)
+    want = _reference(x.double().mean((2, 3), keepdim=True), weight, b, None, "HardSwish", [], "", [])
+    assert got.shape == (n, k) and not got.isnan().any()
+    assert _error(got, want.reshape(n, k)) <= BOUND
+
+
+def test_the_pooled_product_reads_a_channel_slice_and_nchw_input():
+    x, weight, b = _operands(2, 20, 24, 4, 5, seed=13)
+    host = torch.randn(2, 28, 4, 5).contiguous(memory_format=torch.channels_last)
+    host[:, 3:23] = x
+    want = _reference(x.double().mean((2, 3), keepdim=True), weight, b, None, "Relu", [], "", []).reshape(2, 24)
+    conv = pw.PointwiseConv(weight, b, "Relu")
+    assert _error(conv.pooled(host[:, 3:23]), want) <= BOUND
+    assert _error(conv.pooled(x.contiguous()), want) <= BOUND
+
+
 def test_a_nan_reaches_exactly_its_pixel():
     x, weight, b = _operands(1, 16, 24, 5, 5, seed=8)
     x[0, 3, 2, 1] = math.nan
@@ -140,6 +162,7 @@ def test_nchw_operands_are_made_channels_last_and_a_new_output_returned():
         (lambda w, x: pw.PointwiseConv(w)(x, None, torch.empty(1, 24, 4, 4)), "out must be a 4-D float32"),
         (lambda w, x: pw.PointwiseConv(w)(x[:, :8]), "x has 8 channels; this 1×1 convolution takes 16"),
         (lambda w, x: pw.PointwiseConv(w)(x, scale=torch.ones(2, 16)), r"scale must be a float32 tensor of shape \(1,"),
+        (lambda w, x: pw.PointwiseConv(w).pooled(x[:, :8]), "x has 8 channels; this 1×1 convolution takes 16"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(make, message):

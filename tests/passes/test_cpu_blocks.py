@@ -1,6 +1,6 @@
 """The CPU block fusions (CPU builds with our kernels): a depthwise convolution or a squeeze-excite block with the
-1×1 convolution after it. The fused graph computes what the original did; what must not fuse stays apart, with the
-reason."""
+1×1 convolution after it, a classifier's head (pool, flatten, product). The fused graph computes what the original
+did; what must not fuse stays apart, with the reason."""
 
 import numpy as np
 import pytest
@@ -162,3 +162,65 @@ def test_a_squeeze_excite_block_the_kernels_cannot_take_stays_apart(block, reaso
     assert "SqueezeExcitePointwise" not in ops(model)
     declined = [e for e in report.events if e.rule == "squeeze-excite-pointwise" and e.status == "declined"]
     assert declined and reason in declined[0].detail
+
+
+def _head(flatten_axis=1, residual=False, pooled_output=False, activation="HardSwish", trans_b=1):
+    """x [2, 16, 5, 5] → GlobalAveragePool → Flatten → Gemm (16→24, `trans_b`) [+ r] [→ activation]."""
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((24, 16) if trans_b else (16, 24)).astype(np.float32) * 0.3
+    inits = [init("w", weight), init("b", rng.standard_normal(24).astype(np.float32))]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"], axis=flatten_axis),
+        helper.make_node("Gemm", ["f", "w", "b"], ["g"], transB=trans_b),
+    ]
+    inputs, last = [tensor_info("x", [2, 16, 5, 5])], "g"
+    if residual:
+        inputs.append(tensor_info("r", [2, 24]))
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if activation:
+        nodes.append(helper.make_node(activation, [last], ["y"]))
+        last = "y"
+    outputs = [tensor_info(last, None)] + ([tensor_info("p", None)] if pooled_output else [])
+    return make_model(nodes, inputs, outputs, 17, inits)
+
+
+def _head_feeds(residual=False):
+    feeds = [{"x": torch.randn(2, 16, 5, 5)}, {"x": torch.randn(2, 16, 5, 5) * 4}]
+    for f in feeds:
+        if residual:
+            f["r"] = torch.randn(2, 24)
+    return feeds
+
+
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_a_classifier_head_becomes_one_pooled_product_with_the_same_results(trans_b):
+    model, report = optimize_and_compare(_head(trans_b=trans_b), _head_feeds(), _passes())
+    assert ops(model) == ["PooledGemm"]
+    (node,) = model.graph.nodes
+    assert node.attributes.get("transB", 0) == trans_b and node.attributes["pre"] == "HardSwish"
+    assert node.inputs[0].name == "x"
+    assert any(e.rule == "pooled-gemm" and e.status == "fired" for e in report.events)
+
+
+@pytest.mark.parametrize(
+    ("head", "residual", "reason"),
+    [
+        (_head(pooled_output=True), False, "is a graph output"),
+        (_head(activation="Sigmoid"), False, "no activation 'Sigmoid'"),
+        (_head(residual=True, activation=""), True, "adds a residual"),
+    ],
+)
+def test_a_head_the_kernel_cannot_take_stays_apart_with_the_reason(head, residual, reason):
+    model, report = optimize_and_compare(head, _head_feeds(residual), _passes())
+    assert "PooledGemm" not in ops(model)
+    declined = [e for e in report.events if e.rule == "pooled-gemm" and e.status == "declined"]
+    assert declined and reason in declined[0].detail
+
+
+def test_the_heads_of_the_zoo_s_classifiers_fuse():
+    for name in ("mobilenetv3", "efficientnet_b0", "resnet50"):
+        model = import_model(zoo.export(name, batch=1, size=64, dynamic_batch=False))
+        model, _ = optimize(model, device="cpu", cpu_kernels=KERNELS)
+        assert ops(model).count("PooledGemm") == 1, name

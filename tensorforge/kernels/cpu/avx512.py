@@ -100,12 +100,13 @@ def module_source(core: str, entry: str) -> str:
     return VECTOR_MATH + "namespace {\n" + core + "}  // namespace\n" + entry
 
 
-def load_avx512(name: str, source: str, kernel: str):
-    """The extension module of an AVX-512 kernel (`extension.load`), or RuntimeError where the CPU has none."""
+def load_avx512(name: str, source: str, kernel: str, functions: tuple[str, ...] = ()):
+    """The extension module of an AVX-512 kernel (`extension.load`) exposing `functions` (by default the one named
+    `name`), or RuntimeError where the CPU has none."""
     problem = avx512_problem(kernel)
     if problem:
         raise RuntimeError(problem)
-    return load(name, source, (name,))
+    return load(name, source, functions or (name,))
 
 
 def rounded(channels: int) -> int:

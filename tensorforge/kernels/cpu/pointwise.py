@@ -146,6 +146,17 @@ SOURCE = module_source(
     CORE,
     r"""
 
+namespace {
+
+void dispatch(const Problem& q, int64_t rows, int64_t vectors) {
+  if (rows == 8 && vectors == 3) run<8, 3>(q);
+  else if (rows == 6 && vectors == 4) run<6, 4>(q);
+  else if (rows == 1 && vectors == 8) run<1, 8>(q);
+  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3, 6×4 or 1×8)");
+}
+
+}  // namespace
+
 // x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
 // z [P, K] (stride zs) or empty, s [N, C] input-channel scales of each image of sP pixels, or empty.
 void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
@@ -156,10 +167,36 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
                   _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
                   _mm512_set1_ps(float(post1)), s.numel() ? s.data_ptr<float>() : nullptr, sP};
   TORCH_CHECK(w.numel() == q.C * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C, " input channels");
-  if (rows == 8 && vectors == 3) run<8, 3>(q);
-  else if (rows == 6 && vectors == 4) run<6, 4>(q);
-  else if (rows == 1 && vectors == 8) run<1, 8>(q);
-  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3, 6×4 or 1×8)");
+  dispatch(q, rows, vectors);
+}
+
+// y [N, K] (contiguous) = the product of each image's mean pixel: x holds N images of HW pixels, pixel p's C
+// channels at x + p·xs. The means go to a [N, C] buffer (a parallel item: 16 channels of one image, its pixels
+// added in order), then the rows of the buffer are multiplied as `pointwise` does.
+void pooled_pointwise(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w, torch::Tensor b,
+                      torch::Tensor y, int64_t K, int64_t pre, double pre0, double pre1, int64_t post, double post0,
+                      double post1, int64_t rows, int64_t vectors) {
+  const int64_t C = x.size(1), Kp = b.size(0), vectorsC = (C + 15) / 16;
+  TORCH_CHECK(w.numel() == C * Kp, "pooled_pointwise: a weight of ", w.numel(), " values for ", C, " input channels");
+  auto pooled = torch::empty({N, C}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* sp = pooled.data_ptr<float>();
+  const __m512 inv = _mm512_set1_ps(1.f / float(HW));
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, 16 * HW));
+  at::parallel_for(0, N * vectorsC, grain, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t n = i / vectorsC, c = i % vectorsC * 16;
+      const __mmask16 m = lanes(C - c);
+      const float* px = xp + n * HW * xs + c;
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t p = 0; p < HW; ++p) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, px + p * xs));
+      _mm512_mask_storeu_ps(sp + n * C + c, m, _mm512_mul_ps(acc, inv));
+    }
+  });
+  const Problem q{N, C, K, Kp, sp, C, w.data_ptr<float>(), b.data_ptr<float>(), nullptr, 0, y.data_ptr<float>(), K,
+                  pre, post, _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
+                  _mm512_set1_ps(float(post1)), nullptr, 1};
+  dispatch(q, rows, vectors);
 }
 """,
 )
@@ -247,6 +284,18 @@ class PointwiseConv:
                                scale.contiguous(), h * w, *self._epilogue)  # fmt: skip
         return out
 
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """post(pre(mean(x) · w + bias)) [N, K] for x [N, C, H, W] float32, the mean over each image's pixels (a
+        global average pool, then this product: a classifier's head in one call), made channels_last unless its
+        pixels are evenly spaced rows of contiguous channels."""
+        x, xs = _rows("x", x)
+        n, c, h, w = x.shape
+        if c != self.in_channels:
+            raise ValueError(f"x has {c} channels; this 1×1 convolution takes {self.in_channels}")
+        out = torch.empty((n, self.channels))
+        self._module.pooled_pointwise(x, xs, n, h * w, self._weight, self._bias, out, self.channels, *self._epilogue)
+        return out
+
 
 def _rows(name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
     """`t` with evenly spaced pixels (made channels_last if need be) and its pixel stride."""
@@ -262,4 +311,4 @@ def _rows(name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("pointwise", SOURCE, "1×1 convolution")
+    return load_avx512("pointwise", SOURCE, "1×1 convolution", ("pointwise", "pooled_pointwise"))
