@@ -200,6 +200,92 @@ class PooledGemmPattern(Rule):
         return f"{match.x.shape[1]} channels into {gemm.outputs[0].shape[-1]}"
 
 
+def _expansion(value: Value) -> Node | None:
+    """The 1×1 FusedConv that produces `value` (an expansion, if its checks pass), or None."""
+    conv = _fused_conv(value)
+    if conv is None or conv.inputs[1].rank != 4 or tuple(conv.inputs[1].shape[2:]) != (1, 1):
+        return None
+    return conv
+
+
+class _ExpandRule(Rule):
+    """What the two expansion rules share: the 1×1 expansion before the root (`_block_input` gives the root's
+    input), its checks and the rewrite into one `ExpandDepthwise`."""
+
+    def __init__(self, kernels: CpuKernels) -> None:
+        self.activations = kernels.convolution
+
+    def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
+        if not self._root(node):
+            return None
+        expand = _expansion(node.inputs[0])
+        if expand is None:
+            return None
+        return PatternMatch([expand, node], expand.inputs[0], extra={"expand": expand})
+
+    def _root(self, node: Node) -> bool:
+        raise NotImplementedError
+
+    def _expand_problem(self, match: PatternMatch) -> str | None:
+        expand = match.extra["expand"]
+        if match.x.rank != 4:
+            return f"the input has rank {match.x.rank}, not 4"
+        problem = _float_problem(match.x) or _interior_problem(match)
+        problem = problem or _pointwise_problem(expand, "expansion", pre_only=True)
+        return problem or _missing_activation((expand, ("pre",), self.activations))
+
+    def _rewrite(self, ctx: PassContext, match: PatternMatch, depthwise: list, tail: list, attributes: dict) -> str:
+        expand, root = match.extra["expand"], match.root
+        a = expand.attributes
+        attributes.update(expand_act=a.get("pre", ""), expand_act_params=list(a.get("pre_params", ())))
+        name, detail = root.name, f"{match.x.shape[1]} channels expanded to {expand.inputs[1].shape[0]}"
+        inputs = [match.x, expand.inputs[1], _bias(expand), *depthwise, *tail]
+        fused = _replace_chain(ctx, match, "ExpandDepthwise", inputs, attributes)
+        fused.name = name or fused.name
+        return detail
+
+
+class ExpandDepthwisePointwisePattern(_ExpandRule):
+    """`DepthwisePointwise(FusedConv(X; 1×1))` = `ExpandDepthwise` with its projection (see the module)."""
+
+    name = "expand-depthwise-pointwise"
+    op_types = ("tensorforge::DepthwisePointwise",)
+
+    def _root(self, node: Node) -> bool:
+        return True
+
+    def check(self, match: PatternMatch, ctx: PassContext) -> str | None:
+        return self._expand_problem(match)
+
+    def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
+        root = match.root
+        inputs = [*root.inputs, *([None] * (6 - len(root.inputs)))]
+        return self._rewrite(ctx, match, inputs[1:3], inputs[3:6], dict(root.attributes))
+
+
+class ExpandDepthwisePattern(_ExpandRule):
+    """`FusedConv(FusedConv(X; 1×1); depthwise)` = `ExpandDepthwise` without a projection (see the module): the
+    depthwise convolutions no 1×1 convolution could join, those before a squeeze-excite block."""
+
+    name = "expand-depthwise"
+    op_types = ("tensorforge::FusedConv",)
+
+    def _root(self, node: Node) -> bool:
+        return node.attributes.get("group", 1) != 1
+
+    def check(self, match: PatternMatch, ctx: PassContext) -> str | None:
+        depthwise = match.root
+        problem = self._expand_problem(match) or _depthwise_problem(depthwise)
+        return problem or _missing_activation((depthwise, ("pre",), self.activations))
+
+    def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
+        depthwise = match.root
+        d = depthwise.attributes
+        attributes = {key: d[key] for key in _WINDOW_ATTRIBUTES if key in d}
+        attributes.update(act=d.get("pre", ""), act_params=list(d.get("pre_params", ())))
+        return self._rewrite(ctx, match, [depthwise.inputs[1], _bias(depthwise)], [], attributes)
+
+
 def _missing_activation(*checks: tuple[Node, tuple[str, ...], tuple[str, ...]]) -> str | None:
     """The first activation a kernel lacks: `checks` are (node, its activation attributes, the kernel's names)."""
     for node, slots, names in checks:
@@ -221,11 +307,23 @@ def _fuse_with_pointwise(ctx: PassContext, match: PatternMatch, op_type: str, he
     fused.name = name or fused.name
 
 
-RULES = (DepthwisePointwisePattern, SqueezeExcitePointwisePattern, PooledGemmPattern)
+BLOCK_RULES = (DepthwisePointwisePattern, SqueezeExcitePointwisePattern, PooledGemmPattern)
+EXPANSION_RULES = (ExpandDepthwisePointwisePattern, ExpandDepthwisePattern)
+RULES = BLOCK_RULES + EXPANSION_RULES
 
 
 class FuseCpuBlocks(RulePass):
     name = "fuse-cpu-blocks"
 
     def __init__(self, kernels: CpuKernels) -> None:
-        self.rules = tuple(lambda rule=rule: rule(kernels) for rule in RULES)
+        self.rules = tuple(lambda rule=rule: rule(kernels) for rule in BLOCK_RULES)
+
+
+class FuseCpuExpansions(RulePass):
+    """The expansions into the blocks `FuseCpuBlocks` made (a pass of its own, after it: a depthwise convolution
+    joins its expansion only once no 1×1 convolution after it could join it instead)."""
+
+    name = "fuse-cpu-expansions"
+
+    def __init__(self, kernels: CpuKernels) -> None:
+        self.rules = tuple(lambda rule=rule: rule(kernels) for rule in EXPANSION_RULES)

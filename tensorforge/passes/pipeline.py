@@ -23,7 +23,7 @@ from ..ir import Model
 from .attention import RecognizeAttention
 from .base import Pass
 from .cleanup import Cleanup
-from .cpu_blocks import CpuKernels, FuseCpuBlocks
+from .cpu_blocks import CpuKernels, FuseCpuBlocks, FuseCpuExpansions
 from .cse import CommonSubexpressions
 from .epilogue import FuseEpilogue
 from .explicit_quant import FoldExplicitQuantization
@@ -44,7 +44,7 @@ def default_passes(device: str | None = None, cpu_kernels: CpuKernels | None = N
     can use them (`FuseCpuBlocks`; None: no such kernels)."""
     for_engines = [FuseSqueezeExcite()] if device is not None else []
     if device == "cpu" and cpu_kernels is not None:
-        for_engines.append(FuseCpuBlocks(cpu_kernels))
+        for_engines += [FuseCpuBlocks(cpu_kernels), FuseCpuExpansions(cpu_kernels)]
     return [
         ConstantFolding(),
         Cleanup(),

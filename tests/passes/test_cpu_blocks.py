@@ -99,9 +99,9 @@ def test_only_cpu_builds_with_the_kernel_fuse():
 def test_mobilenetv3_fuses_its_seven_depthwise_blocks_and_eight_squeeze_excite_blocks():
     model = import_model(zoo.export("mobilenetv3", batch=1, size=64, dynamic_batch=False))
     model, _ = optimize(model, device="cpu", cpu_kernels=KERNELS)
-    kinds = ops(model)
-    assert kinds.count("DepthwisePointwise") == 7 and kinds.count("SqueezeExcitePointwise") == 8
-    assert "SqueezeExcite" not in kinds
+    kinds = ops(model)  # six of the seven depthwise + 1×1 blocks then take their expansions too
+    assert kinds.count("DepthwisePointwise") + kinds.count("ExpandDepthwise") - 8 == 7
+    assert kinds.count("SqueezeExcitePointwise") == 8 and "SqueezeExcite" not in kinds
 
 
 def _se_block(residual=False, gate_is_output=False, act2="HardSigmoid"):
@@ -224,3 +224,52 @@ def test_the_heads_of_the_zoo_s_classifiers_fuse():
         model = import_model(zoo.export(name, batch=1, size=64, dynamic_batch=False))
         model, _ = optimize(model, device="cpu", cpu_kernels=KERNELS)
         assert ops(model).count("PooledGemm") == 1, name
+
+
+def _expanded(act="Relu", expand_act="HardSwish", squeeze_excite=False, stride=2):
+    """x → 1×1 expansion (16→32) → `expand_act` → the depthwise block of `_block` (on 32 channels) [or, with
+    `squeeze_excite`, the depthwise convolution alone, then a squeeze-excite block and the 1×1]."""
+    rng = np.random.default_rng(2)
+    block = _block(act=act, stride=stride) if not squeeze_excite else None
+    inits = [init("we", rng.standard_normal((16, 16, 1, 1)).astype(np.float32) * 0.25),
+             init("be", rng.standard_normal(16).astype(np.float32))]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x0", "we", "be"], ["e0"]), helper.make_node(expand_act, ["e0"], ["x"])]
+    graph = block.graph
+    model = make_model(nodes + list(graph.node), [tensor_info("x0", SHAPE)], list(graph.output), 17,
+                       inits + list(graph.initializer))  # fmt: skip
+    return model
+
+
+def test_an_expansion_joins_the_depthwise_block_after_it_with_the_same_results():
+    feeds = [{"x0": torch.randn(*SHAPE)}, {"x0": torch.randn(*SHAPE) * 4}]
+    model, report = optimize_and_compare(_expanded(), feeds, _passes())
+    assert ops(model) == ["ExpandDepthwise"]
+    (node,) = model.graph.nodes
+    a = node.attributes
+    assert (a["expand_act"], a["act"], a.get("pre", "")) == ("HardSwish", "Relu", "HardSwish")
+    assert len(node.inputs) > 5 and node.inputs[5] is not None  # the projection
+    assert any(e.rule == "expand-depthwise-pointwise" and e.status == "fired" for e in report.events)
+
+
+def test_an_expansion_the_kernel_cannot_take_stays_apart():
+    feeds = [{"x0": torch.randn(*SHAPE)}]
+    model, report = optimize_and_compare(_expanded(expand_act="Sigmoid"), feeds, _passes())
+    assert "ExpandDepthwise" not in ops(model) and "DepthwisePointwise" in ops(model)
+    declined = [e for e in report.events if e.rule == "expand-depthwise-pointwise" and e.status == "declined"]
+    assert declined and "no activation 'Sigmoid'" in declined[0].detail
+
+
+def test_mobilenetv3_and_efficientnet_expansions_join_their_blocks():
+    counts = {}
+    for name in ("mobilenetv3", "efficientnet_b0"):
+        model = import_model(zoo.export(name, batch=1, size=64, dynamic_batch=False))
+        kernels = CpuKernels(convolution=(*KERNELS.convolution, "SiLU"), gate=KERNELS.gate)
+        model, _ = optimize(model, device="cpu", cpu_kernels=kernels)
+        counts[name] = {op: ops(model).count(op) for op in ("ExpandDepthwise", "DepthwisePointwise")}
+        with_projection = [n for n in model.graph.nodes if n.op_type == "ExpandDepthwise" and len(n.inputs) > 5]
+        counts[name]["projected"] = len(with_projection)
+    # MobileNetV3: 6 of its 7 depthwise + 1×1 blocks have an expansion (the first has none), and the 8 depthwise
+    # convolutions before a squeeze-excite block join theirs; EfficientNet-B0: 15 of 16 blocks have one, all with
+    # squeeze-excite.
+    assert counts["mobilenetv3"] == {"ExpandDepthwise": 14, "DepthwisePointwise": 1, "projected": 6}
+    assert counts["efficientnet_b0"] == {"ExpandDepthwise": 15, "DepthwisePointwise": 0, "projected": 0}

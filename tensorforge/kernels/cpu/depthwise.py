@@ -43,7 +43,14 @@ struct Block {  // one output row of one block of channels
   float* y;        // the block's first channel in output row oh of image n
   int64_t ih0;     // the input row of tap kh = 0
   __mmask16 mask;  // the block's channels (all 16 but in a last, partial block)
+  const float* const* rows = nullptr;  // or each tap row's input row (its first pixel's channel 0), from these
+  int64_t c0 = 0;                      // the block's first channel, for `rows`
 };
+
+// The input row of tap row kh (input row ih), at the block's first channel.
+inline const float* input_row(const Block& k, const Geometry& g, int64_t kh, int64_t ih) {
+  return k.rows ? k.rows[kh] + k.c0 : k.x + ih * g.xH;
+}
 
 inline __m512 load(const float* p, __mmask16 m, bool full) {
   return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
@@ -75,13 +82,13 @@ template <int T, int KW, int S, bool FULL, bool BORDER>
 inline void window_tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
                         __m512 p1) {
   constexpr int L = (T - 1) * S + KW;
-  const int64_t KH = g.KH, Cp = g.Cp, xH = g.xH, xW = g.xW, H = g.H, W = g.W, dh = g.dh, col0 = ow0 * S - g.pw;
+  const int64_t KH = g.KH, Cp = g.Cp, xW = g.xW, H = g.H, W = g.W, dh = g.dh, col0 = ow0 * S - g.pw;
   __m512 acc[T];
   start<T, FULL>(acc, k);
   for (int64_t kh = 0; kh < KH; ++kh) {
     const int64_t ih = k.ih0 + kh * dh;
     if (ih < 0 || ih >= H) continue;
-    const float* row = k.x + ih * xH + col0 * xW;
+    const float* row = input_row(k, g, kh, ih) + col0 * xW;
     const float* taps = k.w + kh * KW * Cp;
     __m512 in[L];
     #pragma GCC unroll 32
@@ -109,14 +116,14 @@ inline void window_tile(const Block& k, const Geometry& g, int64_t ow0, int coun
 template <int T, bool FULL, bool BORDER>
 inline void any_tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
                      __m512 p1) {
-  const int64_t KH = g.KH, KW = g.KW, Cp = g.Cp, xH = g.xH, xW = g.xW, sw = g.sw, step = g.sw * g.xW;
+  const int64_t KH = g.KH, KW = g.KW, Cp = g.Cp, xW = g.xW, sw = g.sw, step = g.sw * g.xW;
   const int64_t H = g.H, W = g.W, dh = g.dh, dw = g.dw, col0 = ow0 * g.sw - g.pw;
   __m512 acc[T];
   start<T, FULL>(acc, k);
   for (int64_t kh = 0; kh < KH; ++kh) {
     const int64_t ih = k.ih0 + kh * dh;
     if (ih < 0 || ih >= H) continue;
-    const float* row = k.x + ih * xH + col0 * xW;
+    const float* row = input_row(k, g, kh, ih) + col0 * xW;
     const float* taps = k.w + kh * KW * Cp;
     for (int64_t kw = 0; kw < KW; ++kw) {
       const __m512 wv = _mm512_loadu_ps(taps + kw * Cp);
@@ -152,7 +159,7 @@ inline void tiles(const Block& k, const Geometry& g, int64_t first, int64_t last
   for (int64_t block = first; block < last; ++block) {
     const int64_t c0 = block * 16;
     const Block kb{k.x + c0, k.w + c0, k.b + c0, k.y + c0, k.ih0,
-                   block < full ? __mmask16(0xFFFF) : __mmask16((1u << (g.C - c0)) - 1)};
+                   block < full ? __mmask16(0xFFFF) : __mmask16((1u << (g.C - c0)) - 1), k.rows, c0};
     if (block < full) tile<T, KW, S, true, BORDER>(kb, g, ow, count, act, p0, p1);
     else tile<T, KW, S, false, BORDER>(kb, g, ow, count, act, p0, p1);
   }

@@ -1,0 +1,341 @@
+"""An inverted-residual block on the CPU in C++ with AVX-512, float32, channels_last: a 1×1 expansion, the
+depthwise convolution that reads it, and (optionally) the 1×1 projection after that, in one pass:
+
+    E = act_e(conv1×1(X, We) + be)                     (C → Ce channels, the block's widest tensor)
+    D = act_d(depthwise(E, Wd) + bd)                   (any window, strides, padding, dilations)
+    Y = post(pre(conv1×1(D, Wp) + bp) + Z)             (Ce → K; without a projection, Y = D)
+
+E is never written to memory: a thread keeps the rows of E its depthwise rows read in a ring of (KH − 1)·dh + 1
+rows (each computed once by the 1×1 kernel's tiles from a row of X, row ih in slot ih mod the ring's size), the
+depthwise kernel's row code reads its taps through row pointers into that ring, and with a projection the depthwise
+row goes to a per-thread buffer and the 1×1 tiles write the output row from it (as `depthwise_pointwise`). A thread
+takes a run of output rows, so only the first row of its run computes rows of E that another thread computes too.
+On maps of few rows, where that would be more than a quarter of E's work again, a call instead computes an image's
+E into one buffer with the 1×1 kernel's parallel tiles, then its output rows from it (E stays in cache).
+
+Why: in MobileNet-style networks the expanded tensors are the largest the network writes (112² × 64 floats,
+3.2 MB, in MobileNetV3's second block); written by one kernel and read back by the next, at batch 1 they cost more
+memory traffic than the blocks' arithmetic.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+from ..activations import ACTIVATION_CODES
+from . import depthwise as dw
+from . import pointwise as pw
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
+
+TILES = ((8, 3), (6, 4))  # the 1×1 parts' tiles (pixels, vectors of 16 output channels); the depthwise's is 8 pixels
+
+SOURCE = (
+    VECTOR_MATH
+    + "namespace dwk {\n"
+    + dw.CORE
+    + "}  // namespace dwk\nnamespace pwk {\n"
+    + pw.CORE
+    + "}  // namespace pwk\n"
+    + r"""
+namespace {
+
+struct Fused {
+  dwk::Geometry g;      // the depthwise convolution over E (its rows read through row pointers); yW = Cp
+  int64_t N;
+  const float* x;       // the block's input
+  int64_t xN, xH;       // its element strides by image and row (pixels xW apart: e.xs)
+  pwk::Problem e;       // the expansion of one row of x: P = W, y a ring row (ys = Cp)
+  const float* wd;
+  const float* bd;
+  int64_t act;
+  __m512 p0, p1;
+  bool project;
+  pwk::Problem q;       // the projection of one depthwise row (x the row buffer), or unused
+  float* y;             // the output (with a projection, q's) and its strides by image and row
+  int64_t yN, yH, zN, zH;
+};
+
+template <int MR, int NV>
+inline void pixels(const pwk::Problem& q) {
+  const int64_t tiles = (q.P + MR - 1) / MR, vectors = q.Kp / 16;
+  for (int64_t t = 0; t < tiles; ++t) {
+    int64_t v = 0;
+    for (; v + NV <= vectors; v += NV) pwk::tile<MR, NV, false>(q, t * MR, 16 * v);
+    pwk::narrower<MR, NV - 1, false>(q, t * MR, 16 * v, vectors - v);
+  }
+}
+
+// The depthwise row (n, oh) from the rows of E that `taps` point to, then its projection into the output row.
+template <int KW, int S, int MR, int NV>
+inline void depthwise_row(const Fused& f, int64_t n, int64_t oh, const float* const* taps, float* buffer,
+                          pwk::Problem& q, int64_t lo, int64_t hi) {
+  float* out = f.project ? buffer : f.y + n * f.yN + oh * f.yH;
+  const dwk::Block k{taps[0], f.wd, f.bd, out, oh * f.g.sh - f.g.ph, __mmask16(0xFFFF), taps, 0};
+  dwk::row<8, KW, S>(k, f.g, 0, f.g.Cp / 16, lo, hi, f.act, f.p0, f.p1);
+  if (f.project) {
+    q.x = buffer;
+    q.y = f.y + n * f.yN + oh * f.yH;
+    q.z = f.q.z ? f.q.z + n * f.zN + oh * f.zH : nullptr;
+    pixels<MR, NV>(q);
+  }
+}
+
+// Each thread a run of output rows, the rows of E they read in a ring (see the module).
+template <int KW, int S, int MR, int NV>
+void ring(const Fused& f, int64_t span, int64_t lo, int64_t hi) {
+  const dwk::Geometry& g = f.g;
+  const int64_t plane = g.W * g.Cp;
+  at::parallel_for(0, f.N * g.OH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(span * plane), buffer(f.project ? g.OW * g.Cp : 0);
+    std::vector<int64_t> held(span, -1);  // the row of E (image · H + row) in each slot
+    std::vector<const float*> taps(g.KH, rows.data());
+    pwk::Problem e = f.e, q = f.q;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / g.OH, oh = r % g.OH;
+      for (int64_t kh = 0; kh < g.KH; ++kh) {
+        const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+        if (ih < 0 || ih >= g.H) continue;
+        const int64_t slot = ih % span;
+        float* row = rows.data() + slot * plane;
+        if (held[slot] != n * g.H + ih) {
+          e.x = f.x + n * f.xN + ih * f.xH;
+          e.y = row;
+          pixels<MR, NV>(e);
+          held[slot] = n * g.H + ih;
+        }
+        taps[kh] = row;
+      }
+      depthwise_row<KW, S, MR, NV>(f, n, oh, taps.data(), buffer.data(), q, lo, hi);
+    }
+  });
+}
+
+// An image at a time: all of its E (the 1×1 kernel's own parallel tiles, into one buffer), then its output rows in
+// parallel. For maps of few rows, where a ring per thread would compute many rows of E twice.
+template <int KW, int S, int MR, int NV>
+void whole(const Fused& f, int64_t lo, int64_t hi) {
+  const dwk::Geometry& g = f.g;
+  const int64_t plane = g.W * g.Cp;
+  std::vector<float> expanded(g.H * plane);
+  for (int64_t n = 0; n < f.N; ++n) {
+    pwk::Problem e = f.e;
+    e.P = g.H * g.W;
+    e.x = f.x + n * f.xN;
+    e.y = expanded.data();
+    pwk::run<MR, NV>(e);
+    at::parallel_for(0, g.OH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> buffer(f.project ? g.OW * g.Cp : 0);
+      std::vector<const float*> taps(g.KH, expanded.data());
+      pwk::Problem q = f.q;
+      for (int64_t oh = begin; oh < end; ++oh) {
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+          if (ih >= 0 && ih < g.H) taps[kh] = expanded.data() + ih * plane;
+        }
+        depthwise_row<KW, S, MR, NV>(f, n, oh, taps.data(), buffer.data(), q, lo, hi);
+      }
+    });
+  }
+}
+
+template <int KW, int S, int MR, int NV>
+void run(const Fused& f) {
+  const dwk::Geometry& g = f.g;
+  const int64_t span = (g.KH - 1) * g.dh + 1;
+  const int64_t lo = std::min<int64_t>(g.OW, (g.pw + g.sw - 1) / g.sw);
+  const int64_t reach = g.W - 1 + g.pw - (g.KW - 1) * g.dw;
+  const int64_t hi = reach < 0 ? lo : std::max<int64_t>(lo, std::min<int64_t>(g.OW, reach / g.sw + 1));
+  // Rings cost each thread (span − stride) rows of E computed twice: at most a quarter more of E's work, else an
+  // image at a time (which needs an image's pixels evenly spaced, as a channels_last tensor's are).
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), f.N * g.OH);
+  const bool rings = 4 * threads * std::max<int64_t>(0, span - g.sh) <= f.N * g.OH * g.sh;
+  if (rings || f.xH != g.W * f.e.xs) ring<KW, S, MR, NV>(f, span, lo, hi);
+  else whole<KW, S, MR, NV>(f, lo, hi);
+}
+
+template <int MR, int NV>
+void dispatch(const Fused& f) {
+  switch (f.g.dw == 1 ? f.g.KW * 10 + f.g.sw : 0) {
+    case 31: run<3, 1, MR, NV>(f); break;
+    case 32: run<3, 2, MR, NV>(f); break;
+    case 51: run<5, 1, MR, NV>(f); break;
+    case 52: run<5, 2, MR, NV>(f); break;
+    case 71: run<7, 1, MR, NV>(f); break;
+    case 72: run<7, 2, MR, NV>(f); break;
+    default: run<0, 1, MR, NV>(f);
+  }
+}
+
+pwk::Problem problem(int64_t P, int64_t C, torch::Tensor w, torch::Tensor b, int64_t act, double a0, double a1,
+                     int64_t post, double b0, double b1) {
+  return pwk::Problem{P, C, 0, b.size(0), nullptr, 0, w.data_ptr<float>(), b.data_ptr<float>(), nullptr, 0,
+                      nullptr, 0, act, post, _mm512_set1_ps(float(a0)), _mm512_set1_ps(float(a1)),
+                      _mm512_set1_ps(float(b0)), _mm512_set1_ps(float(b1))};
+}
+
+}  // namespace
+
+// x [N, C, H, W], z and y channels_last (channels contiguous; z empty without a residual); we packed in blocks of
+// `vectors` (`pointwise.pack_weight`), be [Cep]; wd [KH·KW, Cep], bd [Cep]; wp packed likewise, bp [Kp], or both
+// empty: no projection (y is the depthwise output, Ce channels).
+void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64_t Ce, torch::Tensor wd,
+                      torch::Tensor bd, torch::Tensor wp, torch::Tensor bp, torch::Tensor z, torch::Tensor y,
+                      int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                      int64_t expand_act, double e0, double e1, int64_t act, double p0, double p1, int64_t pre,
+                      double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
+                      int64_t vectors) {
+  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
+              "expand_depthwise: channels must be contiguous (channels_last)");
+  const int64_t C = x.size(1), Cp = wd.size(1);
+  TORCH_CHECK(we.numel() == C * be.size(0) && be.size(0) == Cp, "expand_depthwise: an expansion weight of ",
+              we.numel(), " values for ", C, " channels into ", Ce);
+  Fused f;
+  f.g = dwk::Geometry{x.size(2), x.size(3), Ce, Cp, KH, KW, sh, sw, ph, pw, dh, dw, y.size(2), y.size(3),
+                      0, 0, Cp, 0, 0, Cp};
+  f.N = x.size(0);
+  f.x = x.data_ptr<float>();
+  f.xN = x.stride(0);
+  f.xH = x.stride(2);
+  f.e = problem(x.size(3), C, we, be, expand_act, e0, e1, 0, 0., 0.);
+  f.e.K = Ce;
+  f.e.xs = x.stride(3);
+  f.e.ys = Cp;
+  f.wd = wd.data_ptr<float>();
+  f.bd = bd.data_ptr<float>();
+  f.act = act;
+  f.p0 = _mm512_set1_ps(float(p0));
+  f.p1 = _mm512_set1_ps(float(p1));
+  f.project = wp.numel() > 0;
+  f.y = y.data_ptr<float>();
+  f.yN = y.stride(0);
+  f.yH = y.stride(2);
+  if (f.project) {
+    TORCH_CHECK(wp.numel() == Ce * bp.size(0), "expand_depthwise: a projection weight of ", wp.numel(),
+                " values for ", Ce, " channels");
+    f.q = problem(y.size(3), Ce, wp, bp, pre, pre0, pre1, post, post0, post1);
+    f.q.K = y.size(1);
+    f.q.xs = Cp;
+    f.q.ys = y.stride(3);
+    f.q.z = z.numel() ? z.data_ptr<float>() : nullptr;
+    f.q.zs = z.numel() ? z.stride(3) : 0;
+    f.zN = z.numel() ? z.stride(0) : 0;
+    f.zH = z.numel() ? z.stride(2) : 0;
+  } else {
+    f.g.yW = y.stride(3);
+  }
+  if (rows == 8 && vectors == 3) dispatch<8, 3>(f);
+  else if (rows == 6 && vectors == 4) dispatch<6, 4>(f);
+  else TORCH_CHECK(false, "expand_depthwise: no 1×1 tile of ", rows, " pixels by ", vectors, " vectors");
+}
+"""
+)
+
+
+def problem() -> str | None:
+    """Why the kernel cannot run on this CPU, or None."""
+    return avx512_problem("1×1 + depthwise convolution")
+
+
+class ExpandDepthwise:
+    """An inverted-residual block ready to run: the expansion's, the depthwise convolution's and (optionally) the
+    projection's weights and biases packed, the depthwise strides and dilations, the activations (by name,
+    `ACTIVATIONS`, with their parameters as `kernels.activations.activation_args` gives them) and tile checked, once;
+    calls give the input, the depthwise padding and the residual."""
+
+    __slots__ = ("_dw", "_epilogue", "_expand", "_module", "_project", "_strides", "channels", "in_channels", "kernel")
+
+    def __init__(
+        self,
+        expand_weight: torch.Tensor,
+        expand_bias: torch.Tensor | None,
+        expand_act: str,
+        expand_params: tuple[float, float],
+        dw_weight: torch.Tensor,
+        dw_bias: torch.Tensor | None,
+        strides: Sequence[int],
+        dilations: Sequence[int],
+        act: str,
+        act_params: tuple[float, float],
+        pw_weight: torch.Tensor | None = None,
+        pw_bias: torch.Tensor | None = None,
+        pre: str = "",
+        pre_params: tuple[float, float] = (0.0, 0.0),
+        post: str = "",
+        post_params: tuple[float, float] = (0.0, 0.0),
+        tile: tuple[int, int] = (8, 3),
+    ) -> None:
+        for name in (expand_act, act, pre, post):
+            if name not in ACTIVATIONS:
+                raise ValueError(f"the CPU 1×1 + depthwise kernel has no activation {name!r}; it has {ACTIVATIONS}")
+        if tuple(tile) not in TILES:
+            raise ValueError(f"the CPU 1×1 + depthwise kernel tiles {TILES} (pixels, vectors), not {tile}")
+        expanded = expand_weight.shape[0]
+        if dw_weight.shape[0] != expanded or tuple(expand_weight.shape[2:]) != (1, 1):
+            raise ValueError(f"the depthwise weight {list(dw_weight.shape)} does not read the expansion's "
+                             f"{expanded} channels")  # fmt: skip
+        if pw_weight is not None and (pw_weight.shape[1] != expanded or tuple(pw_weight.shape[2:]) != (1, 1)):
+            raise ValueError(f"the projection weight {list(pw_weight.shape)} does not read the depthwise "
+                             f"convolution's {expanded} channels")  # fmt: skip
+        self.in_channels = expand_weight.shape[1]
+        self.channels = expanded if pw_weight is None else pw_weight.shape[0]
+        self.kernel = tuple(dw_weight.shape[2:])
+        self._expand = (pw.pack_weight(expand_weight, tile[1]), pack_bias(expand_bias, expanded), expanded)
+        self._dw = (dw.pack_weight(dw_weight), pack_bias(dw_bias, expanded))
+        empty = torch.empty(0)
+        self._project = (
+            (empty, empty) if pw_weight is None
+            else (pw.pack_weight(pw_weight, tile[1]), pack_bias(pw_bias, self.channels))
+        )  # fmt: skip
+        self._strides = (*strides, *dilations)
+        self._epilogue = (
+            ACTIVATION_CODES[expand_act], *expand_params, ACTIVATION_CODES[act], *act_params, ACTIVATION_CODES[pre],
+            *pre_params, ACTIVATION_CODES[post], *post_params, *tile,
+        )  # fmt: skip
+        self._module = module()
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        pads: Sequence[int],
+        out_hw: Sequence[int],
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The block's output for x [N, C, H, W] float32, `pads` the depthwise convolution's leading (top, left)
+        padding, `out_hw` its output size, and the residual [N, K, OH, OW] float32 or None (with a projection only;
+        x and the residual made channels_last unless their channels are contiguous, as in a channel slice of a
+        channels_last tensor); a new channels_last tensor."""
+        if x.dtype != torch.float32 or x.dim() != 4:
+            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f"x has {x.shape[1]} channels; this 1×1 convolution takes {self.in_channels}")
+        if len(pads) != 2 or len(out_hw) != 2:
+            raise ValueError(f"pads (top, left) and out_hw (height, width) take two values each, not {pads}, {out_hw}")
+        if x.stride(1) != 1:
+            x = x.contiguous(memory_format=torch.channels_last)
+        shape = (x.shape[0], self.channels, *out_hw)
+        z = _EMPTY
+        if residual is not None:
+            if not self._project[0].numel():
+                raise ValueError("a residual needs the projection")
+            if residual.dtype != torch.float32 or tuple(residual.shape) != shape:
+                raise ValueError(f"residual must be a float32 tensor of shape {shape}, not {residual.dtype} "
+                                 f"{tuple(residual.shape)}")  # fmt: skip
+            z = residual if residual.stride(1) == 1 else residual.contiguous(memory_format=torch.channels_last)
+        out = torch.empty(shape, memory_format=torch.channels_last)
+        sh, sw, dh, dwl = self._strides
+        self._module.expand_depthwise(
+            x, *self._expand, *self._dw, *self._project, z, out, *self.kernel, sh, sw, *pads, dh, dwl, *self._epilogue
+        )
+        return out
+
+
+_EMPTY = torch.empty(0)
+
+
+@functools.cache
+def module():
+    """The compiled extension (built on first use, then loaded from the cache)."""
+    return load_avx512("expand_depthwise", SOURCE, "1×1 + depthwise convolution")
