@@ -13,8 +13,8 @@ builds it without the CPU's block fusions (`passes.cpu_blocks`, which need the "
 named. The two builds share one timing cache, so that the second reuses the first's timings and the engines differ
 only in the layers the compared families decide (on a noisy machine, two builds timed apart pick different tactics
 for unrelated layers, a larger difference than the one measured). A model is a zoo name or an ONNX file. Prints each
-engine's median, their ratio, and which layers ran in the families compared; writes `families-MODEL-bBATCH.json`
-under DIR.
+engine's median, their ratio, and which layers ran in the families compared; writes
+`families-MODEL-bBATCH-COMPARISON.json` (COMPARISON e.g. `without-cpu`, `unfused-pooled-gemm`) under DIR.
 """
 
 from __future__ import annotations
@@ -63,6 +63,14 @@ def _unfused(stack: ExitStack, rules: list[str] | None) -> None:
     for rule in cpu_blocks.RULES if rules else ():
         if rule.name in rules:
             stack.enter_context(mock.patch.object(rule, "check", return_value="left out by the comparison"))
+
+
+def _comparison(without: list[str], unfused: list[str] | None) -> str:
+    """The compared build in a file name: "without-cpu", "unfused", "unfused-pooled-gemm", ..."""
+    parts = [f"without-{name}" for name in without]
+    if unfused is not None:
+        parts.append("-".join(["unfused", *unfused]))
+    return "-".join(parts)
 
 
 def _differing_layers(default, compared) -> list[dict[str, str]]:
@@ -172,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d"),
         "argv": [Path(a).name if a == args.model else a for a in (sys.argv[1:] if argv is None else argv)],
     }
-    (args.out / f"families-{path.stem}-b{args.batch}.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"families-{path.stem}-b{args.batch}-{_comparison(args.without, args.unfused)}.json").write_text(
+        json.dumps(result, indent=1)
+    )
 
 
 if __name__ == "__main__":

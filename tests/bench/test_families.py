@@ -47,7 +47,7 @@ def test_a_model_file_without_the_cpu_kernels(tmp_path, capsys):
     onnx.save(_se_model(), path)
     out = tmp_path / "out"
     families.main(["--model", str(path), "--without", "cpu", "--runs", "3", "--device", "cpu", "--out", str(out)])
-    result = json.loads((out / "families-block-b1.json").read_text())
+    result = json.loads((out / "families-block-b1-without-cpu.json").read_text())
     assert result["model"] == "block.onnx" and str(path.parent) not in json.dumps(result["argv"])
     assert "cpu" not in result["compared_families"] and set(result["medians_ms"]) == {"default", "compared"}
     assert "compared/default" in capsys.readouterr().out
@@ -63,7 +63,7 @@ def test_the_depthwise_pointwise_fusion_can_be_compared_alone(tmp_path):
     path = tmp_path / "block.onnx"
     onnx.save(_block(), path)
     families.main(["--model", str(path), "--unfused", "--runs", "3", "--device", "cpu", "--out", str(tmp_path)])
-    result = json.loads((tmp_path / "families-block-b1.json").read_text())
+    result = json.loads((tmp_path / "families-block-b1-unfused.json").read_text())
     assert result["compared_unfused"] and "cpu" in result["compared_families"]
     assert result["tactics_in_one_engine_only"] and "cpu.depthwise-pointwise" in result["tactics_in_one_engine_only"]
 
@@ -75,7 +75,7 @@ def test_one_tactic_can_be_left_out(tmp_path):
     onnx.save(_classifier(), path)
     families.main(["--model", str(path), "--without", "cpu.gemm", "--runs", "3", "--device", "cpu", "--out",
                    str(tmp_path)])  # fmt: skip
-    result = json.loads((tmp_path / "families-head-b1.json").read_text())
+    result = json.loads((tmp_path / "families-head-b1-without-cpu.gemm.json").read_text())
     assert "cpu" in result["compared_families"] and result["compared_without_tactics"] == ["cpu.gemm"]
     assert "cpu.gemm" not in result["compared_tactics"] and result["compared_tactics"]
 
@@ -87,7 +87,7 @@ def test_one_block_fusion_can_be_left_out(tmp_path):
     onnx.save(_classifier(), path)
     families.main(["--model", str(path), "--unfused", "pooled-gemm", "--runs", "3", "--device", "cpu", "--out",
                    str(tmp_path)])  # fmt: skip
-    result = json.loads((tmp_path / "families-head-b1.json").read_text())
+    result = json.loads((tmp_path / "families-head-b1-unfused-pooled-gemm.json").read_text())
     assert result["compared_unfused"] == ["pooled-gemm"]
     assert "cpu.pooled-gemm" not in result["compared_tactics"]
 
