@@ -1,13 +1,13 @@
 """Float fallback for quantized layers: a QuantizedConv (QuantizedGemm) run as the float FusedConv (FusedGemm) it
 was made from.
 
-An int8 layer is not always faster than its float version: small or depthwise convolutions on the CPU spend
-more on quantizing their input than they save. `fallback.float-conv` lets the autotuner time the layer in
-float too, as TensorRT does with precisions that are allowed rather than required: the weight dequantized once
-(`Wq · Ws`), the activation left unquantized, then a float FusedConv kernel (oneDNN's or cuDNN's fused convolution, our
-Triton one or torch's convolution: the configurations of this tactic). Its results are those of the float layer,
-not of the int8 one, so the autotuner checks it against that layer (`Tactic.semantics`): it is at least as
-accurate as the quantized layer it replaces.
+An int8 layer is not always faster than its float version: small or depthwise convolutions on the CPU spend more on
+quantizing their input than they save. `fallback.float-conv` lets the autotuner time the layer in float too, as
+TensorRT does with precisions that are allowed rather than required: the weight dequantized once (`Wq · Ws`), the
+activation left unquantized, then a float FusedConv kernel (oneDNN's or cuDNN's fused convolution, our CPU 1×1,
+depthwise and stem kernels, our Triton one or torch's convolution: the configurations of this tactic). Its results
+are those of the float layer, not of the int8 one, so the autotuner checks it against that layer
+(`Tactic.semantics`): it is at least as accurate as the quantized layer it replaces.
 
 Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
 dequantized (`X · x_scale`, rounded once to the variant's float type; a quantized residual likewise,
@@ -32,12 +32,15 @@ from .variant import PRECISION_DTYPE
 _INNER = {
     "QuantizedConv": (
         "vendor.onednn-fused",
+        "cpu.pointwise",
+        "cpu.depthwise",
+        "cpu.stem-conv",
         "vendor.cudnn-fused",
         "triton.conv-igemm",
         "triton.conv-s2d",
         "vendor.torch-direct",
     ),
-    "QuantizedGemm": ("vendor.onednn-linear", "triton.gemm", "reference.registry"),
+    "QuantizedGemm": ("vendor.onednn-linear", "cpu.gemm", "triton.gemm", "reference.registry"),
 }
 _FLOAT_OP = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}
 
@@ -100,6 +103,12 @@ def _detached(value: Value | None, as_float: bool = False) -> Value | None:
     return Value(value.name, _float(value.dtype) if as_float else value.dtype, value.shape, const=value.const)
 
 
+def _cpu_kernel_declines(key: str, twin: Node) -> bool:
+    """Whether `key` is one of our CPU kernels' tactics and declines `twin` on the CPU."""
+    tactic = tactic_by_key(key)
+    return tactic is not None and tactic.family == "cpu" and tactic.supports(twin, 1, torch.device("cpu")) is not None
+
+
 class _FloatFallback(Tactic):
     family = "fallback"  # its own family: `--families` without it keeps every quantized layer quantized
     op: str
@@ -118,6 +127,12 @@ class _FloatFallback(Tactic):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"inner": key} for key in _INNER[self.op]]
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        """`space`, less our CPU kernels that cannot run the layer's float twin (the 1×1 kernel on a 3×3 layer),
+        which would score inf in every build."""
+        twin = float_twin(node)
+        return [config for config in self.space(effort) if not _cpu_kernel_declines(config["inner"], twin)]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         twin = float_twin(node)
