@@ -14,6 +14,7 @@ from .extension import host_flags, load
 # The activations the kernels evaluate (by `kernels.activations` code): the rest decline.
 ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU")
 LANES = 16  # float32 lanes of an AVX-512 vector
+ABSENT = torch.empty(0)  # an operand a call leaves out (the C++ reads an empty tensor as none); never written
 
 VECTOR_MATH = r"""
 #include <torch/extension.h>

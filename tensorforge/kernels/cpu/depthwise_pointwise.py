@@ -22,7 +22,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
+from .avx512 import ABSENT, ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
 
 # The 1×1 part's tiles (pixels, vectors of 16 output channels), those of `pointwise.TILES` that span a row of pixels;
 # the depthwise part's is 8 pixels.
@@ -210,7 +210,7 @@ class DepthwisePointwise:
         elif out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
             raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
                              f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
-        z = x.new_empty(0)
+        z = ABSENT
         if residual is not None:
             if residual.dtype != torch.float32 or tuple(residual.shape) != tuple(out.shape):
                 raise ValueError(f"residual must be a float32 tensor of shape {tuple(out.shape)}, not "

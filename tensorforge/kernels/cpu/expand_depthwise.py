@@ -28,7 +28,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
+from .avx512 import ABSENT, ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
 
 TILES = ((8, 3), (6, 4))  # the 1×1 parts' tiles (pixels, vectors of 16 output channels); the depthwise's is 8 pixels
 
@@ -284,9 +284,8 @@ class ExpandDepthwise:
         self.kernel = tuple(dw_weight.shape[2:])
         self._expand = (pw.pack_weight(expand_weight, tile[1]), pack_bias(expand_bias, expanded), expanded)
         self._dw = (dw.pack_weight(dw_weight), pack_bias(dw_bias, expanded))
-        empty = torch.empty(0)
         self._project = (
-            (empty, empty) if pw_weight is None
+            (ABSENT, ABSENT) if pw_weight is None
             else (pw.pack_weight(pw_weight, tile[1]), pack_bias(pw_bias, self.channels))
         )  # fmt: skip
         self._strides = (*strides, *dilations)
@@ -316,7 +315,7 @@ class ExpandDepthwise:
         if x.stride(1) != 1:
             x = x.contiguous(memory_format=torch.channels_last)
         shape = (x.shape[0], self.channels, *out_hw)
-        z = _EMPTY
+        z = ABSENT
         if residual is not None:
             if not self._project[0].numel():
                 raise ValueError("a residual needs the projection")
@@ -330,9 +329,6 @@ class ExpandDepthwise:
             x, *self._expand, *self._dw, *self._project, z, out, *self.kernel, sh, sw, *pads, dh, dwl, *self._epilogue
         )
         return out
-
-
-_EMPTY = torch.empty(0)
 
 
 @functools.cache

@@ -24,7 +24,7 @@ import functools
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
+from .avx512 import ABSENT, ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
 
 TILES = ((8, 3), (6, 4), (1, 8))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 
@@ -268,20 +268,25 @@ class PointwiseConv:
         n, c, h, w = x.shape
         if c != self.in_channels:
             raise ValueError(f"x has {c} channels; this 1×1 convolution takes {self.in_channels}")
-        if out is None:
-            out = torch.empty((n, self.channels, h, w), memory_format=torch.channels_last)
-        ys = pixel_stride(out)
-        if out.dtype != torch.float32 or ys is None:
-            raise ValueError(f"out must be a 4-D float32 tensor of evenly spaced pixels with contiguous channels, "
-                             f"not {out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
-        z, zs = (x.new_empty(0), 0) if residual is None else _rows("residual", residual)
+        if out is None:  # (a new channels_last tensor's pixels are K apart)
+            out, ys = torch.empty((n, self.channels, h, w), memory_format=torch.channels_last), self.channels
+        else:
+            ys = pixel_stride(out)
+            if out.dtype != torch.float32 or ys is None:
+                raise ValueError(
+                    f"out must be a 4-D float32 tensor of evenly spaced pixels with contiguous channels, not "
+                    f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}"
+                )
+        z, zs = (ABSENT, 0) if residual is None else _rows("residual", residual)
         if scale is None:
-            scale = x.new_empty(0)
+            scale = ABSENT
         elif scale.dtype != torch.float32 or tuple(scale.shape) != (n, c):
             raise ValueError(f"scale must be a float32 tensor of shape {(n, c)}, not {scale.dtype} "
                              f"{tuple(scale.shape)}")  # fmt: skip
-        self._module.pointwise(x, xs, self._weight, self._bias, z, zs, out, ys, n * h * w, self.channels,
-                               scale.contiguous(), h * w, *self._epilogue)  # fmt: skip
+        else:
+            scale = scale.contiguous()
+        self._module.pointwise(x, xs, self._weight, self._bias, z, zs, out, ys, n * h * w, self.channels, scale,
+                               h * w, *self._epilogue)  # fmt: skip
         return out
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
