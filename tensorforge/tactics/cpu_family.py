@@ -57,6 +57,14 @@ def _activation(node: Node, slot: str) -> tuple[str, tuple[float, float]]:
     return name, activation_args(name, node.attributes.get(f"{slot}_params", ()))[1:]
 
 
+def _activations_reason(node: Node, slots: tuple[str, ...], names: tuple[str, ...]) -> str | None:
+    """The first activation attribute of `slots` whose activation the kernel (`names`) lacks, as a reason, or None."""
+    for slot in slots:
+        if node.attributes.get(slot, "") not in names:
+            return f"the kernel has no activation {node.attributes.get(slot)!r}"
+    return None
+
+
 def _squeeze_excite_reason(node: Node, device: torch.device, activations: dict[str, tuple[str, ...]]) -> str | None:
     """Why our CPU kernels cannot run a squeeze-excite node: the device, the input's rank, an activation attribute
     (`activations`: the kernel's names by attribute) they lack; or None."""
@@ -235,9 +243,9 @@ class CpuPointwiseTactic(_CpuConv):
             return f"stride 1 only, not {list(a['strides'])}"
         if any(a.get("pads") or ()):  # (auto padding pads nothing around a 1×1 window at stride 1)
             return f"no padding, not {list(a['pads'])}"
-        for slot in ("pre", "post"):
-            if a.get(slot, "") not in dw.ACTIVATIONS:
-                return f"the kernel has no activation {a.get(slot)!r}"
+        reason = _activations_reason(node, ("pre", "post"), dw.ACTIVATIONS)
+        if reason:
+            return reason
         shape = node.inputs[0].shape or ()
         if len(shape) == 4 and all(isinstance(d, int) for d in shape):
             work = math.prod(shape) * weight.shape[0]
@@ -302,9 +310,9 @@ class CpuGemmTactic(Tactic):
             return "a residual of the output's shape only"
         if node.inputs[0].rank is None or node.inputs[0].rank < 2:
             return "the input must be a matrix or a batch of them"
-        for slot in ("pre", "post"):
-            if a.get(slot, "") not in pw.ACTIVATIONS:
-                return f"the kernel has no activation {a.get(slot)!r}"
+        reason = _activations_reason(node, ("pre", "post"), pw.ACTIVATIONS)
+        if reason:
+            return reason
         shape = node.inputs[0].shape
         work = math.prod(shape) * n if all(isinstance(d, int) for d in shape) else 0
         if work > POINTWISE_LARGEST:
@@ -340,10 +348,7 @@ class CpuPooledGemmTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cpu":
             return "a CPU kernel"
-        for slot in ("pre", "post"):
-            if node.attributes.get(slot, "") not in pw.ACTIVATIONS:
-                return f"the kernel has no activation {node.attributes.get(slot)!r}"
-        return pw.problem() or compiler_problem()
+        return _activations_reason(node, ("pre", "post"), pw.ACTIVATIONS) or pw.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": list(tile)} for tile in pw.TILES]
@@ -370,11 +375,7 @@ class CpuDepthwisePointwiseTactic(_CpuConv):
         reason = _conv_reason(node, device)
         if reason:
             return reason
-        a = node.attributes
-        for slot in ("act", "pre", "post"):
-            if a.get(slot, "") not in dp.ACTIVATIONS:
-                return f"the kernel has no activation {a.get(slot)!r}"
-        return dp.problem() or compiler_problem()
+        return _activations_reason(node, ("act", "pre", "post"), dp.ACTIVATIONS) or dp.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": list(tile)} for tile in dp.TILES]
@@ -414,11 +415,8 @@ class CpuExpandDepthwiseTactic(_CpuConv):
         reason = _conv_reason(node, device)
         if reason:
             return reason
-        a = node.attributes
-        for slot in ("expand_act", "act", "pre", "post"):
-            if a.get(slot, "") not in ed.ACTIVATIONS:
-                return f"the kernel has no activation {a.get(slot)!r}"
-        return ed.problem() or compiler_problem()
+        slots = ("expand_act", "act", "pre", "post")
+        return _activations_reason(node, slots, ed.ACTIVATIONS) or ed.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": list(tile), "schedule": schedule} for tile in ed.TILES for schedule in ("one pass", "apart")]
