@@ -41,8 +41,8 @@ def _error(got, want) -> float:
 
 
 # (N, C, Ce, K, H, W, kernel, stride, pads (top, left, bottom, right), dilation): MobileNet's stride-2 112² block
-# (rings), maps of few rows (an image at a time), 5×5 and 7×7 windows, an asymmetric window and padding, a
-# dilation (the generic depthwise path), channel counts no vector divides, two images.
+# (rings), maps of few rows (an image at a time), 5×5 and 7×7 windows, an asymmetric window and padding,
+# dilations (the generic depthwise path) in either schedule, channel counts no vector divides, two images.
 CASES = [
     (1, 16, 64, 24, 112, 112, (3, 3), 2, (1, 1, 1, 1), 1),
     (2, 24, 72, 24, 13, 11, (3, 3), 1, (1, 1, 1, 1), 1),
@@ -51,6 +51,7 @@ CASES = [
     (2, 12, 40, 20, 30, 20, (7, 7), 2, (3, 3, 3, 3), 1),
     (1, 8, 24, 16, 17, 15, (5, 3), 1, (2, 0, 2, 2), 1),
     (1, 16, 32, 16, 20, 20, (3, 3), 1, (2, 2, 2, 2), 2),
+    (1, 16, 32, 16, 48, 20, (3, 3), 1, (2, 2, 2, 2), 2),  # a dilated ring
 ]
 
 
