@@ -404,9 +404,11 @@ class CpuExpandDepthwiseTactic(_CpuConv):
     `passes.cpu_blocks` for CPU builds), the weights and biases packed once, the depthwise padding worked out once
     per input size, in one of two schedules: "one pass", which never writes the expanded tensor
     (`kernels.cpu.expand_depthwise`), or "apart": the 1×1 kernel, then the depthwise (+ 1×1) kernel, as the
-    unfused layers would run. Neither wins everywhere (on MobileNetV3 and EfficientNet-B0 the one pass is 1.0-1.7×
-    faster on maps of 28² and more, up to 10% slower on some 5×5 layers of smaller maps): the autotuner picks per
-    layer. Reads a channel slice of a channels_last tensor as it is."""
+    unfused layers would run, minus a layer's call. The autotuner's isolated timings cannot tell them apart (within
+    0-4% on most layers: which won changed from build to build), while in the network the one pass pays only where
+    the expanded tensor outgrows a core's L2 (MobileNetV3's 112² block, EfficientNet-B0's 112² and 56² ones), so
+    `space_for` picks the schedule by that size (docs/design.md). Reads a channel slice of a channels_last tensor as
+    it is."""
 
     name = "expand-depthwise"
     op_types = (f"{DOMAIN}::ExpandDepthwise",)
@@ -420,6 +422,14 @@ class CpuExpandDepthwiseTactic(_CpuConv):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": list(tile), "schedule": schedule} for tile in ed.TILES for schedule in ("one pass", "apart")]
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        """The one pass where an image's expanded tensor is larger than a core's level-2 cache (apart, it would go
+        through the level-3 cache and back), else the kernels apart (it stays in L2 between them); the tiles timed."""
+        shape, expanded = node.inputs[0].shape or (), node.inputs[1].shape[0]
+        known = len(shape) == 4 and all(isinstance(d, int) for d in shape[2:])
+        schedule = "one pass" if not known or shape[2] * shape[3] * expanded * 4 > ed.l2_bytes() else "apart"
+        return [config for config in self.space(effort) if config["schedule"] == schedule]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -237,6 +238,19 @@ void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
     return avx512_problem("1×1 + depthwise convolution")
+
+
+_L2_SIZE = Path("/sys/devices/system/cpu/cpu0/cache/index2/size")
+
+
+@functools.cache
+def l2_bytes() -> int:
+    """A core's level-2 cache in bytes, as Linux lists it (1 MiB where it does not)."""
+    try:
+        text = _L2_SIZE.read_text().strip().upper()
+        return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text)
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 class ExpandDepthwise:
