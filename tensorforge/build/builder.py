@@ -47,9 +47,10 @@ from ..ops.cuda_graphs import capture
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
 from ..ops.math_flags import full_float32
-from ..passes.cpu_blocks import CpuKernels
+from ..passes.cpu_blocks import CpuKernels, FuseCpuBlocks, FuseCpuExpansions
 from ..passes.pipeline import optimize
 from ..passes.quant_chain import chain_quantized, is_quantized_layer
+from ..quant.lower import restore_float
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
 from ..runtime.plan import Layer, Plan
@@ -143,9 +144,14 @@ class Builder:
                     if residuals
                     else "float: the accuracy target was verified without quantized residuals"
                 )
-        tuning_seconds = time.perf_counter() - tuning_started
         if quantization is not None:
             quantization["timed_to_float"] = [_fallback_layers(model, plan) for plan in plans]
+            model, plans, selections, blocks = self._fuse_float_blocks_if_faster(
+                model, profiles, precisions, cache, constants, tuning, plans, selections
+            )
+            if blocks is not None:
+                quantization["float_blocks"] = blocks
+        tuning_seconds = time.perf_counter() - tuning_started
         if self.config.timing_cache:
             cache.save(self.config.timing_cache)
         report = {
@@ -223,6 +229,33 @@ class Builder:
         first.update(timed, timed_slower=first.pop("chained"), chained=[])
         return model, plans, selections, first
 
+    def _fuse_float_blocks_if_faster(self, model, profiles, precisions, cache, constants, tuning, plans, selections):
+        """A quantized CPU build keeps its convolutions apart, so that each may be quantized; where every plan runs
+        a layer as its float original anyway (the fallback timed faster, as it does for most of a MobileNet's
+        layers at batch 1), that layer becomes the float node again (`quant.lower.restore_float`), the CPU block
+        fusions may take it, and the fused plans are kept if they time faster side by side. Returns (model, plans,
+        selections, the report's section: None where there was nothing to try)."""
+        kernels = self._cpu_kernels(quantized=True)
+        if kernels is None:
+            return model, plans, selections, None
+        floats = set.intersection(*[_runs_float(model, plan) for plan in plans])
+        candidate = clone_model(model)
+        restored = restore_float(candidate, [candidate.graph.nodes[index] for index in sorted(floats)])
+        if not restored:
+            return model, plans, selections, None
+        candidate, report = optimize(candidate, [FuseCpuBlocks(kernels), FuseCpuExpansions(kernels)])
+        fused = _count(event.rule for event in report.fired())
+        section: dict[str, Any] = {"restored": len(restored), "fused": fused}
+        if not fused:
+            return model, plans, selections, {**section, "kept": False}
+        infer_model(candidate, check=False)
+        fused_plans, fused_selections = self._plan_profiles(candidate, profiles, precisions, cache, constants, tuning)
+        apart_ms, fused_ms = self._time_side_by_side(model, plans, candidate, fused_plans, profiles, constants)
+        section.update(plan_ms={"apart": round(apart_ms, 5), "fused": round(fused_ms, 5)}, kept=fused_ms < apart_ms)
+        if section["kept"]:
+            return candidate, fused_plans, fused_selections, section
+        return model, plans, selections, section
+
     def _time_side_by_side(self, model, plans, other, other_plans, profiles, constants) -> tuple[float, float]:
         """Total milliseconds of `plans` (of `model`) and of `other_plans` (of `other`) over the profiles at their
         opt shapes, each the median of `_SIDE_BY_SIDE_ROUNDS` rounds timed in alternation, so that a noisy
@@ -248,13 +281,14 @@ class Builder:
         path = self.config.timing_cache
         return TimingCache.load(path) if path and Path(path).exists() else TimingCache()
 
-    def _cpu_kernels(self) -> CpuKernels | None:
-        """What our CPU kernels for fused blocks evaluate, where this build can use them, else None (a quantized
-        build keeps the convolutions apart, each of which may be quantized)."""
+    def _cpu_kernels(self, quantized: bool = False) -> CpuKernels | None:
+        """What our CPU kernels for fused blocks evaluate, where this build can use them, else None. A quantized
+        build keeps the convolutions apart, each of which may be quantized (`quantized`: ask for the kernels
+        anyway, for the layers it runs in float, `_fuse_float_blocks_if_faster`)."""
         families = self.config.tactic_families
         if self.device.type != "cpu" or (families is not None and "cpu" not in families):
             return None
-        if self.config.quantized_type is not None:
+        if self.config.quantized_type is not None and not quantized:
             return None
         if depthwise_pointwise.problem() or compiler_problem():
             return None
@@ -509,6 +543,16 @@ def _runs_quantized(model: Model, plan: Plan) -> set[int]:
         layer.node
         for layer in plan.layers
         if is_quantized_layer(nodes[layer.node]) and not layer.tactic.startswith("fallback.")
+    }
+
+
+def _runs_float(model: Model, plan: Plan) -> set[int]:
+    """The positions of the quantized layers that `plan` runs as their float originals (a float fallback)."""
+    nodes = model.graph.nodes
+    return {
+        layer.node
+        for layer in plan.layers
+        if is_quantized_layer(nodes[layer.node]) and layer.tactic.startswith("fallback.")
     }
 
 

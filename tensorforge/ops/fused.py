@@ -143,6 +143,9 @@ def attention(ctx: OpContext, q, kt, v, bias=None, *, scale=1.0):
 
 
 QUANT_TYPES = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}
+QUANTIZED_DTYPES = tuple(QUANT_TYPES.values())
+FLOAT_LAYERS = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}  # the float op each quantizes
+QUANT_ATTRIBUTES = ("x_scale", "quant", "explicit", "y_scale", "z_scale", "y_range_scale")  # a float twin drops them
 
 
 Scale = float | torch.Tensor  # per tensor, or per channel (a float32 tensor of X's channels, axis 1)
@@ -199,6 +202,14 @@ def dequantize_scales(w_scale: torch.Tensor, x_scale: float, x_channel_scale: to
         return scales
     per_input = scales.numel() // x_channel_scale.numel()
     return scales * x_channel_scale.float().to(w_scale.device).repeat_interleave(per_input)
+
+
+def dequantized_weight(op_type: str, wq: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """A quantized layer's weight in float32, `Wq · Ws`: QuantizedConv weights are [Cout, ...] with scales over
+    axis 0, QuantizedGemm weights [K, N] with scales over axis 1."""
+    if op_type == "QuantizedGemm":
+        return wq.float() * scales.float().reshape(1, -1)
+    return wq.float() * scales.float().reshape(-1, *[1] * (wq.dim() - 1))
 
 
 def residual_values(z: torch.Tensor | None, z_scale: float) -> torch.Tensor | None:

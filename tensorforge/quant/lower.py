@@ -22,7 +22,7 @@ from ..ir import Model, Node, Value, qualified_op, validate
 from ..kernels.quantize import KINDS, MIN_SCALE
 from ..kernels.quantize import quantize_weight as kernels_quantize_weight
 from ..ops.chain_rules import QuantizedLayer, layer_of
-from ..ops.fused import DOMAIN
+from ..ops.fused import DOMAIN, FLOAT_LAYERS, QUANT_ATTRIBUTES, QUANTIZED_DTYPES, dequantized_weight
 from ..passes.base import PassContext
 from ..passes.utils import add_initializer, is_depthwise, remove_unused_initializers, replace_with_fused
 from .calibration import CalibrationTable
@@ -79,6 +79,35 @@ def quantize_layers(
     model.graph.sort()
     validate(model.graph)
     return Lowering(tuple(layer.name for layer in chosen), left)
+
+
+def restore_float(model: Model, nodes: Iterable[Node]) -> list[str]:
+    """Rewrite, in place, each QuantizedConv / QuantizedGemm of `nodes` that reads and writes float (no quantized
+    input, output or residual; not prescribed by the model's own Q/DQ) back into the float FusedConv / FusedGemm it
+    was made from, with its dequantized weight `Wq · Ws`: what a build's float fallback runs for it. Returns the
+    names of the layers restored."""
+    ctx = PassContext(model)
+    graph = model.graph
+    restored = []
+    for node in list(nodes):
+        a = node.attributes
+        quantized_input = node.inputs[0] is not None and node.inputs[0].dtype in QUANTIZED_DTYPES
+        if node.op_type not in FLOAT_LAYERS or quantized_input or a.get("explicit", 0):
+            continue
+        if a.get("y_scale", 0.0) or a.get("z_scale", 0.0):
+            continue
+        weight = dequantized_weight(node.op_type, node.inputs[1].const, node.inputs[4].const)
+        w = add_initializer(graph, ctx.new_value(f"{node.name}.weight"), weight)
+        inputs = [node.inputs[0], w, *(list(node.inputs[2:4]) + [None] * 2)[:2]]
+        while inputs[-1] is None:
+            inputs.pop()
+        attributes = {k: v for k, v in a.items() if k not in QUANT_ATTRIBUTES}
+        replace_with_fused(ctx, node, FLOAT_LAYERS[node.op_type], inputs, attributes)
+        restored.append(node.name)
+    remove_unused_initializers(graph)
+    graph.sort()
+    validate(graph)
+    return restored
 
 
 def engine_layers(

@@ -23,7 +23,15 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, Value
-from ..ops.fused import DOMAIN, is_quantized_tensor, requantize
+from ..ops.fused import (
+    DOMAIN,
+    FLOAT_LAYERS,
+    QUANT_ATTRIBUTES,
+    QUANTIZED_DTYPES,
+    dequantized_weight,
+    is_quantized_tensor,
+    requantize,
+)
 from .base import Kernel, Tactic, register_tactic, tactic_by_key
 from .variant import PRECISION_DTYPE
 
@@ -42,11 +50,6 @@ _INNER = {
     ),
     "QuantizedGemm": ("vendor.onednn-linear", "cpu.gemm", "triton.gemm", "reference.registry"),
 }
-_FLOAT_OP = {"QuantizedConv": "FusedConv", "QuantizedGemm": "FusedGemm"}
-
-
-_QUANTIZED_DTYPES = (DType.INT8, DType.FLOAT8E4M3FN)
-_QUANT_ATTRIBUTES = ("x_scale", "quant", "explicit", "y_scale", "z_scale", "y_range_scale")
 
 
 def float_twin(node: Node) -> Node:
@@ -54,26 +57,22 @@ def float_twin(node: Node) -> Node:
     when `node` reads them quantized), bias, the dequantized weight, the conv (or none) and epilogue
     attributes, a float output (a detached node, not in any graph). QuantizedConv weights are [Cout, ...] with
     scales over axis 0; QuantizedGemm weights [K, N] over axis 1."""
-    wq, scales = node.inputs[1].const, node.inputs[4].const
-    if node.op_type == "QuantizedGemm":
-        weight = wq.float() * scales.float().reshape(1, -1)
-    else:
-        weight = wq.float() * scales.float().reshape(-1, *[1] * (wq.dim() - 1))
+    weight = dequantized_weight(node.op_type, node.inputs[1].const, node.inputs[4].const)
     w = Value(f"{node.inputs[1].name}.dequantized", DType.FLOAT, tuple(weight.shape), const=weight)
     bias = _detached(node.inputs[2]) if len(node.inputs) > 2 else None
     residual = _detached(node.inputs[3], as_float=True) if len(node.inputs) > 3 else None
     inputs = [_detached(node.inputs[0], as_float=True), w, bias, residual]
     while inputs[-1] is None:
         inputs.pop()
-    attributes = {k: v for k, v in node.attributes.items() if k not in _QUANT_ATTRIBUTES}
+    attributes = {k: v for k, v in node.attributes.items() if k not in QUANT_ATTRIBUTES}
     outputs = [Value(v.name, _float(v.dtype), v.shape) for v in node.outputs]
-    return Node(_FLOAT_OP[node.op_type], inputs, outputs, attributes, domain=DOMAIN, name=node.name)
+    return Node(FLOAT_LAYERS[node.op_type], inputs, outputs, attributes, domain=DOMAIN, name=node.name)
 
 
 def output_quantization(node: Node) -> dict[int, tuple[float, str]]:
     """The outputs quantized `node` writes quantized: output index -> (scale, quantized type); empty for float
     outputs and for other ops."""
-    scale = float(node.attributes.get("y_scale", 0.0)) if node.op_type in _FLOAT_OP else 0.0
+    scale = float(node.attributes.get("y_scale", 0.0)) if node.op_type in FLOAT_LAYERS else 0.0
     return {0: (scale, node.attributes.get("quant", "int8"))} if scale else {}
 
 
@@ -88,11 +87,11 @@ def with_float_output(node: Node) -> Node:
 
 def reads_quantized(node: Node) -> bool:
     """Whether quantized `node` reads an activation that is already quantized (from a chained producer)."""
-    return node.inputs[0] is not None and node.inputs[0].dtype in _QUANTIZED_DTYPES
+    return node.inputs[0] is not None and node.inputs[0].dtype in QUANTIZED_DTYPES
 
 
 def _float(dtype: DType) -> DType:
-    return DType.FLOAT if dtype in _QUANTIZED_DTYPES else dtype
+    return DType.FLOAT if dtype in QUANTIZED_DTYPES else dtype
 
 
 def _detached(value: Value | None, as_float: bool = False) -> Value | None:

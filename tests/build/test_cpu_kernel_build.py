@@ -87,3 +87,43 @@ def test_quantized_cpu_builds_keep_depthwise_blocks_apart():
     """Each of the two convolutions may be quantized (and chained) on its own: the fusion would hide them."""
     assert builder.Builder(BuildConfig(effort=0))._cpu_kernels() is not None
     assert builder.Builder(BuildConfig(effort=0, precisions=("fp32", "int8")))._cpu_kernels() is None
+
+
+def _int8_block_engine(monkeypatch, fused_faster: bool):
+    """The int8 CPU engine of a depthwise block (`tests.passes.test_cpu_blocks._block`), its quantized layers taken
+    as run in float by every plan and the fused plans timed faster (or slower) side by side."""
+    from tensorforge.build.config import QuantizationConfig
+    from tensorforge.passes.quant_chain import is_quantized_layer
+    from tests.passes.test_cpu_blocks import SHAPE, _block
+
+    monkeypatch.setattr(builder, "_runs_float", lambda model, plan: {
+        layer.node for layer in plan.layers if is_quantized_layer(model.graph.nodes[layer.node])})  # fmt: skip
+    monkeypatch.setattr(builder.Builder, "_time_side_by_side", lambda self, *args: (2.0, 1.0) if fused_faster
+                        else (1.0, 2.0))  # fmt: skip
+    rng = np.random.default_rng(0)
+    calibration = [{"x": rng.standard_normal(SHAPE).astype(np.float32)} for _ in range(2)]
+    quantization = QuantizationConfig(method="minmax", chain="off")
+    config = BuildConfig(effort=0, precisions=("fp32", "int8"), quantization=quantization)
+    return builder.Builder(config, calibration_data=calibration).build(import_model(_block())), calibration[0]
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+def test_a_quantized_cpu_build_fuses_the_blocks_it_runs_in_float(monkeypatch):
+    """Layers every plan runs as their float originals become float nodes again, the CPU block fusions take them,
+    and the fused plans are kept when faster; the engine computes what its own graph's reference does."""
+    from tensorforge import Executor
+
+    engine, feed = _int8_block_engine(monkeypatch, fused_faster=True)
+    section = engine.report["quantization"]["float_blocks"]
+    assert section["restored"] == 2 and section["fused"] == {"depthwise-pointwise": 1} and section["kept"]
+    assert [node.op_type for node in engine.model.graph.nodes] == ["DepthwisePointwise"]
+    got = engine.create_context().run(feed)["y"].numpy()
+    assert relative_error(got, Executor(engine.model).run(feed)["y"]) <= REL_TOL
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+def test_a_quantized_cpu_build_keeps_its_layers_apart_when_fused_is_slower(monkeypatch):
+    engine, _ = _int8_block_engine(monkeypatch, fused_faster=False)
+    section = engine.report["quantization"]["float_blocks"]
+    assert section["restored"] == 2 and not section["kept"]
+    assert [node.op_type for node in engine.model.graph.nodes] == ["QuantizedConv", "QuantizedConv"]
