@@ -100,13 +100,26 @@ def median_ms(fn: Callable[[], Any], device: torch.device, runs: int, warmup: in
     return 1e3 * statistics.median(times)
 
 
+SETTLE_S = 0.1  # a pause before each system's round: the thread pools of the one before stop spinning
+
+
 def interleaved_ms(
-    calls: Mapping[str, Callable[[], Any]], device: torch.device, runs: int, warmup: int, block: int = 5, seed: int = 0
+    calls: Mapping[str, Callable[[], Any]],
+    device: torch.device,
+    runs: int,
+    warmup: int,
+    block: int = 5,
+    seed: int = 0,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, float | Exception]:
     """Per key, the median wall time in ms of `runs` calls of its function, after `warmup` calls of each, timed in
-    rounds: each round every function in turn (a new random order each round, `seed`) makes one untimed call, which
-    brings its weights back into the caches the others used, then up to `block` timed calls, each followed by a
-    device synchronization. A function that raises gets its exception and leaves the rounds."""
+    rounds: each round every function in turn (a new random order each round, `seed`) waits `settle_s`, makes one
+    untimed call, which brings its weights back into the caches the others used, then up to `block` timed calls, each
+    followed by a device synchronization. A function that raises gets its exception and leaves the rounds.
+
+    The wait: ONNX Runtime's threads keep spinning for milliseconds after its calls, and on a 2-core machine they
+    took the cores from the next system's threads: tensorforge's MobileNetV3 timed 7.7-9.2 ms right after ONNX
+    Runtime's rounds against 4.7-5.5 ms after a 50 ms pause (5 ms was not enough)."""
     sync = synchronizer(device)
     results: dict[str, float | Exception] = {}
     times: dict[str, list[float]] = {key: [] for key in calls}
@@ -123,6 +136,7 @@ def interleaved_ms(
         order.shuffle(keys)
         for key in keys:
             try:
+                time.sleep(settle_s)
                 calls[key]()
                 sync()
                 for _ in range(min(block, runs - first)):

@@ -135,7 +135,7 @@ def test_interleaved_timing_runs_the_functions_in_rounds_and_keeps_errors_apart(
         return fn
 
     fns = {"fast": timed("fast", 0.001), "slow": timed("slow", 0.004)}
-    result = suite.interleaved_ms(fns, torch.device("cpu"), runs=7, warmup=2, block=3, seed=5)
+    result = suite.interleaved_ms(fns, torch.device("cpu"), runs=7, warmup=2, block=3, seed=5, settle_s=0)
     assert 1 <= result["fast"] < result["slow"]
     # 2 warm-ups each, then rounds of 3, 3 and 1 timed calls, each after an untimed one, in the seeded order
     expected, order = ["fast", "fast", "slow", "slow"], random.Random(5)
@@ -152,6 +152,16 @@ def test_interleaved_timing_runs_the_functions_in_rounds_and_keeps_errors_apart(
 
     result = suite.interleaved_ms({"fast": fns["fast"], "broken": broken}, torch.device("cpu"), runs=4, warmup=2)
     assert isinstance(result["broken"], RuntimeError) and result["fast"] >= 1
+
+
+def test_each_round_waits_for_the_systems_before_it_to_settle(monkeypatch):
+    """Another runtime's spinning threads must not run into the next system's timed calls: a pause before each
+    system's round (2 systems × 3 rounds)."""
+    pauses = []
+    monkeypatch.setattr(suite.time, "sleep", pauses.append)
+    suite.interleaved_ms({"a": lambda: None, "b": lambda: None}, torch.device("cpu"), runs=6, warmup=1, block=2,
+                         settle_s=0.25)  # fmt: skip
+    assert pauses == [0.25] * 6
 
 
 def test_interleaved_systems_are_measured_together_and_a_failing_one_recorded(tmp_path, monkeypatch):
