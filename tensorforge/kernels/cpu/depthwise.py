@@ -43,13 +43,25 @@ struct Block {  // one output row of one block of channels
   float* y;        // the block's first channel in output row oh of image n
   int64_t ih0;     // the input row of tap kh = 0
   __mmask16 mask;  // the block's channels (all 16 but in a last, partial block)
-  const float* const* rows = nullptr;  // or each tap row's input row (its first pixel's channel 0), from these
-  int64_t c0 = 0;                      // the block's first channel, for `rows`
+};
+
+// A Block whose taps read their input rows through pointers (the expansion kernel's ring of rows) rather than from
+// x. A type of its own, not a field tested in the tap loop: that test cost the standalone kernel about 3%.
+struct RowsBlock : Block {
+  const float* const* rows;  // each tap row's input row (its first pixel's channel 0)
+  int64_t c0;                // the block's first channel
 };
 
 // The input row of tap row kh (input row ih), at the block's first channel.
-inline const float* input_row(const Block& k, const Geometry& g, int64_t kh, int64_t ih) {
-  return k.rows ? k.rows[kh] + k.c0 : k.x + ih * g.xH;
+inline const float* input_row(const Block& k, const Geometry& g, int64_t, int64_t ih) { return k.x + ih * g.xH; }
+inline const float* input_row(const RowsBlock& k, const Geometry&, int64_t kh, int64_t) { return k.rows[kh] + k.c0; }
+
+// `k` for the channels from c0 (mask m).
+inline Block shifted(const Block& k, int64_t c0, __mmask16 m) {
+  return Block{k.x + c0, k.w + c0, k.b + c0, k.y + c0, k.ih0, m};
+}
+inline RowsBlock shifted(const RowsBlock& k, int64_t c0, __mmask16 m) {
+  return RowsBlock{shifted(static_cast<const Block&>(k), c0, m), k.rows, c0};
 }
 
 inline __m512 load(const float* p, __mmask16 m, bool full) {
@@ -78,8 +90,8 @@ inline void store(__m512* acc, float* out, int64_t step, int count, __mmask16 m,
 // of taps reads (T-1)·S + KW input pixels once into registers and makes T·KW multiply-adds of them. BORDER: some of
 // those pixels are outside the input (their masked loads read zeros and touch no memory); otherwise count == T.
 // FULL: all 16 channels (the loads need no mask).
-template <int T, int KW, int S, bool FULL, bool BORDER>
-inline void window_tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
+template <int T, int KW, int S, bool FULL, bool BORDER, typename B>
+inline void window_tile(const B& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
                         __m512 p1) {
   constexpr int L = (T - 1) * S + KW;
   const int64_t KH = g.KH, Cp = g.Cp, xW = g.xW, H = g.H, W = g.W, dh = g.dh, col0 = ow0 * S - g.pw;
@@ -113,8 +125,8 @@ inline void window_tile(const Block& k, const Geometry& g, int64_t ow0, int coun
 
 // The same for any filter, stride and dilation along W: each tap's T input pixels are loaded for it; BORDER checks
 // each against the input's width.
-template <int T, bool FULL, bool BORDER>
-inline void any_tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
+template <int T, bool FULL, bool BORDER, typename B>
+inline void any_tile(const B& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0,
                      __m512 p1) {
   const int64_t KH = g.KH, KW = g.KW, Cp = g.Cp, xW = g.xW, sw = g.sw, step = g.sw * g.xW;
   const int64_t H = g.H, W = g.W, dh = g.dh, dw = g.dw, col0 = ow0 * g.sw - g.pw;
@@ -144,22 +156,21 @@ inline void any_tile(const Block& k, const Geometry& g, int64_t ow0, int count, 
   store<T>(acc, k.y + ow0 * g.yW, g.yW, count, k.mask, FULL);
 }
 
-template <int T, int KW, int S, bool FULL, bool BORDER>
-inline void tile(const Block& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0, __m512 p1) {
+template <int T, int KW, int S, bool FULL, bool BORDER, typename B>
+inline void tile(const B& k, const Geometry& g, int64_t ow0, int count, int64_t act, __m512 p0, __m512 p1) {
   if (KW) window_tile<T, KW, S, FULL, BORDER>(k, g, ow0, count, act, p0, p1);
   else any_tile<T, FULL, BORDER>(k, g, ow0, count, act, p0, p1);
 }
 
 // Output pixels ow .. ow+count-1 of blocks [first, last) of a row: the blocks innermost, so that consecutive tiles
 // read consecutive cache lines of each input pixel (channels_last keeps a pixel's channels together).
-template <int T, int KW, int S, bool BORDER>
-inline void tiles(const Block& k, const Geometry& g, int64_t first, int64_t last, int64_t ow, int count,
+template <int T, int KW, int S, bool BORDER, typename B>
+inline void tiles(const B& k, const Geometry& g, int64_t first, int64_t last, int64_t ow, int count,
                   int64_t act, __m512 p0, __m512 p1) {
   const int64_t full = std::min(last, g.C / 16);  // blocks of 16 channels; a last partial one is masked
   for (int64_t block = first; block < last; ++block) {
     const int64_t c0 = block * 16;
-    const Block kb{k.x + c0, k.w + c0, k.b + c0, k.y + c0, k.ih0,
-                   block < full ? __mmask16(0xFFFF) : __mmask16((1u << (g.C - c0)) - 1), k.rows, c0};
+    const B kb = shifted(k, c0, block < full ? __mmask16(0xFFFF) : __mmask16((1u << (g.C - c0)) - 1));
     if (block < full) tile<T, KW, S, true, BORDER>(kb, g, ow, count, act, p0, p1);
     else tile<T, KW, S, false, BORDER>(kb, g, ow, count, act, p0, p1);
   }
@@ -167,8 +178,8 @@ inline void tiles(const Block& k, const Geometry& g, int64_t first, int64_t last
 
 // One output row of blocks [first, last): tiles of T pixels, those whose taps may leave the input, [0, lo) and
 // [hi, OW), on the checked path.
-template <int T, int KW, int S>
-inline void row(const Block& k, const Geometry& g, int64_t first, int64_t last, int64_t lo, int64_t hi, int64_t act,
+template <int T, int KW, int S, typename B>
+inline void row(const B& k, const Geometry& g, int64_t first, int64_t last, int64_t lo, int64_t hi, int64_t act,
                 __m512 p0, __m512 p1) {
   int64_t ow = 0;
   for (int count; ow < lo; ow += count) {

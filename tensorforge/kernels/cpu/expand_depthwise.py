@@ -74,7 +74,7 @@ template <int KW, int S, int MR, int NV>
 inline void depthwise_row(const Fused& f, int64_t n, int64_t oh, const float* const* taps, float* buffer,
                           pwk::Problem& q, int64_t lo, int64_t hi) {
   float* out = f.project ? buffer : f.y + n * f.yN + oh * f.yH;
-  const dwk::Block k{taps[0], f.wd, f.bd, out, oh * f.g.sh - f.g.ph, __mmask16(0xFFFF), taps, 0};
+  const dwk::RowsBlock k{{taps[0], f.wd, f.bd, out, oh * f.g.sh - f.g.ph, __mmask16(0xFFFF)}, taps, 0};
   dwk::row<8, KW, S>(k, f.g, 0, f.g.Cp / 16, lo, hi, f.act, f.p0, f.p1);
   if (f.project) {
     q.x = buffer;
