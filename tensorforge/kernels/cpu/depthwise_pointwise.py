@@ -68,13 +68,13 @@ void run(const Fused& f) {
   const int64_t reach = g.W - 1 + g.pw - (g.KW - 1) * g.dw;
   const int64_t hi = reach < 0 ? lo : std::max<int64_t>(lo, std::min<int64_t>(g.OW, reach / g.sw + 1));
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(g.OW * g.Cp);
+    const std::unique_ptr<float[]> buffer(new float[g.OW * g.Cp]);  // uninitialized: written before read
     pwk::Problem q = f.q;
-    q.x = buffer.data();
+    q.x = buffer.get();
     q.xs = g.Cp;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
-      const dwk::Block k{f.x + n * g.xN, f.wd, f.bd, buffer.data(), oh * g.sh - g.ph, __mmask16(0xFFFF)};
+      const dwk::Block k{f.x + n * g.xN, f.wd, f.bd, buffer.get(), oh * g.sh - g.ph, __mmask16(0xFFFF)};
       dwk::row<8, KW, S>(k, g, 0, blocks, lo, hi, f.act, f.p0, f.p1);
       q.y = f.q.y + n * f.yN + oh * f.yH;
       q.z = f.q.z ? f.q.z + n * f.zN + oh * f.zH : nullptr;

@@ -43,6 +43,8 @@ SOURCE = (
     + r"""
 namespace {
 
+// The buffers below are left uninitialized (not zero-filled per call): every value read was written first, the
+// lanes past the channels of a last, partial vector being neither read nor stored (masked).
 struct Fused {
   dwk::Geometry g;      // the depthwise convolution over E (its rows read through row pointers); yW = Cp
   int64_t N;
@@ -90,9 +92,9 @@ void ring(const Fused& f, int64_t span, int64_t lo, int64_t hi) {
   const dwk::Geometry& g = f.g;
   const int64_t plane = g.W * g.Cp;
   at::parallel_for(0, f.N * g.OH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows(span * plane), buffer(f.project ? g.OW * g.Cp : 0);
+    const std::unique_ptr<float[]> rows(new float[span * plane]), buffer(new float[f.project ? g.OW * g.Cp : 1]);
     std::vector<int64_t> held(span, -1);  // the row of E (image · H + row) in each slot
-    std::vector<const float*> taps(g.KH, rows.data());
+    std::vector<const float*> taps(g.KH, rows.get());
     pwk::Problem e = f.e, q = f.q;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
@@ -100,7 +102,7 @@ void ring(const Fused& f, int64_t span, int64_t lo, int64_t hi) {
         const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
         if (ih < 0 || ih >= g.H) continue;
         const int64_t slot = ih % span;
-        float* row = rows.data() + slot * plane;
+        float* row = rows.get() + slot * plane;
         if (held[slot] != n * g.H + ih) {
           e.x = f.x + n * f.xN + ih * f.xH;
           e.y = row;
@@ -109,7 +111,7 @@ void ring(const Fused& f, int64_t span, int64_t lo, int64_t hi) {
         }
         taps[kh] = row;
       }
-      depthwise_row<KW, S, MR, NV>(f, n, oh, taps.data(), buffer.data(), q, lo, hi);
+      depthwise_row<KW, S, MR, NV>(f, n, oh, taps.data(), buffer.get(), q, lo, hi);
     }
   });
 }
@@ -120,23 +122,23 @@ template <int KW, int S, int MR, int NV>
 void whole(const Fused& f, int64_t lo, int64_t hi) {
   const dwk::Geometry& g = f.g;
   const int64_t plane = g.W * g.Cp;
-  std::vector<float> expanded(g.H * plane);
+  const std::unique_ptr<float[]> expanded(new float[g.H * plane]);
   for (int64_t n = 0; n < f.N; ++n) {
     pwk::Problem e = f.e;
     e.P = g.H * g.W;
     e.x = f.x + n * f.xN;
-    e.y = expanded.data();
+    e.y = expanded.get();
     pwk::run<MR, NV>(e);
     at::parallel_for(0, g.OH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> buffer(f.project ? g.OW * g.Cp : 0);
-      std::vector<const float*> taps(g.KH, expanded.data());
+      const std::unique_ptr<float[]> buffer(new float[f.project ? g.OW * g.Cp : 1]);
+      std::vector<const float*> taps(g.KH, expanded.get());
       pwk::Problem q = f.q;
       for (int64_t oh = begin; oh < end; ++oh) {
         for (int64_t kh = 0; kh < g.KH; ++kh) {
           const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
-          if (ih >= 0 && ih < g.H) taps[kh] = expanded.data() + ih * plane;
+          if (ih >= 0 && ih < g.H) taps[kh] = expanded.get() + ih * plane;
         }
-        depthwise_row<KW, S, MR, NV>(f, n, oh, taps.data(), buffer.data(), q, lo, hi);
+        depthwise_row<KW, S, MR, NV>(f, n, oh, taps.data(), buffer.get(), q, lo, hi);
       }
     });
   }
