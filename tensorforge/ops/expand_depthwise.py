@@ -13,6 +13,7 @@ block's widest tensor.
 
 from __future__ import annotations
 
+from .depthwise_pointwise import depthwise_pointwise
 from .fused import DOMAIN, OPSET, fused_conv
 from .registry import OpContext, register
 
@@ -43,10 +44,8 @@ def expand_depthwise(
     post_params=(),
 ):
     expanded = fused_conv(ctx, x, we, be, pre=expand_act, pre_params=expand_act_params)
-    hidden = fused_conv(
-        ctx, expanded, wd, bd, auto_pad=auto_pad, dilations=dilations, group=expanded.shape[1], pads=pads,
-        strides=strides, pre=act, pre_params=act_params,
-    )  # fmt: skip
+    window = {"auto_pad": auto_pad, "dilations": dilations, "pads": pads, "strides": strides}
     if wp is None:
-        return hidden
-    return fused_conv(ctx, hidden, wp, bp, z, pre=pre, pre_params=pre_params, post=post, post_params=post_params)
+        return fused_conv(ctx, expanded, wd, bd, group=expanded.shape[1], pre=act, pre_params=act_params, **window)
+    return depthwise_pointwise(ctx, expanded, wd, bd, wp, bp, z, act=act, act_params=act_params, pre=pre,
+                               pre_params=pre_params, post=post, post_params=post_params, **window)  # fmt: skip

@@ -49,6 +49,7 @@ from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
 from .base import Kernel, PerWeight, Tactic, register_tactic
+from .vendor import _linear_operands_problem
 
 
 def _activation(node: Node, slot: str) -> tuple[str, tuple[float, float]]:
@@ -302,15 +303,10 @@ class CpuGemmTactic(Tactic):
         if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
             return "no transA, alpha or beta"
         n = weight.shape[0 if a.get("transB", 0) else 1]
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        if bias is not None and (not bias.is_const or tuple(bias.shape or ()) not in ((n,), (1, n))):
-            return f"the bias must be a constant over the {n} output columns"
         residual = node.inputs[3] if len(node.inputs) > 3 else None
         if residual is not None and residual.shape != node.outputs[0].shape:
             return "a residual of the output's shape only"
-        if node.inputs[0].rank is None or node.inputs[0].rank < 2:
-            return "the input must be a matrix or a batch of them"
-        reason = _activations_reason(node, ("pre", "post"), pw.ACTIVATIONS)
+        reason = _linear_operands_problem(node, n) or _activations_reason(node, ("pre", "post"), pw.ACTIVATIONS)
         if reason:
             return reason
         shape = node.inputs[0].shape

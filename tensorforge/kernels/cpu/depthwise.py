@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
+from .avx512 import ABSENT, ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
 
 TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
 
@@ -272,6 +272,28 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def windowed_input(x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int]) -> torch.Tensor:
+    """The input of a kernel with a depthwise window, checked (4-D float32; `pads` (top, left) and `out_hw` two values
+    each) and made channels_last unless its channels are contiguous (as in a channel slice of a channels_last
+    tensor)."""
+    if x.dtype != torch.float32 or x.dim() != 4:
+        raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+    if len(pads) != 2 or len(out_hw) != 2:
+        raise ValueError(f"pads (top, left) and out_hw (height, width) take two values each, not {pads}, {out_hw}")
+    return x if x.stride(1) == 1 else x.contiguous(memory_format=torch.channels_last)
+
+
+def residual_operand(residual: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+    """A block kernel's residual checked (float32 of the output's `shape`) and made channels_last unless its channels
+    are contiguous; `ABSENT` for none."""
+    if residual is None:
+        return ABSENT
+    if residual.dtype != torch.float32 or tuple(residual.shape) != shape:
+        raise ValueError(f"residual must be a float32 tensor of shape {shape}, not {residual.dtype} "
+                         f"{tuple(residual.shape)}")  # fmt: skip
+    return residual if residual.stride(1) == 1 else residual.contiguous(memory_format=torch.channels_last)
+
+
 class DepthwiseConv:
     """A depthwise convolution ready to run: its weight [C, 1, KH, KW] and bias packed, its strides, dilations,
     activation (by name, `ACTIVATIONS`, with its two parameters as `kernels.activations.activation_args` gives them)
@@ -306,12 +328,7 @@ class DepthwiseConv:
         as in a channel slice of a channels_last tensor), `pads` the leading (top, left) padding and `out_hw` the
         output's size, which fixes the trailing padding; into `out` (contiguous channels) or a new channels_last
         tensor, which is returned."""
-        if x.dtype != torch.float32 or x.dim() != 4:
-            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
-        if len(pads) != 2 or len(out_hw) != 2:
-            raise ValueError(f"pads (top, left) and out_hw (height, width) take two values each, not {pads}, {out_hw}")
-        if x.stride(1) != 1:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = windowed_input(x, pads, out_hw)
         if out is None:
             out = torch.empty((x.shape[0], self.channels, *out_hw), memory_format=torch.channels_last)
         elif out.dtype != torch.float32 or out.dim() != 4 or out.stride(1) != 1:

@@ -22,7 +22,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
-from .avx512 import ABSENT, ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
+from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
 
 # The 1×1 part's tiles (pixels, vectors of 16 output channels), those of `pointwise.TILES` that span a row of pixels;
 # the depthwise part's is 8 pixels.
@@ -196,26 +196,16 @@ class DepthwisePointwise:
         padding, `out_hw` its output size, and the residual [N, K, OH, OW] float32 or None (x and the residual made
         channels_last unless their channels are contiguous, as in a channel slice of a channels_last tensor); into
         `out` (contiguous channels) or a new channels_last tensor, which is returned."""
-        if x.dtype != torch.float32 or x.dim() != 4:
-            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        x = dw.windowed_input(x, pads, out_hw)
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} channels; this depthwise convolution takes {self.in_channels}")
-        if len(pads) != 2 or len(out_hw) != 2:
-            raise ValueError(f"pads (top, left) and out_hw (height, width) take two values each, not {pads}, {out_hw}")
-        if x.stride(1) != 1:
-            x = x.contiguous(memory_format=torch.channels_last)
         shape = (x.shape[0], self.channels, *out_hw)
         if out is None:
             out = torch.empty(shape, memory_format=torch.channels_last)
         elif out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
             raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
                              f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
-        z = ABSENT
-        if residual is not None:
-            if residual.dtype != torch.float32 or tuple(residual.shape) != tuple(out.shape):
-                raise ValueError(f"residual must be a float32 tensor of shape {tuple(out.shape)}, not "
-                                 f"{residual.dtype} {tuple(residual.shape)}")  # fmt: skip
-            z = residual if residual.stride(1) == 1 else residual.contiguous(memory_format=torch.channels_last)
+        z = dw.residual_operand(residual, shape)
         sh, sw, dh, dwl = self._strides
         self._module.depthwise_pointwise(
             x, *self._dw, *self._pw, z, out, *self.kernel, sh, sw, *pads, dh, dwl, *self._epilogue

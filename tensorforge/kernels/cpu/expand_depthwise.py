@@ -322,23 +322,13 @@ class ExpandDepthwise:
         padding, `out_hw` its output size, and the residual [N, K, OH, OW] float32 or None (with a projection only;
         x and the residual made channels_last unless their channels are contiguous, as in a channel slice of a
         channels_last tensor); a new channels_last tensor."""
-        if x.dtype != torch.float32 or x.dim() != 4:
-            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        x = dw.windowed_input(x, pads, out_hw)
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} channels; this 1×1 convolution takes {self.in_channels}")
-        if len(pads) != 2 or len(out_hw) != 2:
-            raise ValueError(f"pads (top, left) and out_hw (height, width) take two values each, not {pads}, {out_hw}")
-        if x.stride(1) != 1:
-            x = x.contiguous(memory_format=torch.channels_last)
+        if residual is not None and not self._project[0].numel():
+            raise ValueError("a residual needs the projection")
         shape = (x.shape[0], self.channels, *out_hw)
-        z = ABSENT
-        if residual is not None:
-            if not self._project[0].numel():
-                raise ValueError("a residual needs the projection")
-            if residual.dtype != torch.float32 or tuple(residual.shape) != shape:
-                raise ValueError(f"residual must be a float32 tensor of shape {shape}, not {residual.dtype} "
-                                 f"{tuple(residual.shape)}")  # fmt: skip
-            z = residual if residual.stride(1) == 1 else residual.contiguous(memory_format=torch.channels_last)
+        z = dw.residual_operand(residual, shape)
         out = torch.empty(shape, memory_format=torch.channels_last)
         sh, sw, dh, dwl = self._strides
         self._module.expand_depthwise(
