@@ -46,7 +46,7 @@ inline __m512 vexp(__m512 x) {
 // `kernels.activations` codes. max/min return their second operand when either is NaN: v is put second so that
 // a NaN passes through, as in the reference.
 template <int CODE>
-inline __m512 activate(__m512 v, __m512 p0, __m512 p1) {
+[[gnu::always_inline]] inline __m512 activate(__m512 v, __m512 p0, __m512 p1) {
   const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
   switch (CODE) {
     case 1: return _mm512_max_ps(zero, v);                                              // Relu
@@ -64,14 +64,14 @@ inline __m512 activate(__m512 v, __m512 p0, __m512 p1) {
 }
 
 template <int T, int CODE>
-inline void activate_tile(__m512* acc, int count, __m512 p0, __m512 p1) {
-  #pragma GCC unroll 16
+[[gnu::always_inline]] inline void activate_tile(__m512* acc, int count, __m512 p0, __m512 p1) {
+  #pragma GCC unroll 32
   for (int t = 0; t < T; ++t)
     if (t < count) acc[t] = activate<CODE>(acc[t], p0, p1);
 }
 
 template <int T>
-inline void activate_tile(__m512* acc, int count, int64_t code, __m512 p0, __m512 p1) {
+[[gnu::always_inline]] inline void activate_tile(__m512* acc, int count, int64_t code, __m512 p0, __m512 p1) {
   switch (code) {  // once a tile, outside the unrolled loops
     case 1: activate_tile<T, 1>(acc, count, p0, p1); break;
     case 2: activate_tile<T, 2>(acc, count, p0, p1); break;

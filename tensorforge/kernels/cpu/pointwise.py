@@ -65,7 +65,7 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
     if (SCALED) g[r] = q.s + p / q.sP * q.C;
   }
   __m512 acc[MR * NV];
-  #pragma GCC unroll 4
+  #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
     const __m512 bias = _mm512_loadu_ps(q.b + k0 + 16 * v);
     #pragma GCC unroll 16
@@ -75,25 +75,25 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
   const float* w = q.w + k0 * C;  // this tile's block: [C, 16·NV]
   for (int64_t c = 0; c < C; ++c) {
     __m512 wv[NV];
-    #pragma GCC unroll 4
+    #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * 16 * NV + 16 * v);
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 xv = _mm512_set1_ps(SCALED ? a[r][c] * g[r][c] : a[r][c]);
-      #pragma GCC unroll 4
+      #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
     }
   }
   activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
   const int rows = int(std::min<int64_t>(MR, q.P - p0));
   __mmask16 m[NV];
-  #pragma GCC unroll 4
+  #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) m[v] = lanes(q.K - k0 - 16 * v);
   if (q.z) {
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       if (r >= rows) break;
-      #pragma GCC unroll 4
+      #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
         const __m512 zv = _mm512_maskz_loadu_ps(m[v], q.z + (p0 + r) * q.zs + k0 + 16 * v);
         acc[r * NV + v] = _mm512_add_ps(acc[r * NV + v], zv);
@@ -104,7 +104,7 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     if (r >= rows) break;
-    #pragma GCC unroll 4
+    #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(q.y + (p0 + r) * q.ys + k0 + 16 * v, m[v], acc[r * NV + v]);
   }
 }

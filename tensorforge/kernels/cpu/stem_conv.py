@@ -47,7 +47,7 @@ struct Stem {
 template <int T, int NV, bool BORDER>
 inline void tile(const Stem& q, int64_t n, int64_t oh, int64_t ow0, int count, int64_t k0) {
   __m512 acc[T * NV];
-  #pragma GCC unroll 4
+  #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
     const __m512 bias = _mm512_loadu_ps(q.b + k0 + 16 * v);
     #pragma GCC unroll 16
@@ -62,7 +62,7 @@ inline void tile(const Stem& q, int64_t n, int64_t oh, int64_t ow0, int count, i
       const float* taps = q.w + (c * q.KH + kh) * q.KW * q.Kp + k0;
       for (int64_t kw = 0; kw < q.KW; ++kw) {
         __m512 wv[NV];
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(taps + kw * q.Kp + 16 * v);
         const int64_t iw0 = left + kw * q.dw;
         #pragma GCC unroll 16
@@ -72,7 +72,7 @@ inline void tile(const Stem& q, int64_t n, int64_t oh, int64_t ow0, int count, i
           if (BORDER) value = t < count && iw >= 0 && iw < q.W ? row[iw * q.xW] : 0.f;
           else value = row[iw * q.xW];
           const __m512 xv = _mm512_set1_ps(value);
-          #pragma GCC unroll 4
+          #pragma GCC unroll 8
           for (int v = 0; v < NV; ++v) acc[t * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[t * NV + v]);
         }
       }
@@ -80,7 +80,7 @@ inline void tile(const Stem& q, int64_t n, int64_t oh, int64_t ow0, int count, i
   }
   activate_tile<T * NV>(acc, T * NV, q.act, q.p0, q.p1);
   float* out = q.y + n * q.yN + oh * q.yH + ow0 * q.yW + k0;
-  #pragma GCC unroll 4
+  #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
     const int64_t lanes = q.K - k0 - 16 * v;
     const __mmask16 m = lanes >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << lanes) - 1);
