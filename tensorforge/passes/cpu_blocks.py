@@ -23,10 +23,10 @@ epilogue and squeeze-excite fusion.
 The nodes exist for our CPU kernels: `kernels.cpu.depthwise_pointwise` computes a row of the depthwise output into a
 buffer and the 1×1 row from it, so the block's widest tensor never goes to memory (1.10-1.31× the two kernels apart
 on MobileNetV3's pairs, caches evicted between calls as in a network); for the squeeze-excite block the gate is
-computed alone and the 1×1 kernel scales its input channels by it as it reads them (the gated tensor is never
-written); the head's pool and product are one call of the 1×1 kernel (`PointwiseConv.pooled`). The builder runs
-the rules for CPU builds whose tactic families include "cpu" on a CPU that runs the kernels
-(`pipeline.default_passes`); elsewhere the nodes stay apart.
+computed alone and the 1×1 kernel scales each image's weight rows by it (the gated tensor is never written); the
+head's pool and product are one call of the 1×1 kernel (`PointwiseConv.pooled`). The builder runs the rules for CPU
+builds whose tactic families include "cpu" on a CPU that runs the kernels (`pipeline.default_passes`); elsewhere the
+nodes stay apart.
 """
 
 from __future__ import annotations

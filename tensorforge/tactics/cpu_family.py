@@ -17,8 +17,8 @@
   optionally the 1×1 projection after that, made by `passes.cpu_blocks`) in one pass that keeps the expanded tensor
   in cache (`kernels.cpu.expand_depthwise`, AVX-512), float32.
 - `cpu.squeeze-excite-pointwise`: a SqueezeExcitePointwise block (squeeze-excite and the 1×1 after it, made by
-  `passes.cpu_blocks`) as the gate alone (`kernels.cpu.squeeze_excite.gate`) and the 1×1 kernel scaling its input
-  channels by it as it reads them, float32.
+  `passes.cpu_blocks`) as the gate alone (`kernels.cpu.squeeze_excite.gate`) and the 1×1 kernel with each image's
+  weight rows scaled by it, float32.
 - `cpu.stem-conv`: a one-group FusedConv of at most four input channels (a network's stem) with its bias and
   activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512), float32.
 

@@ -100,14 +100,15 @@ def test_reads_and_writes_channel_slices_of_larger_tensors():
 
 
 @pytest.mark.parametrize("tile", pw.TILES)
-def test_each_images_input_channels_scaled(tile):
-    """A squeeze-excite gate applied on the fly: conv(x · scale[n]) per image, tiles straddling two images (5×5
-    pixels an image, tiles of 8 and 6)."""
-    x, weight, b = _operands(3, 40, 56, 5, 5, seed=11)
-    scale = torch.rand(3, 40)
-    z = torch.randn(3, 56, 5, 5).contiguous(memory_format=torch.channels_last)
+@pytest.mark.parametrize(("n", "c", "k"), [(3, 40, 56), (6, 256, 1040)])
+def test_each_images_input_channels_scaled(tile, n, c, k):
+    """A squeeze-excite gate: conv(x · scale[n]) per image, each image with its own scaled copy of the weight; 5×5
+    pixels an image, which tiles of 8 and 6 do not divide; six images whose copies (1 MiB each) take two groups."""
+    x, weight, b = _operands(n, c, k, 5, 5, seed=11)
+    scale = torch.rand(n, c)
+    z = torch.randn(n, k, 5, 5).contiguous(memory_format=torch.channels_last)
     conv = pw.PointwiseConv(weight, b, "Relu", post="HardSwish", tile=tile)
-    out = torch.full((3, 56, 5, 5), math.nan).contiguous(memory_format=torch.channels_last)
+    out = torch.full((n, k, 5, 5), math.nan).contiguous(memory_format=torch.channels_last)
     got = conv(x, z, out, scale)
     want = _reference(x * scale[:, :, None, None].double(), weight, b, z, "Relu", [], "HardSwish", [])
     assert not got.isnan().any() and _error(got, want) <= BOUND

@@ -55,8 +55,8 @@ inline void pointwise_row(const pwk::Problem& q) {
   const int64_t tiles = (q.P + MR - 1) / MR, vectors = q.Kp / 16;
   for (int64_t t = 0; t < tiles; ++t) {
     int64_t v = 0;
-    for (; v + NV <= vectors; v += NV) pwk::tile<MR, NV, false>(q, t * MR, 16 * v);
-    pwk::narrower<MR, NV - 1, false>(q, t * MR, 16 * v, vectors - v);
+    for (; v + NV <= vectors; v += NV) pwk::tile<MR, NV>(q, t * MR, 16 * v);
+    pwk::narrower<MR, NV - 1>(q, t * MR, 16 * v, vectors - v);
   }
 }
 

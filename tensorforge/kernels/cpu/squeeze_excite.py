@@ -163,7 +163,7 @@ def gate(
     act2_params: tuple[float, float] = (0.0, 0.0),
 ) -> torch.Tensor:
     """The gate act2(W2 · act1(W1 · mean_hw(x) + b1) + b2) alone, [N, C] float32 (arguments as `squeeze_excite`):
-    for a layer that applies it as it reads x (`pointwise.PointwiseConv`'s scale)."""
+    for a layer that applies it itself (`pointwise.PointwiseConv`'s scale)."""
     return module().squeeze_excite_gate(*_arguments(x, w1, b1, w2, b2, act1, act1_params, act2, act2_params))
 
 
