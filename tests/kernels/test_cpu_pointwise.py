@@ -100,15 +100,19 @@ def test_reads_and_writes_channel_slices_of_larger_tensors():
 
 
 @pytest.mark.parametrize("tile", pw.TILES)
-@pytest.mark.parametrize(("n", "c", "k"), [(3, 40, 56), (6, 256, 1040)])
-def test_each_images_input_channels_scaled(tile, n, c, k):
-    """A squeeze-excite gate: conv(x · scale[n]) per image, each image with its own scaled copy of the weight; 5×5
-    pixels an image, which tiles of 8 and 6 do not divide; six images whose copies (1 MiB each) take two groups."""
-    x, weight, b = _operands(n, c, k, 5, 5, seed=11)
+@pytest.mark.parametrize("budget", [pw.SCALED_BYTES, 4000])
+@pytest.mark.parametrize(("n", "c", "k", "size"), [(3, 40, 56, 5), (4, 17, 200, 5), (2, 40, 80, 9), (5, 40, 9, 5)])
+def test_each_images_input_channels_scaled(tile, budget, n, c, k, size, monkeypatch):
+    """A squeeze-excite gate: conv(x · scale[n]) per image on a scaled copy of each image's inputs (fewer pixels than
+    output channels rounded up to 16) or of its weight (two column blocks, the second narrower, for 80 channels),
+    made all at once or an image or two at a time (a small budget); 5×5 and 9×9 pixels, which tiles of 8 and 6 do
+    not divide."""
+    monkeypatch.setattr(pw, "SCALED_BYTES", budget)
+    x, weight, b = _operands(n, c, k, size, size, seed=11)
     scale = torch.rand(n, c)
-    z = torch.randn(n, k, 5, 5).contiguous(memory_format=torch.channels_last)
+    z = torch.randn(n, k, size, size).contiguous(memory_format=torch.channels_last)
     conv = pw.PointwiseConv(weight, b, "Relu", post="HardSwish", tile=tile)
-    out = torch.full((n, k, 5, 5), math.nan).contiguous(memory_format=torch.channels_last)
+    out = torch.full((n, k, size, size), math.nan).contiguous(memory_format=torch.channels_last)
     got = conv(x, z, out, scale)
     want = _reference(x * scale[:, :, None, None].double(), weight, b, z, "Relu", [], "HardSwish", [])
     assert not got.isnan().any() and _error(got, want) <= BOUND

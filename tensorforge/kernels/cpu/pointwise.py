@@ -27,6 +27,7 @@ from ..activations import ACTIVATION_CODES
 from .avx512 import ABSENT, ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
 
 TILES = ((8, 3), (6, 4), (1, 8))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
+SCALED_BYTES = 4 << 20  # with input-channel scales, the most their scaled copies (weights or inputs) take at once
 
 # The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
 # kernel, `kernels.cpu.depthwise_pointwise`, in a named one).
@@ -46,6 +47,7 @@ struct Problem {
   __m512 pre0, pre1, post0, post1;
   const float* s;       // per image, a scale for each input channel ([N, C]: a squeeze-excite gate), or null
   int64_t sP;           // pixels an image
+  int64_t budget;       // with scales: the most bytes their scaled copies take at once
 };
 
 inline __mmask16 lanes(int64_t count) {
@@ -129,44 +131,60 @@ void plain(const Problem& q) {
   });
 }
 
-constexpr int64_t kScaledBytes = 4 << 20;  // the most a call's scaled weights take at once
-
-// With input-channel scales (q.s, a squeeze-excite gate): x·diag(s_n)·w = x·(diag(s_n)·w), so each image runs the
-// plain product with its own copy of the weight, row c of every block times s[n, c]. The copies are made for a
-// group of images at a time (within kScaledBytes), then that group's tiles run, each within one image. (Scaling
-// each broadcast input value inside the tile instead cost 1.2-1.45× the plain product: a multiply a broadcast.)
+// With input-channel scales (q.s, a squeeze-excite gate) each image runs the plain product on a scaled copy of one
+// operand, x·diag(s_n)·w = (x·diag(s_n))·w = x·(diag(s_n)·w), whichever is smaller: its pixels' inputs (sP·C
+// values, maps of fewer pixels than output channels) or the weight (C·Kp, row c of every block times s[n, c]). The
+// copies are made for a group of images at a time (within q.budget bytes), then that group's tiles run, each within
+// one image. (Scaling each broadcast input value inside the tile instead cost 1.2-1.45× the plain product.)
 template <int MR, int NV>
 void scaled(const Problem& q) {
-  const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV, size = q.C * q.Kp;
+  const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
   const int64_t images = q.P / q.sP, tiles = (q.sP + MR - 1) / MR;
-  const int64_t group = std::clamp<int64_t>(kScaledBytes / (4 * size), 1, images);
-  const auto weights = torch::empty({group, size}, torch::kFloat32);
-  float* const ws = weights.data_ptr<float>();
+  const bool inputs = q.sP < q.Kp;
+  const int64_t size = inputs ? q.sP * q.C : q.C * q.Kp;
+  const int64_t group = std::clamp<int64_t>(q.budget / (4 * size), 1, images);
+  const auto copies = torch::empty({group, size}, torch::kFloat32);
+  float* const cs = copies.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * 16 * NV));
   for (int64_t n0 = 0; n0 < images; n0 += group) {
     const int64_t count = std::min(group, images - n0);
-    at::parallel_for(0, count * q.C, std::max<int64_t>(1, 4096 / q.Kp), [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i) {
-        const int64_t n = i / q.C, c = i % q.C;
-        const __m512 scale = _mm512_set1_ps(q.s[(n0 + n) * q.C + c]);
-        for (int64_t b = 0; b < blocks; ++b) {
-          const int64_t width = 16 * std::min<int64_t>(NV, vectors - b * NV);
-          const int64_t at = q.C * 16 * NV * b + c * width;
-          for (int64_t j = 0; j < width; j += 16)
-            _mm512_storeu_ps(ws + n * size + at + j, _mm512_mul_ps(scale, _mm512_loadu_ps(q.w + at + j)));
+    if (inputs) {  // items: pixels, each its C channels times its image's scales
+      at::parallel_for(0, count * q.sP, std::max<int64_t>(1, 4096 / q.C), [&](int64_t first, int64_t last) {
+        for (int64_t i = first; i < last; ++i) {
+          const float* x = q.x + ((n0 * q.sP) + i) * q.xs;
+          const float* scale = q.s + (n0 + i / q.sP) * q.C;
+          for (int64_t c = 0; c < q.C; c += 16) {
+            const __mmask16 m = lanes(q.C - c);
+            _mm512_mask_storeu_ps(cs + i * q.C + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + c),
+                                                                     _mm512_maskz_loadu_ps(m, scale + c)));
+          }
         }
-      }
-    });
+      });
+    } else {  // items: weight rows, each times its image's scale for that input channel
+      at::parallel_for(0, count * q.C, std::max<int64_t>(1, 4096 / q.Kp), [&](int64_t first, int64_t last) {
+        for (int64_t i = first; i < last; ++i) {
+          const int64_t n = i / q.C, c = i % q.C;
+          const __m512 scale = _mm512_set1_ps(q.s[(n0 + n) * q.C + c]);
+          for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t width = 16 * std::min<int64_t>(NV, vectors - b * NV);
+            const int64_t at = q.C * 16 * NV * b + c * width;
+            for (int64_t j = 0; j < width; j += 16)
+              _mm512_storeu_ps(cs + n * size + at + j, _mm512_mul_ps(scale, _mm512_loadu_ps(q.w + at + j)));
+          }
+        }
+      });
+    }
     at::parallel_for(0, count * tiles * blocks, grain, [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) {
         const int64_t n = i / (tiles * blocks), p0 = i / blocks % tiles * MR, v = i % blocks * NV;
-        Problem image = q;  // image n0 + n alone, with its weight
+        Problem image = q;  // image n0 + n alone, with its scaled copy
         const int64_t start = (n0 + n) * q.sP;
         image.P = q.sP;
-        image.x = q.x + start * q.xs;
+        image.x = inputs ? cs + n * size : q.x + start * q.xs;
+        image.xs = inputs ? q.C : q.xs;
+        image.w = inputs ? q.w : cs + n * size;
         image.z = q.z ? q.z + start * q.zs : nullptr;
         image.y = q.y + start * q.ys;
-        image.w = ws + n * size;
         if (vectors - v >= NV) tile<MR, NV>(image, p0, 16 * v);
         else narrower<MR, NV - 1>(image, p0, 16 * v, vectors - v);
       }
@@ -198,14 +216,16 @@ void dispatch(const Problem& q, int64_t rows, int64_t vectors) {
 }  // namespace
 
 // x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
-// z [P, K] (stride zs) or empty, s [N, C] input-channel scales of each image of sP pixels, or empty.
+// z [P, K] (stride zs) or empty, s [N, C] input-channel scales of each image of sP pixels, or empty (their scaled
+// copies within `budget` bytes at once).
 void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
-               torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t pre,
-               double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows, int64_t vectors) {
+               torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
+               int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
+               int64_t vectors) {
   const Problem q{P, x.size(1), K, b.size(0), x.data_ptr<float>(), xs, w.data_ptr<float>(), b.data_ptr<float>(),
                   z.numel() ? z.data_ptr<float>() : nullptr, zs, y.data_ptr<float>(), ys, pre, post,
                   _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
-                  _mm512_set1_ps(float(post1)), s.numel() ? s.data_ptr<float>() : nullptr, sP};
+                  _mm512_set1_ps(float(post1)), s.numel() ? s.data_ptr<float>() : nullptr, sP, budget};
   TORCH_CHECK(w.numel() == q.C * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C, " input channels");
   dispatch(q, rows, vectors);
 }
@@ -326,7 +346,7 @@ class PointwiseConv:
         else:
             scale = scale.contiguous()
         self._module.pointwise(x, xs, self._weight, self._bias, z, zs, out, ys, n * h * w, self.channels, scale,
-                               h * w, *self._epilogue)  # fmt: skip
+                               h * w, SCALED_BYTES, *self._epilogue)  # fmt: skip
         return out
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
