@@ -215,18 +215,17 @@ class CpuDepthwiseTactic(_CpuConv):
             w, b, strides, dilations, pre, params, config["tile"]))  # fmt: skip
 
 
-# The most multiply-adds a 1×1 layer may have for `cpu.pointwise` to claim it. Its gain is oneDNN's fixed cost a
-# call; above this (0.2 ms on two cores) that cost is small. On ResNet-50's 1×1 layers (up to 51M) ours is 1.26×
-# faster over the sequence alone and 4% in the engine's per-layer profile, yet the engine with them ran 1.5% slower
-# (`bench/families.py --model resnet50 --without cpu`, limit lifted; glibc's mmap threshold is not the cause).
-POINTWISE_LARGEST = 24_000_000
+# The most multiply-adds a product may have for `cpu.gemm` to claim it. Alone and with a flushed cache the kernel
+# beats oneDNN's products on BERT-base's and ViT-S's shapes (1.17-1.27×), and ViT-S's engine runs 1.015× faster with
+# them, but BERT-base's ran 1.03-1.05× slower at two threads (level at one, and level at two under either
+# OMP_WAIT_POLICY: an interaction with OpenMP's default spin-then-sleep waits, not the kernel's speed).
+GEMM_LARGEST = 24_000_000
 
 
 @register_tactic
 class CpuPointwiseTactic(_CpuConv):
     """The weight packed once in column blocks of the tile's width (`kernels.cpu.pointwise.pack_weight`) with its
-    bias. Reads a channel slice of a channels_last tensor as it is. Declines layers of more than
-    `POINTWISE_LARGEST` multiply-adds (where the input's shape is known)."""
+    bias. Reads a channel slice of a channels_last tensor as it is."""
 
     name = "pointwise"
 
@@ -244,15 +243,7 @@ class CpuPointwiseTactic(_CpuConv):
             return f"stride 1 only, not {list(a['strides'])}"
         if any(a.get("pads") or ()):  # (auto padding pads nothing around a 1×1 window at stride 1)
             return f"no padding, not {list(a['pads'])}"
-        reason = _activations_reason(node, ("pre", "post"), dw.ACTIVATIONS)
-        if reason:
-            return reason
-        shape = node.inputs[0].shape or ()
-        if len(shape) == 4 and all(isinstance(d, int) for d in shape):
-            work = math.prod(shape) * weight.shape[0]
-            if work > POINTWISE_LARGEST:
-                return f"{work / 1e6:.0f}M multiply-adds: oneDNN's cache blocking wins on layers this large"
-        return pw.problem() or compiler_problem()
+        return _activations_reason(node, ("pre", "post"), dw.ACTIVATIONS) or pw.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": list(tile)} for tile in pw.TILES]
@@ -286,7 +277,7 @@ def _products(node: Node, config: dict[str, Any]) -> PerWeight:
 class CpuGemmTactic(Tactic):
     """FusedGemm `post(pre(A @ op(B) + C) + Z)` with B a constant matrix: the 1×1 kernel over A's rows, each a pixel
     of a 1×1 image, B packed once as that kernel's weight and C as its bias. The residual Z must be the output's
-    shape. Declines products of more than `POINTWISE_LARGEST` multiply-adds (where A's shape is known)."""
+    shape. Declines products of more than `GEMM_LARGEST` multiply-adds (where A's shape is known)."""
 
     family = "cpu"
     name = "gemm"
@@ -311,8 +302,8 @@ class CpuGemmTactic(Tactic):
             return reason
         shape = node.inputs[0].shape
         work = math.prod(shape) * n if all(isinstance(d, int) for d in shape) else 0
-        if work > POINTWISE_LARGEST:
-            return f"{work / 1e6:.0f}M multiply-adds: oneDNN's cache blocking wins on products this large"
+        if work > GEMM_LARGEST:
+            return f"{work / 1e6:.0f}M multiply-adds: oneDNN's products run these networks faster"
         return pw.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
