@@ -118,6 +118,13 @@ def test_each_images_input_channels_scaled(tile, budget, n, c, k, size, monkeypa
     assert not got.isnan().any() and _error(got, want) <= BOUND
 
 
+def test_images_of_no_pixels_with_a_gate():
+    """Images of no pixels (a map 0 rows high): an empty output, not a division by their pixel count."""
+    conv = pw.PointwiseConv(torch.randn(24, 40, 1, 1))
+    x = torch.randn(2, 40, 0, 5).contiguous(memory_format=torch.channels_last)
+    assert conv(x, scale=torch.rand(2, 40)).shape == (2, 24, 0, 5)
+
+
 @pytest.mark.parametrize("tile", pw.TILES)
 @pytest.mark.parametrize(("n", "c", "k", "h", "w"), [(1, 960, 1280, 7, 7), (3, 40, 37, 5, 3), (2, 17, 8, 1, 1)])
 def test_the_product_of_each_images_mean_pixel(tile, n, c, k, h, w):

@@ -194,6 +194,7 @@ void scaled(const Problem& q) {
 
 template <int MR, int NV>
 void run(const Problem& q) {
+  if (q.P == 0) return;
   if (q.s) scaled<MR, NV>(q);
   else plain<MR, NV>(q);
 }
