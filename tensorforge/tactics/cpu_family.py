@@ -21,6 +21,8 @@
   weight rows scaled by it, float32.
 - `cpu.stem-conv`: a one-group FusedConv of at most four input channels (a network's stem) with its bias and
   activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512), float32.
+- `cpu.conv`: a one-group FusedConv of any window, stride, dilation and padding with its whole epilogue, residual
+  included (`kernels.cpu.conv`, AVX-512: the 1×1 kernel's tile over the window's taps), float32.
 
 The convolutions write fresh tensors, not the memory plan's arena: on the CPU a freshly allocated buffer is one the
 allocator just freed, still in cache, and engines whose depthwise layers wrote into the arena ran 2-4% slower
@@ -39,6 +41,7 @@ import torch
 
 from ..ir import Node
 from ..kernels.activations import activation_args
+from ..kernels.cpu import conv as cv
 from ..kernels.cpu import depthwise as dw
 from ..kernels.cpu import depthwise_pointwise as dp
 from ..kernels.cpu import expand_depthwise as ed
@@ -476,6 +479,49 @@ class CpuSqueezeExcitePointwiseTactic(Tactic):
             x, w1, b1, w2, b2, wp, bp, z = (list(inputs) + [None] * 8)[:8]
             x = x.contiguous(memory_format=torch.channels_last)
             return (convs(wp, bp)(x, z, None, se.gate(x, *operands(w1, b1, w2, b2))),)
+
+        return kernel
+
+
+@register_tactic
+class CpuConvTactic(_CpuConv):
+    """The weight packed once in column blocks of the tile's width (`kernels.cpu.conv.pack_weight`) with its bias;
+    the padding worked out once per input size. Reads a channel slice of a channels_last tensor as it is. Leaves
+    1×1 layers at stride 1 without padding to `cpu.pointwise` and stems to `cpu.stem-conv`."""
+
+    name = "conv"
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _conv_reason(node, device)
+        if reason:
+            return reason
+        weight, a = node.inputs[1], node.attributes
+        if a.get("group", 1) != 1:
+            return f"one group only, not {a['group']}"
+        if weight.shape[1] <= st.MAX_CHANNELS:
+            return f"{weight.shape[1]} input channels: a stem, for cpu.stem-conv"
+        unit = list(a.get("strides") or [1, 1]) == [1, 1] and not any(a.get("pads") or ())
+        if list(weight.shape[2:]) == [1, 1] and unit and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
+            return "a 1×1 convolution at stride 1 without padding: cpu.pointwise runs it"
+        return _activations_reason(node, ("pre", "post"), cv.ACTIVATIONS) or cv.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in cv.TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        strides = list(a.get("strides") or [1, 1])
+        dilations = list(a.get("dilations") or [1, 1])
+        epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
+        tile = tuple(config["tile"])
+        convs = PerWeight(lambda w, b: cv.DirectConv(w, b, strides, dilations, *epilogue, tile))
+        window = _window(node)
+
+        def kernel(inputs):
+            x = inputs[0]
+            conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
+            residual = inputs[3] if len(inputs) > 3 else None
+            return (conv(x, *window(tuple(x.shape[2:]), conv.kernel), residual),)
 
         return kernel
 
