@@ -43,6 +43,7 @@ _INNER = {
         "cpu.pointwise",
         "cpu.depthwise",
         "cpu.stem-conv",
+        "cpu.conv",
         "vendor.cudnn-fused",
         "triton.conv-igemm",
         "triton.conv-s2d",

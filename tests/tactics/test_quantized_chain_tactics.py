@@ -210,14 +210,15 @@ def test_the_float_fallback_dequantizes_a_quantized_input_into_the_variants_type
 
 
 def test_the_float_fallback_offers_our_cpu_kernels_where_they_run(chained):
-    """The depthwise layer's fallback may run on our depthwise kernel, not on the 1×1 one; the product's on our
-    product kernel (where the CPU runs them)."""
+    """The depthwise layer's fallback may run on our depthwise kernel, not on the 1×1 or the direct one; the
+    product's on our product kernel (where the CPU runs them)."""
     from tensorforge.kernels.cpu import pointwise
     from tensorforge.kernels.cpu.extension import compiler_problem
 
     if compiler_problem() or pointwise.problem():
         pytest.skip("our CPU kernels do not run here")
     inner = {c["inner"] for c in tactic_by_key("fallback.float-conv").space_for(_node(chained, "conv2"), 0)}
-    assert "cpu.depthwise" in inner and "cpu.pointwise" not in inner and "vendor.onednn-fused" in inner
+    assert "cpu.depthwise" in inner and "vendor.onednn-fused" in inner
+    assert "cpu.pointwise" not in inner and "cpu.conv" not in inner  # (one group only)
     inner = {c["inner"] for c in tactic_by_key("fallback.float-gemm").space_for(_node(chained, "fc2"), 0)}
     assert "cpu.gemm" in inner
