@@ -39,6 +39,7 @@ CASES = [  # (n, c, k, h, w, window, strides, dilations, pads (top, left, bottom
     (1, 40, 20, 8, 8, (1, 1), (2, 2), (1, 1), (0, 0, 0, 0)),  # a 1×1 downsampling
     (1, 16, 200, 6, 20, (3, 1), (1, 2), (1, 1), (1, 0, 0, 0)),  # a tall window, padding on one side only
     (1, 8, 16, 3, 3, (3, 3), (1, 1), (1, 1), (2, 2, 2, 2)),  # more padding than input: whole tap rows skipped
+    (1, 64, 1840, 3, 5, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # a 4.2 MB weight: walked by column blocks
 ]
 
 

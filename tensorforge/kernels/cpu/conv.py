@@ -117,16 +117,22 @@ inline void narrower(const Conv& q, int64_t n, int64_t oh, int64_t ow0, int coun
   }
 }
 
+constexpr int64_t kStreamedWeight = 4 << 20;  // bytes of weight above which a call walks column blocks outermost
+
 // Work items: a tile of an output row × a block of NV output vectors (the last block narrower), a tile's blocks
-// consecutive, so that a thread's items share their input pixels.
+// consecutive, so that a thread's items share their input pixels; with a weight of more than kStreamedWeight bytes
+// (ResNet-50's 512-channel 3×3 layers: 9.4 MB), a block's tiles consecutive instead, so that each thread reads its
+// blocks of the weight once rather than once a tile row (512 → 512 on 7×7 pixels: 1.72 → 1.17 ms on two cores).
 template <int MR, int NV>
 void run(const Conv& q, int64_t N) {
   const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV, tiles = (q.OW + MR - 1) / MR;
-  const int64_t items = N * q.OH * tiles * blocks;
+  const int64_t pixels = N * q.OH * tiles, items = pixels * blocks;
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.KH * q.KW * q.C * 16 * NV));
+  const bool by_block = 4 * q.KH * q.KW * q.C * q.Kp > kStreamedWeight;
   at::parallel_for(0, items, grain, [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
-      const int64_t v = i % blocks * NV, t = i / blocks % tiles, row = i / blocks / tiles;
+      const int64_t block = by_block ? i / pixels : i % blocks, at = by_block ? i % pixels : i / blocks;
+      const int64_t v = block * NV, t = at % tiles, row = at / tiles;
       const int64_t n = row / q.OH, oh = row % q.OH, ow0 = t * MR;
       const int count = int(std::min<int64_t>(MR, q.OW - ow0));
       if (vectors - v >= NV) tile<MR, NV>(q, n, oh, ow0, count, 16 * v);
