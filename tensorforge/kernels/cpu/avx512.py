@@ -3,6 +3,7 @@
 
 Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, within 2 ulp of `expf`. An
 activation is a template on its `kernels.activations` code, applied to a tile of accumulators by one switch a tile.
+`accumulate` is the 1×1 kernel's step over the input channels, which the direct convolution repeats for each tap.
 """
 
 from __future__ import annotations
@@ -81,6 +82,23 @@ template <int T>
     case 6: activate_tile<T, 6>(acc, count, p0, p1); break;
     case 7: activate_tile<T, 7>(acc, count, p0, p1); break;
     default: break;
+  }
+}
+
+// The 1×1 kernel's step over C input channels: acc[r·NV + v] += a[r][c] · w[c·16·NV + 16·v] for the tile's MR
+// pixels' inputs a[r] and a [C, 16·NV] block of weights (the 1×1 and direct convolution kernels).
+template <int MR, int NV>
+[[gnu::always_inline]] inline void accumulate(__m512* acc, const float* const* a, const float* w, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) {
+    __m512 wv[NV];
+    #pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * 16 * NV + 16 * v);
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xv = _mm512_set1_ps(a[r][c]);
+      #pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
+    }
   }
 }
 

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ABSENT, ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
+from .avx512 import ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
+from .depthwise import residual_operand, windowed_input
 
 TILES = ((8, 3), (6, 4))  # (output pixels of a row, vectors of 16 output channels); the C++ instantiates these
 
@@ -70,18 +71,7 @@ inline void tile(const Conv& q, int64_t n, int64_t oh, int64_t ow0, int count, i
         const int64_t iw = (ow0 + std::min(r, count - 1)) * q.sw - q.pw + kw * q.dw;
         a[r] = iw >= 0 && iw < q.W ? row + iw * q.xW : q.zeros;
       }
-      const float* w = block + (kh * q.KW + kw) * C * 16 * NV;
-      for (int64_t c = 0; c < C; ++c) {
-        __m512 wv[NV];
-        #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * 16 * NV + 16 * v);
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-          const __m512 xv = _mm512_set1_ps(a[r][c]);
-          #pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
-        }
-      }
+      accumulate<MR, NV>(acc, a, block + (kh * q.KW + kw) * C * 16 * NV, C);
     }
   }
   activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
@@ -233,25 +223,16 @@ class DirectConv:
         are contiguous), `pads` the leading (top, left) padding, `out_hw` the output's size (which fixes the trailing
         padding) and the residual [N, K, OH, OW] or None; into `out` (contiguous channels) or a new channels_last
         tensor, which is returned."""
-        if x.dtype != torch.float32 or x.dim() != 4:
-            raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+        x = windowed_input(x, pads, out_hw)
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} channels; this convolution takes {self.in_channels}")
-        if x.stride(1) != 1:
-            x = x.contiguous(memory_format=torch.channels_last)
         shape = (x.shape[0], self.channels, *out_hw)
         if out is None:
             out = torch.empty(shape, memory_format=torch.channels_last)
         elif out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
             raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
                              f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
-        if residual is None:
-            z = ABSENT
-        elif residual.dtype != torch.float32 or tuple(residual.shape) != shape:
-            raise ValueError(f"residual must be a float32 tensor of shape {shape}, not {residual.dtype} "
-                             f"{tuple(residual.shape)}")  # fmt: skip
-        else:
-            z = residual if residual.stride(1) == 1 else residual.contiguous(memory_format=torch.channels_last)
+        z = residual_operand(residual, shape)
         sh, sw, dh, dw = self._strides
         self._module.conv(x, self._weight, self._bias, z, out, *self.kernel, sh, sw, *pads, dh, dw, *self._epilogue)
         return out

@@ -67,19 +67,7 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r * NV + v] = bias;
   }
-  const int64_t C = q.C;
-  const float* w = q.w + k0 * C;  // this tile's block: [C, 16·NV]
-  for (int64_t c = 0; c < C; ++c) {
-    __m512 wv[NV];
-    #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(w + c * 16 * NV + 16 * v);
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512 xv = _mm512_set1_ps(a[r][c]);
-      #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
-    }
-  }
+  accumulate<MR, NV>(acc, a, q.w + k0 * q.C, q.C);  // this tile's block of the weight: [C, 16·NV]
   activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
   const int rows = int(std::min<int64_t>(MR, q.P - p0));
   __mmask16 m[NV];
