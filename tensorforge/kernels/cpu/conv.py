@@ -112,7 +112,7 @@ constexpr int64_t kStreamedWeight = 4 << 20;  // bytes of weight above which a c
 // Work items: a tile of an output row × a block of NV output vectors (the last block narrower), a tile's blocks
 // consecutive, so that a thread's items share their input pixels; with a weight of more than kStreamedWeight bytes
 // (ResNet-50's 512-channel 3×3 layers: 9.4 MB), a block's tiles consecutive instead, so that each thread reads its
-// blocks of the weight once rather than once a tile row (512 → 512 on 7×7 pixels: 1.72 → 1.17 ms on two cores).
+// blocks of the weight once rather than once a tile row (512 → 512 on 7×7 pixels: 1.72 → 1.14-1.17 ms on two cores).
 template <int MR, int NV>
 void run(const Conv& q, int64_t N) {
   const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV, tiles = (q.OW + MR - 1) / MR;
