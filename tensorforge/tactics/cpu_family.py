@@ -175,20 +175,19 @@ def _window(node: Node) -> Callable[[tuple[int, ...], tuple[int, ...]], tuple[li
 
 
 def _windowed(node: Node, prepare: Callable[..., Any]) -> Kernel:
-    """A kernel for a FusedConv with a pre activation only: `prepare(weight, bias, strides, dilations, activation,
-    its parameters)` makes the convolution once per weight, and each input size's padding and output size
-    (`_window`) are passed to it with the input."""
+    """A kernel for a FusedConv: `prepare(weight, bias, strides, dilations)` makes the convolution once per weight
+    (its epilogue bound by the caller), and each input size's padding and output size (`_window`) are passed to it
+    with the input, then the residual where the node has one."""
     a = node.attributes
     strides = list(a.get("strides") or [1, 1])
     dilations = list(a.get("dilations") or [1, 1])
-    pre, params = _activation(node, "pre")
-    convs = PerWeight(lambda w, b: prepare(w, b, strides, dilations, pre, params))
+    convs = PerWeight(lambda w, b: prepare(w, b, strides, dilations))
     window = _window(node)
 
     def kernel(inputs):
         x = inputs[0]
         conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
-        return (conv(x, *window(tuple(x.shape[2:]), conv.kernel)),)
+        return (conv(x, *window(tuple(x.shape[2:]), conv.kernel), *inputs[3:4]),)
 
     return kernel
 
@@ -214,8 +213,9 @@ class CpuDepthwiseTactic(_CpuConv):
         return [{"tile": tile} for tile in dw.TILES]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        return _windowed(node, lambda w, b, strides, dilations, pre, params: dw.DepthwiseConv(
-            w, b, strides, dilations, pre, params, config["tile"]))  # fmt: skip
+        pre = _activation(node, "pre")
+        return _windowed(node, lambda w, b, strides, dilations: dw.DepthwiseConv(
+            w, b, strides, dilations, *pre, config["tile"]))  # fmt: skip
 
 
 # The most multiply-adds a product may have for `cpu.gemm` to claim it. Alone and with a flushed cache the kernel
@@ -509,21 +509,10 @@ class CpuConvTactic(_CpuConv):
         return [{"tile": list(tile)} for tile in cv.TILES]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
-        strides = list(a.get("strides") or [1, 1])
-        dilations = list(a.get("dilations") or [1, 1])
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
-        convs = PerWeight(lambda w, b: cv.DirectConv(w, b, strides, dilations, *epilogue, tile))
-        window = _window(node)
-
-        def kernel(inputs):
-            x = inputs[0]
-            conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
-            residual = inputs[3] if len(inputs) > 3 else None
-            return (conv(x, *window(tuple(x.shape[2:]), conv.kernel), residual),)
-
-        return kernel
+        return _windowed(node, lambda w, b, strides, dilations: cv.DirectConv(
+            w, b, strides, dilations, *epilogue, tile))  # fmt: skip
 
 
 @register_tactic
@@ -548,4 +537,5 @@ class CpuStemConvTactic(_CpuConv):
         return _pre_only_reason(node, st.ACTIVATIONS) or st.problem() or compiler_problem()
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        return _windowed(node, st.StemConv)
+        pre = _activation(node, "pre")
+        return _windowed(node, lambda w, b, strides, dilations: st.StemConv(w, b, strides, dilations, *pre))

@@ -102,6 +102,19 @@ inline void narrower(const Problem& q, int64_t p0, int64_t k0, int64_t left) {
   }
 }
 
+// The tile of pixels from p0 × the block of output vectors from v (`vectors` of them in all; the last block narrower).
+template <int MR, int NV>
+inline void item(const Problem& q, int64_t p0, int64_t v, int64_t vectors) {
+  if (vectors - v >= NV) tile<MR, NV>(q, p0, 16 * v);
+  else narrower<MR, NV - 1>(q, p0, 16 * v, vectors - v);
+}
+
+// Work items a parallel chunk takes at least: 64k multiply-adds.
+template <int MR, int NV>
+inline int64_t grain(const Problem& q) {
+  return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * 16 * NV));
+}
+
 // Work items: a tile of pixels × a block of NV output vectors (the last block narrower), a pixel tile's blocks
 // consecutive, so that a thread's items share their input rows; a product of few pixels (a matrix-vector
 // product) still spreads over every thread.
@@ -109,13 +122,8 @@ template <int MR, int NV>
 void plain(const Problem& q) {
   const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
   const int64_t items = (q.P + MR - 1) / MR * blocks;
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * 16 * NV));
-  at::parallel_for(0, items, grain, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      const int64_t p0 = i / blocks * MR, v = i % blocks * NV;
-      if (vectors - v >= NV) tile<MR, NV>(q, p0, 16 * v);
-      else narrower<MR, NV - 1>(q, p0, 16 * v, vectors - v);
-    }
+  at::parallel_for(0, items, grain<MR, NV>(q), [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) item<MR, NV>(q, i / blocks * MR, i % blocks * NV, vectors);
   });
 }
 
@@ -133,7 +141,6 @@ void scaled(const Problem& q) {
   const int64_t group = std::clamp<int64_t>(q.budget / (4 * size), 1, images);
   const auto copies = torch::empty({group, size}, torch::kFloat32);
   float* const cs = copies.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * 16 * NV));
   for (int64_t n0 = 0; n0 < images; n0 += group) {
     const int64_t count = std::min(group, images - n0);
     if (inputs) {  // items: pixels, each its C channels times its image's scales
@@ -162,9 +169,9 @@ void scaled(const Problem& q) {
         }
       });
     }
-    at::parallel_for(0, count * tiles * blocks, grain, [&](int64_t first, int64_t last) {
+    at::parallel_for(0, count * tiles * blocks, grain<MR, NV>(q), [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) {
-        const int64_t n = i / (tiles * blocks), p0 = i / blocks % tiles * MR, v = i % blocks * NV;
+        const int64_t n = i / (tiles * blocks);
         Problem image = q;  // image n0 + n alone, with its scaled copy
         const int64_t start = (n0 + n) * q.sP;
         image.P = q.sP;
@@ -173,8 +180,7 @@ void scaled(const Problem& q) {
         image.w = inputs ? q.w : cs + n * size;
         image.z = q.z ? q.z + start * q.zs : nullptr;
         image.y = q.y + start * q.ys;
-        if (vectors - v >= NV) tile<MR, NV>(image, p0, 16 * v);
-        else narrower<MR, NV - 1>(image, p0, 16 * v, vectors - v);
+        item<MR, NV>(image, i / blocks % tiles * MR, i % blocks * NV, vectors);
       }
     });
   }
