@@ -294,8 +294,10 @@ def run_tensorforge(case: Case, precision: str) -> Prepared:
         "tuning": engine.report.get("tuning", {}),
         "tactics": dict(sorted(tactics.items(), key=lambda item: -item[1])),
     }
-    if context.cuda_graphs:  # an engine that cannot replay a CUDA graph runs one Python launch per layer
-        measured["cuda_graph"] = "; ".join(context.eager_shapes.values()) or "captured"
+    if context.graphs:  # an engine that cannot replay a graph runs the Python of every layer each time
+        measured["cuda_graph" if case.device.type == "cuda" else "cpu_graph"] = (
+            "; ".join(context.eager_shapes.values()) or "captured"
+        )
     chaining = engine.report.get("quantized_activations")
     if chaining:  # a quantized engine: whether its layers pass quantized activations, and the timings that decided
         measured["chaining"] = {

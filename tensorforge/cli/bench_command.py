@@ -57,6 +57,12 @@ def bench(
         bool | None,
         typer.Option("--cuda-graph/--no-cuda-graph", help="replay CUDA graphs (default: on with CUDA)"),
     ] = None,
+    cpu_graph: Annotated[
+        bool | None,
+        typer.Option(
+            "--cpu-graph/--no-cpu-graph", help="replay recorded kernel calls on the CPU (default: on with the CPU)"
+        ),
+    ] = None,
     executor: Annotated[
         bool, typer.Option("--executor", help="time the reference executor on an ONNX model instead of an engine")
     ] = False,
@@ -73,17 +79,18 @@ def bench(
                 raise InputError("--executor times the reference executor on an ONNX model; this is an engine file")
             engine = Engine.load(model_path, device=None if device == "auto" else choose_device(device))
             feeds = feeds_for(engine.model, lambda given: engine_shapes(engine, given, batch), inputs, shapes, seed)
-            result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph), False
+            result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph, cpu_graphs=cpu_graph), False
         else:
             model = load_onnx(model_path)
             feeds = feeds_for(model, lambda given: model_shapes(model, given, batch), inputs, shapes, seed)
             if executor:
-                if cuda_graph:
-                    raise InputError("--cuda-graph is for engines: the reference executor runs eagerly")
+                if cuda_graph or cpu_graph:
+                    flag = "--cuda-graph" if cuda_graph else "--cpu-graph"
+                    raise InputError(f"{flag} is for engines: the reference executor runs eagerly")
                 result, built = bench_executor(model, feeds, options, choose_device(device)), False
             else:
                 engine = _build(model_path, model, feeds, choose_device(device))
-                result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph), True
+                result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph, cpu_graphs=cpu_graph), True
     except TensorforgeError as error:
         fail(error)
     if as_json:
@@ -144,8 +151,8 @@ def _build(path: Path, model: Model, feeds: Mapping[str, Any], device: str) -> E
 def print_bench(path: Path, result: BenchResult) -> None:
     """trtexec's summary: what ran, throughput, then the time statistics in milliseconds."""
     what = "reference executor" if result.runner == "executor" else "engine"
-    if result.cuda_graphs:
-        what += " (CUDA graphs)"
+    if result.graphs:
+        what += " (CUDA graphs)" if result.device.startswith("cuda") else " (CPU graphs)"
     shapes = ", ".join(f"{name} {list(shape)}" for name, shape in result.shapes.items())
     out.print(f"{path}: {what} on {result.device}, {result.streams} stream(s), batch {result.batch}: {shapes}")
     for note in result.notes:

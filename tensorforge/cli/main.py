@@ -200,7 +200,7 @@ def run(
     out.print(table)
     median = statistics.median(times) * 1e3
     what = (
-        "engine" + (" (CUDA graphs)" if getattr(runner, "cuda_graphs", False) else "")
+        "engine" + (f" ({runner.device.type.upper()} graphs)" if getattr(runner, "graphs", False) else "")
         if engine
         else "reference executor"
     )

@@ -65,7 +65,7 @@ class BenchResult:
 
     runner: str  # "engine" or "executor"
     device: str
-    cuda_graphs: bool  # whether the timed inferences replayed CUDA graphs
+    graphs: bool  # whether the timed inferences replayed recorded graphs (CUDA graphs, or CPU graphs on the CPU)
     streams: int
     batch: int  # samples per inference: the first input's leading dim
     shapes: dict[str, Shape]
@@ -91,7 +91,7 @@ class BenchResult:
         return {
             "runner": self.runner,
             "device": self.device,
-            "cuda_graphs": self.cuda_graphs,
+            "graphs": self.graphs,
             "streams": self.streams,
             "batch": self.batch,
             "shapes": {name: list(shape) for name, shape in self.shapes.items()},
@@ -185,16 +185,22 @@ def batch_of(feeds: Mapping[str, Any]) -> int:
 
 
 def bench_engine(
-    engine: Engine, feeds: Mapping[str, Any], options: BenchOptions, *, cuda_graphs: bool | None = None
+    engine: Engine,
+    feeds: Mapping[str, Any],
+    options: BenchOptions,
+    *,
+    cuda_graphs: bool | None = None,
+    cpu_graphs: bool | None = None,
 ) -> BenchResult:
     """Benchmark `engine` on `feeds` with `options.streams` execution contexts, each on its own stream.
-    `cuda_graphs` None: on where the engine runs on CUDA."""
-    contexts = [engine.create_context(cuda_graphs=cuda_graphs) for _ in range(options.streams)]
+    `cuda_graphs` / `cpu_graphs` None: on where the engine runs there."""
+    contexts = [engine.create_context(cuda_graphs=cuda_graphs, cpu_graphs=cpu_graphs) for _ in range(options.streams)]
     workers = [_Worker(context.enqueue, context.stream, feeds, engine.device) for context in contexts]
     _prime(workers)
     notes = sorted({reason for context in contexts for reason in context.eager_shapes.values()})
     replayed = all(context.captured_shapes for context in contexts)
-    notes = [f"a CUDA graph could not be captured, so the timed runs are eager: {note}" for note in notes]
+    kind = "CUDA" if engine.device.type == "cuda" else "CPU"
+    notes = [f"a {kind} graph could not be recorded, so the timed runs are eager: {note}" for note in notes]
     return _measure(workers, options, "engine", engine.device, replayed, feeds, notes)
 
 
@@ -331,7 +337,7 @@ def _measure(
     options: BenchOptions,
     runner: str,
     device: torch.device,
-    cuda_graphs: bool,
+    graphs: bool,
     feeds: Mapping[str, Any],
     notes: list[str],
 ) -> BenchResult:
@@ -364,7 +370,7 @@ def _measure(
     return BenchResult(
         runner=runner,
         device=str(device),
-        cuda_graphs=cuda_graphs,
+        graphs=graphs,
         streams=len(workers),
         batch=batch_of(feeds),
         shapes={name: tuple(getattr(data, "shape", ())) for name, data in feeds.items()},

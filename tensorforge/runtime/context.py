@@ -1,10 +1,12 @@
-"""`ExecutionContext`: runs an engine on its inputs, on a CUDA stream, replaying one CUDA graph per shape.
+"""`ExecutionContext`: runs an engine on its inputs, on a CUDA stream, replaying one recorded graph per shape.
 
 A context checks every feed against the engine's inputs (names, dtypes, ranks, the profiles' shape ranges),
-picks the first profile that accepts the shapes, and runs that plan's schedule. On CUDA the first run of a
-new input shape runs eagerly and then captures the schedule into a CUDA graph; later runs of that shape copy
-the feeds into the graph's input buffers and replay it. A schedule that cannot be captured (a kernel that
-synchronizes with the host) stays eager for that shape, with the reason kept in `eager_shapes`.
+picks the first profile that accepts the shapes, and runs that plan's schedule. The first run of a new input
+shape runs eagerly, then records the schedule: into a CUDA graph on CUDA, into a CPU graph (the kernel calls
+without the Python around them, `cpu_graph`) on the CPU; later runs of that shape copy the feeds into the
+graph's input buffers and replay it. A schedule that cannot be recorded (a kernel that synchronizes
+with the host, Python that reads tensor values) stays eager for that shape, with the reason kept in
+`eager_shapes`.
 
 Several contexts may run one engine at once (threads, streams): each has its own stream, graphs, memory pool
 and arena (one per plan, the size of its memory plan, allocated on first use: the layers whose kernels write
@@ -21,34 +23,44 @@ import torch
 from ..errors import InputError
 from ..ops.cuda_graphs import capture
 from ..ops.executor import bind_feeds
+from . import cpu_graph
 from .engine import Engine
 
 ShapeKey = tuple[int, tuple[tuple[str, tuple[int, ...], torch.dtype], ...]]
 
 
 class _Captured:
-    """One CUDA graph: the static input buffers it reads and the output tensors it writes."""
+    """One recorded graph (CUDA or CPU): the static input buffers it reads and the output tensors it writes."""
 
     __slots__ = ("graph", "inputs", "outputs")
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: dict[str, torch.Tensor], outputs: list[Any]) -> None:
+    def __init__(self, graph: Any, inputs: dict[str, torch.Tensor], outputs: list[Any]) -> None:
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
 
 
 class ExecutionContext:
-    """`run(feeds)` blocks until the outputs are ready; `enqueue(feeds)` returns once the work is queued."""
+    """`run(feeds)` blocks until the outputs are ready; `enqueue(feeds)` returns once the work is queued.
+    `cuda_graphs` / `cpu_graphs`: whether runs replay recorded graphs (None: on where the engine runs there)."""
 
     def __init__(
-        self, engine: Engine, *, stream: torch.cuda.Stream | None = None, cuda_graphs: bool | None = None
+        self,
+        engine: Engine,
+        *,
+        stream: torch.cuda.Stream | None = None,
+        cuda_graphs: bool | None = None,
+        cpu_graphs: bool | None = None,
     ) -> None:
         self.engine = engine
         self.device = engine.device
         on_cuda = self.device.type == "cuda"
         if cuda_graphs and not on_cuda:
             raise InputError("CUDA graphs need an engine built for CUDA; this one runs on the CPU")
+        if cpu_graphs and on_cuda:
+            raise InputError("CPU graphs need an engine built for the CPU; this one runs on CUDA")
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        self.cpu_graphs = not on_cuda if cpu_graphs is None else cpu_graphs
         self.stream = stream if stream is not None or not on_cuda else torch.cuda.Stream(self.device)
         self._graphs: dict[ShapeKey, _Captured] = {}
         self.eager_shapes: dict[ShapeKey, str] = {}
@@ -110,25 +122,38 @@ class ExecutionContext:
         }
         schedule = self.engine.schedule(index)
         arena = self._arena(index, schedule)
-        if not self.cuda_graphs:
+        if not self.graphs:
             return schedule.execute(bound, arena=arena)
         key: ShapeKey = (index, tuple(sorted((n, tuple(t.shape), t.dtype) for n, t in bound.items())))
         captured = self._graphs.get(key)
         if captured is not None:
             for name, tensor in bound.items():
                 captured.inputs[name].copy_(tensor, non_blocking=True)
-            captured.graph.replay()
-            return captured.outputs
-        results = schedule.execute(bound, arena=arena)  # eager: warms up cuDNN / cuBLAS before the capture
+            replayed = captured.graph.replay()  # a CPU graph returns its outputs, a CUDA graph rewrites them
+            return captured.outputs if replayed is None else replayed
+        results = schedule.execute(bound, arena=arena)  # eager: warms up cuDNN / cuBLAS, packs weights
         if key not in self.eager_shapes:
             self._capture(key, schedule, bound)
         return results
+
+    @property
+    def graphs(self) -> bool:
+        """Whether runs replay recorded graphs (CUDA graphs on CUDA, CPU graphs on the CPU)."""
+        return self.cuda_graphs if self.device.type == "cuda" else self.cpu_graphs
 
     def _capture(self, key: ShapeKey, schedule, bound: Mapping[str, torch.Tensor]) -> None:
         static = {name: tensor.clone() for name, tensor in bound.items()}
         arena = self._arena(key[0], schedule)
         try:
-            graph, outputs = capture(lambda: schedule.execute(static, arena=arena), pool=self._pool)
+            if self.device.type == "cuda":
+                graph, outputs = capture(lambda: schedule.execute(static, arena=arena), pool=self._pool)
+            else:
+                problem = schedule.replay_problem
+                if problem:
+                    raise cpu_graph.NotReplayable(problem)
+                scratch = () if arena is None else (arena,)
+                run = lambda: schedule.execute(static, arena=arena)  # noqa: E731
+                graph, outputs = cpu_graph.capture(run, list(static.values()), scratch)
         except Exception as err:  # e.g. a kernel that reads a value back to the host
             self.eager_shapes[key] = f"{type(err).__name__}: {err}"
             return
@@ -145,7 +170,7 @@ class ExecutionContext:
         for name, result in zip(names, results, strict=True):
             target = outputs.get(name)
             if target is None:
-                delivered[name] = result.clone() if self.cuda_graphs and isinstance(result, torch.Tensor) else result
+                delivered[name] = result.clone() if self.graphs and isinstance(result, torch.Tensor) else result
                 continue
             if not isinstance(result, torch.Tensor) or target.shape != result.shape or target.dtype != result.dtype:
                 shown = f"{result.dtype} {list(result.shape)}" if isinstance(result, torch.Tensor) else "not a tensor"

@@ -20,6 +20,7 @@ from ..errors import OpError, TensorforgeError, UnsupportedError
 from ..ir import DType, Model, Node, Value
 from ..kernels.triton.copy import relayout, tiled
 from ..ops.math_flags import full_float32
+from ..ops.registry import HOST_INPUTS
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
 from ..tactics.variant import ConstantCache, LayerKernel
@@ -99,6 +100,19 @@ class Schedule:
     @property
     def layers(self) -> list[Layer]:
         return [step.layer for step in self._steps]
+
+    @property
+    def replay_problem(self) -> str | None:
+        """Why a run of this schedule cannot be recorded as a CPU graph whatever its kernels do, or None: a layer
+        that reads a computed tensor's values as numbers (a shape, a count), which a replay would not read again."""
+        for step in self._steps:
+            node = step.kernel.node
+            host = HOST_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+            for index in host:
+                value = node.inputs[index] if index < len(node.inputs) else None
+                if value is not None and not value.is_const:
+                    return f"{node.label} reads the values of {value.name!r}, computed at run time, as numbers"
+        return None
 
     def execute(
         self,

@@ -34,7 +34,7 @@ def test_engine_table(files):
     _, engine, _ = files
     result = runner.invoke(app, ["bench", str(engine), *QUICK])
     assert result.exit_code == 0, result.output
-    for expected in ("engine on cpu", "batch 2", "inferences/s", "samples/s", "latency", "median", "p99"):
+    for expected in ("engine (CPU graphs) on cpu", "batch 2", "inferences/s", "samples/s", "latency", "median", "p99"):
         assert expected in result.output
 
 
@@ -89,6 +89,7 @@ def test_bad_options_fail_with_a_message(files, tmp_path):
         ([str(engine), "--executor"], "--executor times the reference executor on an ONNX model"),
         ([str(engine), "--cuda-graph"], "CUDA graphs need an engine built for CUDA"),
         ([str(model), "--executor", "--cuda-graph"], "--cuda-graph is for engines"),
+        ([str(model), "--executor", "--cpu-graph"], "--cpu-graph is for engines"),
         ([str(engine), "--duration", "0"], "duration must be"),
         ([str(engine), "--warmup", "-1"], "warm-up must be"),
         ([str(engine), "--shape", "image=1x2"], "has no input 'image'"),

@@ -56,7 +56,7 @@ def _check_stats(stats: dict[str, float]) -> None:
 
 def test_engine_on_the_cpu_reports_sane_numbers(engine):
     result = bench_engine(engine, _feeds(), SHORT)
-    assert result.runner == "engine" and result.device == "cpu" and not result.cuda_graphs
+    assert result.runner == "engine" and result.device == "cpu" and result.graphs
     assert result.iterations >= 1 and result.batch == 2 and result.streams == 1
     assert result.wall_s >= SHORT.duration_s
     assert result.inferences_per_s == pytest.approx(result.iterations / result.wall_s)
@@ -70,7 +70,7 @@ def test_engine_on_the_cpu_reports_sane_numbers(engine):
 
 def test_json_has_every_field(engine):
     data = json.loads(json.dumps(bench_engine(engine, _feeds(), SHORT).to_dict()))
-    expected = {"runner", "device", "cuda_graphs", "streams", "batch", "shapes", "warmup_s", "duration_s"}
+    expected = {"runner", "device", "graphs", "streams", "batch", "shapes", "warmup_s", "duration_s"}
     expected |= {"iterations", "wall_s", "throughput", "latency_ms", "compute_ms", "h2d_ms", "d2h_ms", "notes"}
     assert expected <= set(data)
     assert set(data["throughput"]) == {"inferences_per_s", "samples_per_s"}
@@ -144,7 +144,7 @@ def cuda_engine():
 @pytest.mark.gpu
 def test_cuda_phases_are_timed_separately(cuda_engine):
     result = bench_engine(cuda_engine, _feeds(4), BenchOptions(warmup_s=0.1, duration_s=0.5))
-    assert result.device.startswith("cuda") and result.cuda_graphs and not result.notes
+    assert result.device.startswith("cuda") and result.graphs and not result.notes
     for stats in (result.latency_ms, result.compute_ms, result.h2d_ms, result.d2h_ms, result.enqueue_ms):
         _check_stats(stats)
     # each inference's latency spans its copies and its compute
@@ -156,15 +156,15 @@ def test_cuda_phases_are_timed_separately(cuda_engine):
 @pytest.mark.gpu
 def test_cuda_without_graphs_and_with_streams(cuda_engine):
     eager = bench_engine(cuda_engine, _feeds(), BenchOptions(warmup_s=0.1, duration_s=0.3), cuda_graphs=False)
-    assert not eager.cuda_graphs and eager.iterations >= 1
+    assert not eager.graphs and eager.iterations >= 1
     streams = bench_engine(cuda_engine, _feeds(), BenchOptions(warmup_s=0.1, duration_s=0.5, streams=3))
-    assert streams.streams == 3 and streams.cuda_graphs and streams.iterations >= 3
+    assert streams.streams == 3 and streams.graphs and streams.iterations >= 3
     _check_stats(streams.latency_ms)
 
 
 @pytest.mark.gpu
 def test_cuda_executor_runs_on_its_streams():
     result = bench_executor(import_model(zoo.export("inception")), _feeds(1), BenchOptions(0.05, 0.3, 2), "cuda")
-    assert result.runner == "executor" and not result.cuda_graphs and result.iterations >= 2
+    assert result.runner == "executor" and not result.graphs and result.iterations >= 2
     _check_stats(result.h2d_ms)
     torch.cuda.synchronize()

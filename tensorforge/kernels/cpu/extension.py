@@ -13,9 +13,13 @@ import os
 import platform
 import shutil
 import sys
+import threading
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -52,18 +56,70 @@ def compiler_problem() -> str | None:
 _FAILED: dict[str, str] = {}  # module name → why it did not build (not tried again in this process)
 
 
+class Extension:
+    """A built module's `functions` as attributes, which is what kernels call; `intercepted` reroutes them."""
+
+    def __init__(self, module: ModuleType, functions: tuple[str, ...]) -> None:
+        self.module = module
+        self.functions = functions
+        for function in functions:
+            setattr(self, function, getattr(module, function))
+
+
+_LOADED: list[Extension] = []
+_INTERCEPTION = threading.Lock()
+_REROUTE: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []  # the interception in force, if any
+
+
 @functools.cache
-def load(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:
-    """The extension module built from `source` exposing `functions` (compiled on first use, then cached). A build
-    that failed raises again at once, with its first error, for the rest of the process."""
+def load(name: str, source: str, functions: tuple[str, ...]) -> Extension:
+    """The extension built from `source` exposing `functions` (compiled on first use, then cached). A build that
+    failed raises again at once, with its first error, for the rest of the process."""
     problem = compiler_problem() or _FAILED.get(name)
     if problem:
         raise RuntimeError(problem)
     try:
-        return _build(name, source, functions)
+        extension = Extension(_build(name, source, functions), functions)
     except Exception as err:
         _FAILED[name] = f"the CPU kernel {name!r} did not build: {type(err).__name__}: {str(err)[-500:]}"
         raise RuntimeError(_FAILED[name]) from err
+    _LOADED.append(extension)
+    for reroute in _REROUTE:
+        _set(extension, reroute)
+    return extension
+
+
+@contextmanager
+def intercepted(call: Callable[[Callable[..., Any], tuple[Any, ...]], Any]) -> Iterator[None]:
+    """Within: every function of an extension that this thread calls runs as `call(function, args)` (other
+    threads' calls run as before). One interception at a time in a process."""
+    thread = threading.get_ident()
+
+    def reroute(function):
+        def call_on(*args):
+            if threading.get_ident() == thread:
+                return call(function, args)
+            return function(*args)
+
+        return call_on
+
+    with _INTERCEPTION:
+        _REROUTE.append(reroute)
+        for extension in _LOADED:
+            _set(extension, reroute)
+        try:
+            yield
+        finally:
+            _REROUTE.clear()
+            for extension in _LOADED:
+                _set(extension, None)
+
+
+def _set(extension: Extension, reroute) -> None:
+    """Point `extension`'s functions at `reroute(function)`, or (None) back at the module's own."""
+    for name in extension.functions:
+        function = getattr(extension.module, name)
+        setattr(extension, name, function if reroute is None else reroute(function))
 
 
 def _build(name: str, source: str, functions: tuple[str, ...]) -> ModuleType:

@@ -1,0 +1,252 @@
+"""CPU graphs: a run recorded as the calls that did the work, replayed without the Python that worked them out.
+
+On the CPU nothing like a CUDA graph exists, and a batch-1 run of a small network spends a tenth of its time in
+the Python around its kernels (argument checks, shape arithmetic, allocations, weight lookups): about 14 µs a
+layer, against a microsecond or two to call a C++ kernel. `capture(fn)` runs `fn` once and records, in order,
+every call that computes: our C++ kernels (intercepted where they are called, `kernels.cpu.extension`) and the
+torch ops in between (a `TorchDispatchMode`), with what each read and wrote.
+
+Tensors come in two kinds. Memory the run allocated (`torch.empty` and the like; our kernels' outputs) is kept
+by the graph: a replay writes the same memory again, so it allocates nothing. A tensor an op returned (a oneDNN
+convolution's output, a concatenation) is a value of the replay: each replay makes it anew and hands it to the
+calls that read it, and drops it after its last reader, as a run does. Views of kept memory are that memory;
+views of values are made again. The Python is not replayed, so a run can be recorded only if it does the same
+on any input of these shapes; a run that reads a tensor's values on the host (`item`, `tolist`, an op whose
+output shape depends on values) may not and is refused with `NotReplayable`. Every capture is checked: the
+memory it kept is poisoned and a replay on the recorded inputs must give the recorded outputs exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+
+from ..kernels.cpu.extension import intercepted
+from ..ops.math_flags import full_float32
+
+aten = torch.ops.aten
+# Ops whose result is new memory and nothing else: the recorded tensor keeps its memory, nothing to replay.
+ALLOCATIONS = frozenset(
+    {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default, aten.new_empty_strided.default,
+     aten.empty_like.default}
+)  # fmt: skip
+# Ops through which a tensor's values reach Python (`tolist` and `numpy` resolve conjugation first).
+HOST_READS = frozenset({aten.item.default, aten._local_scalar_dense.default, aten.resolve_conj.default,
+                        aten.resolve_neg.default})  # fmt: skip
+HOST_TAGS = frozenset({torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape})
+
+
+class NotReplayable(RuntimeError):
+    """A run that a CPU graph cannot redo (its Python depends on tensor values), or one whose replay differed."""
+
+
+class CpuGraph:
+    """The recorded calls of one run; `replay()` makes them again, in order, and returns the run's result."""
+
+    __slots__ = ("_calls", "_result", "_slots")
+
+    def __init__(self, calls: Sequence[_Call], slots: int, result: tuple[list[Any], list[int], Any]) -> None:
+        self._calls = tuple(calls)
+        self._slots = slots
+        self._result = result  # the result's leaves, the value slot of each (-1: kept memory), its structure
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def replay(self) -> Any:
+        env: list[Any] = [None] * self._slots
+        with torch.inference_mode(), full_float32():
+            for call in self._calls:
+                call.run(env)
+        leaves, slots, spec = self._result
+        return tree_unflatten([env[s] if s >= 0 else leaf for leaf, s in zip(leaves, slots, strict=True)], spec)
+
+
+class _Call:
+    """One recorded call: `function` on its recorded arguments (`flat`, rebuilt by `spec` where it has
+    containers or keywords) with the values of the replay at `reads` (argument position, slot) put in, its
+    results stored at `writes` (-1: none), the values in `release` dropped after it."""
+
+    __slots__ = ("flat", "function", "reads", "release", "spec", "writes")
+
+    def __init__(self, function, flat: list[Any], spec, reads, writes) -> None:
+        self.function = function
+        self.flat = flat
+        self.spec = spec
+        self.reads = reads
+        self.writes = writes
+        self.release: tuple[int, ...] = ()
+
+    def run(self, env: list[Any]) -> None:
+        flat = self.flat
+        if self.reads:
+            flat = flat.copy()
+            for position, slot in self.reads:
+                flat[position] = env[slot]
+        if self.spec is None:
+            result = self.function(*flat)
+        else:
+            args, kwargs = tree_unflatten(flat, self.spec)
+            result = self.function(*args, **kwargs)
+        writes = self.writes
+        if writes:
+            values = (result,) if isinstance(result, torch.Tensor) else tree_leaves(result)
+            for slot, value in zip(writes, values, strict=True):
+                if slot >= 0:
+                    env[slot] = value
+        for slot in self.release:
+            env[slot] = None
+
+
+def capture(
+    fn: Callable[[], Any], inputs: Sequence[torch.Tensor] = (), scratch: Sequence[torch.Tensor] = ()
+) -> tuple[CpuGraph, Any]:
+    """`fn()` run once and recorded: the graph and what `fn` returned. `inputs` are the tensors whose values a
+    replay is for, `scratch` memory allocated before the run that it writes into (an arena): reading either's
+    values on the host is refused, as is reading the values of what the run computed (constants may be read).
+    Checked before it is returned: the memory the run allocated and `scratch` are filled with NaN, then a replay
+    must give `fn`'s results again exactly. Raises `NotReplayable` with the reason where the run cannot be
+    recorded or the check fails."""
+    recorder = _Recorder([*inputs, *scratch])
+    with torch.inference_mode(), recorder, intercepted(recorder.extension_call):
+        result = fn()
+    graph = recorder.graph(result)
+    expected = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in tree_leaves(result)]
+    with torch.inference_mode():
+        for tensor in (*recorder.kept, *scratch):
+            _poison(tensor)
+    replayed = tree_leaves(graph.replay())
+    for index, (got, want) in enumerate(zip(replayed, expected, strict=True)):
+        if isinstance(want, torch.Tensor) and not _same(got, want):
+            raise NotReplayable(f"the replayed run's output {index} differs from the recorded run's")
+    return graph, result
+
+
+class _Recorder(TorchDispatchMode):
+    """Records the calls of a run: torch ops as they reach the dispatcher, C++ kernels through `extension_call`
+    (the torch ops a kernel makes inside are its own business: they are not recorded)."""
+
+    def __init__(self, watched: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.calls: list[_Call] = []
+        self._watched = watched  # memory the run reads or writes that it did not allocate
+        self.kept: list[torch.Tensor] = []  # memory the run allocated, which the graph keeps
+        self._slot: dict[int, int] = {}  # id of a value (a tensor an op returned) → its slot
+        self._values: list[torch.Tensor] = []  # the values, alive until the end so that their ids stay theirs
+        self._in_kernel = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self._in_kernel:
+            return result
+        if (func in HOST_READS or HOST_TAGS.intersection(func.tags)) and self._reads_run_data(args):
+            raise NotReplayable(f"{func} reads the values of a tensor of the run on the host")
+        outputs = tree_leaves(result)
+        if any(not isinstance(out, torch.Tensor) for out in outputs if out is not None):
+            raise NotReplayable(f"{func} returns values to the host")
+        if func in ALLOCATIONS:
+            self.kept.extend(outputs)
+            return result
+        reads_values = any(id(leaf) in self._slot for leaf in tree_leaves((args, kwargs)))
+        if func._schema.is_mutable or reads_values:
+            self._record(func, args, kwargs, outputs)  # in place or out=, or what reads a value: made again
+        elif not all(out is None or _aliases(out, args) for out in outputs):
+            self._record(func, args, kwargs, outputs)  # a new tensor: a value
+        # (what remains is a view of kept memory: that memory, nothing to make again)
+        return result
+
+    def extension_call(self, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        self._in_kernel = True
+        try:
+            result = function(*args)
+        finally:
+            self._in_kernel = False
+        outputs = [] if result is None else tree_leaves(result)
+        if not all(isinstance(out, torch.Tensor) for out in outputs):
+            raise NotReplayable(f"the C++ kernel {function.__name__} returns values to the host")
+        self._record(function, args, {}, outputs)
+        return result
+
+    def _reads_run_data(self, args: tuple) -> bool:
+        """Whether `args` hold a tensor of the run: a value, or memory that is kept, an input or scratch."""
+        tensors = [leaf for leaf in tree_leaves(args) if isinstance(leaf, torch.Tensor) and leaf.numel()]
+        return any(id(t) in self._slot or _aliases(t, (self.kept, self._watched)) for t in tensors)
+
+    def _record(self, function, args: tuple, kwargs: dict, outputs: list[Any]) -> None:
+        if kwargs or any(isinstance(arg, (list, tuple, dict)) for arg in args):
+            flat, spec = tree_flatten((args, kwargs))
+        else:
+            flat, spec = list(args), None
+        reads = tuple((i, self._slot[id(leaf)]) for i, leaf in enumerate(flat) if id(leaf) in self._slot)
+        writes = []
+        for out in outputs:
+            if not isinstance(out, torch.Tensor):
+                writes.append(-1)
+            elif id(out) in self._slot:  # an in-place op's result: the value it was given
+                writes.append(self._slot[id(out)])
+            elif any(out is leaf for leaf in flat) or _aliases(out, [t for t in flat if id(t) not in self._slot]):
+                writes.append(-1)  # kept memory written again
+            else:
+                writes.append(self._new_value(out))
+        self.calls.append(_Call(function, [None if id(x) in self._slot else x for x in flat], spec, reads,
+                                tuple(writes)))  # fmt: skip
+
+    def _new_value(self, tensor: torch.Tensor) -> int:
+        self._slot[id(tensor)] = slot = len(self._values)
+        self._values.append(tensor)
+        return slot
+
+    def graph(self, result: Any) -> CpuGraph:
+        """The graph of the calls recorded, returning `result` (its values made again)."""
+        leaves, spec = tree_flatten(result)
+        result_slots = [self._slot.get(id(leaf), -1) if isinstance(leaf, torch.Tensor) else -1 for leaf in leaves]
+        last: dict[int, int] = {}
+        for index, call in enumerate(self.calls):
+            for slot in (*(s for _, s in call.reads), *(s for s in call.writes if s >= 0)):
+                last[slot] = index
+        for slot in result_slots:
+            last.pop(slot, None)
+        for slot, index in last.items():
+            self.calls[index].release += (slot,)
+        kept_leaves = [None if s >= 0 else leaf for leaf, s in zip(leaves, result_slots, strict=True)]
+        return CpuGraph(self.calls, len(self._values), (kept_leaves, result_slots, spec))
+
+
+def _aliases(tensor: torch.Tensor, others: Iterable[Any]) -> bool:
+    """Whether `tensor` shares memory with a tensor among `others` (nested; opaque tensors share with none)."""
+    if tensor.numel() == 0:
+        return True
+    address = _address(tensor)
+    return address is not None and any(
+        isinstance(other, torch.Tensor) and other.numel() and _address(other) == address
+        for other in tree_leaves(others)
+    )
+
+
+def _address(tensor: torch.Tensor) -> int | None:
+    return tensor.untyped_storage().data_ptr() if tensor.layout == torch.strided else None
+
+
+def _poison(tensor: torch.Tensor) -> None:
+    if tensor.layout != torch.strided:
+        return
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.fill_(math.nan)
+    elif tensor.dtype == torch.bool:
+        tensor.fill_(True)
+    else:
+        tensor.fill_(torch.iinfo(tensor.dtype).max)
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if got.is_floating_point():
+        return bool(torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()))
+    return torch.equal(got, want)

@@ -1,0 +1,186 @@
+"""CPU graphs: runs recorded as their kernel calls and replayed, on hand-written runs (kept memory, values, views,
+in-place ops, host reads, a C++ kernel the recorder does not see) and on whole engines of the zoo, whose replays
+must give what their eager runs give, input after input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorforge import zoo
+from tensorforge.build.builder import build_engine
+from tensorforge.build.config import BuildConfig
+from tensorforge.frontend import import_model
+from tensorforge.kernels.cpu import pointwise, squeeze_excite
+from tensorforge.kernels.cpu.extension import compiler_problem
+from tensorforge.runtime.cpu_graph import NotReplayable, capture
+
+_PROBLEM = compiler_problem() or pointwise.problem()
+needs_kernels = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+
+
+def _random(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _network(conv: pointwise.PointwiseConv, x: torch.Tensor) -> torch.Tensor:
+    """What a run does: a C++ kernel into memory it allocates, a view of it, functional ops (values), an in-place
+    op on a value, views of values, and a second kernel reading a value."""
+    y = conv(x)  # kept memory: the kernel's output (channels_last), allocated with torch.empty
+    y[:, :1].clone()  # a view of kept memory (not replayed), then a value no one reads
+    flat = y.reshape(y.shape[0], -1)  # a copy (channels_last does not flatten as NCHW): a value
+    z = torch.tanh(flat).reshape(y.shape)  # a value, and a view of it
+    z.mul_(2.0)  # in place on a value
+    return conv(z.contiguous(memory_format=torch.channels_last)[:, :, :, :], residual=y) + 1.0
+
+
+@needs_kernels
+def test_a_replay_recomputes_the_run_on_new_input_values():
+    weight, bias = _random(8, 8, 1, 1, seed=1), _random(8, seed=2)
+    conv = pointwise.PointwiseConv(weight, bias, "Relu", (0.0, 0.0), "", (0.0, 0.0), pointwise.TILES[0])
+    static = _random(2, 8, 5, 5, seed=3).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        graph, recorded = capture(lambda: _network(conv, static), [static])
+        assert torch.equal(recorded, _network(conv, static))
+        for seed in (4, 5):
+            static.copy_(_random(2, 8, 5, 5, seed=seed))
+            replayed = graph.replay()
+            want = _network(conv, static)
+            assert replayed is not recorded  # the last op's result is a value: made anew by each replay
+            assert torch.equal(replayed, want)
+    # conv, clone, reshape's copy, tanh, reshape of a value, mul_, contiguous's copy, the slice of a value, conv, add
+    assert len(graph) == 10
+
+
+@needs_kernels
+def test_a_kernel_that_returns_a_tensor_gives_a_value():
+    x = _random(1, 16, 4, 4, seed=1).contiguous(memory_format=torch.channels_last)
+    w1, w2 = _random(4, 16, seed=2), _random(16, 4, seed=3)
+
+    def run():
+        return squeeze_excite.gate(x, w1, None, w2, None, "Relu", (0.0, 0.0), "Sigmoid", (0.0, 0.0)) * 3.0
+
+    with torch.inference_mode():
+        graph, _ = capture(run, [x])
+        x.copy_(_random(1, 16, 4, 4, seed=4))
+        assert torch.equal(graph.replay(), run())
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda t: float(t.sum()),
+        lambda t: t.tolist(),
+        lambda t: torch.nonzero(t > 0),
+        lambda t: t.numpy(),
+    ],
+    ids=["item", "tolist", "nonzero", "numpy"],
+)
+def test_reading_the_runs_values_on_the_host_is_refused(read):
+    x = _random(3, 4, seed=1)
+    with torch.inference_mode(), pytest.raises(NotReplayable, match="on the host"):
+        capture(lambda: read(torch.relu(x)), [x])
+    with torch.inference_mode(), pytest.raises(NotReplayable, match="on the host"):
+        capture(lambda: read(x), [x])  # an input's values
+
+
+def test_reading_a_constants_values_on_the_host_is_allowed():
+    x, sizes = _random(6, 4, seed=1), torch.tensor([2, 4])
+    with torch.inference_mode():
+        graph, _ = capture(lambda: torch.split(x * 2, sizes.tolist())[1], [x])
+        x.copy_(_random(6, 4, seed=2))
+        assert torch.equal(graph.replay(), (x * 2)[2:])
+
+
+@needs_kernels
+def test_a_write_the_recorder_does_not_see_fails_the_check():
+    """A C++ call made around the interception (the raw module function) is not recorded: its output, poisoned
+    before the check's replay, stays poisoned, and the capture is refused."""
+    conv = pointwise.PointwiseConv(_random(8, 8, 1, 1, seed=1))
+    raw = conv._module.module
+    x = _random(1, 8, 3, 3, seed=2).contiguous(memory_format=torch.channels_last)
+
+    def run():
+        out = torch.empty((1, 8, 3, 3), memory_format=torch.channels_last)
+        saved, conv._module = conv._module, raw
+        try:
+            return conv(x, out=out)
+        finally:
+            conv._module = saved
+
+    with torch.inference_mode(), pytest.raises(NotReplayable, match="differs"):
+        capture(run, [x])
+
+
+MODELS = ["inception", "mobilenetv3", "efficientnet_b0", "yolo", "transformer", "vit_s16", "convnext_tiny"]
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", MODELS)
+def test_engines_replay_what_they_run_eagerly(name):
+    """A CPU engine's context records its second run of a shape and replays it from then on: outputs equal to an
+    eager context's on every new input (the replay reads the new values, writes every output)."""
+    size = 32 if name != "inception" else None
+    model = import_model(zoo.export(name, size=size, dynamic_batch=False))
+    engine = build_engine(model, BuildConfig(effort=0))
+    graphs, eager = engine.create_context(), engine.create_context(cpu_graphs=False)
+    for seed in range(4):
+        feeds = zoo.example_inputs(name, 1, size, seed=seed)
+        got, want = graphs.run(feeds), eager.run(feeds)
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.equal(got[key], want[key]), (name, seed, key)
+    assert not graphs.eager_shapes and len(graphs.captured_shapes) == 1
+
+
+def test_cpu_graphs_can_be_turned_off_and_need_a_cpu_engine():
+    engine = build_engine(import_model(zoo.export("inception", dynamic_batch=False)), BuildConfig(effort=0))
+    context = engine.create_context(cpu_graphs=False)
+    context.run(zoo.example_inputs("inception", 1))
+    assert not context.captured_shapes and not context.eager_shapes
+    from tensorforge import InputError
+
+    with pytest.raises(InputError, match="CUDA graphs need an engine built for CUDA"):
+        engine.create_context(cuda_graphs=True)
+
+
+def test_each_shape_of_a_profile_gets_its_own_graph():
+    from tensorforge.build.config import Profile
+
+    profile = Profile().add("input", (1, 64, 16, 16), (2, 64, 16, 16), (4, 64, 16, 16))
+    engine = build_engine(import_model(zoo.export("inception")), BuildConfig(effort=0, profiles=(profile,)))
+    graphs, eager = engine.create_context(), engine.create_context(cpu_graphs=False)
+    for seed, batch in enumerate((1, 2, 1, 2, 2, 4)):
+        feeds = zoo.example_inputs("inception", batch, seed=seed)
+        assert torch.equal(graphs.run(feeds)["output"], eager.run(feeds)["output"]), batch
+    assert len(graphs.captured_shapes) == 3 and not graphs.eager_shapes
+
+
+@needs_kernels
+def test_contexts_replay_concurrently_from_threads():
+    """Each context records its own graph (its own memory); replays from two threads at once, each on its own
+    inputs, give the eager results."""
+    import threading
+
+    engine = build_engine(import_model(zoo.export("mobilenetv3", size=32, dynamic_batch=False)), BuildConfig(effort=0))
+    reference = engine.create_context(cpu_graphs=False)
+    feeds = [zoo.example_inputs("mobilenetv3", 1, 32, seed=seed) for seed in range(6)]
+    wants = [reference.run(f)["output"] for f in feeds]
+    failures = []
+
+    def work(context, order):
+        for index in order * 5:
+            if not torch.equal(context.run(feeds[index])["output"], wants[index]):
+                failures.append(index)
+
+    contexts = [engine.create_context() for _ in range(2)]
+    threads = [
+        threading.Thread(target=work, args=(context, order))
+        for context, order in zip(contexts, ([0, 1, 2], [3, 4, 5]), strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert all(len(context.captured_shapes) == 1 for context in contexts)
