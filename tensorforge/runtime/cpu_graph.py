@@ -26,6 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
+from ..build.memory import TensorLife, plan_memory
 from ..kernels.cpu.extension import intercepted
 from ..ops.math_flags import full_float32
 
@@ -39,6 +40,7 @@ ALLOCATIONS = frozenset(
 HOST_READS = frozenset({aten.item.default, aten._local_scalar_dense.default, aten.resolve_conj.default,
                         aten.resolve_neg.default})  # fmt: skip
 HOST_TAGS = frozenset({torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape})
+KEPT_ALIGNMENT = 64  # bytes: a cache line (and an AVX-512 vector)
 
 
 class NotReplayable(RuntimeError):
@@ -48,12 +50,15 @@ class NotReplayable(RuntimeError):
 class CpuGraph:
     """The recorded calls of one run; `replay()` makes them again, in order, and returns the run's result."""
 
-    __slots__ = ("_calls", "_result", "_slots")
+    __slots__ = ("_calls", "_result", "_slots", "kept_bytes")
 
-    def __init__(self, calls: Sequence[_Call], slots: int, result: tuple[list[Any], list[int], Any]) -> None:
+    def __init__(
+        self, calls: Sequence[_Call], slots: int, result: tuple[list[Any], list[int], Any], kept_bytes: int
+    ) -> None:
         self._calls = tuple(calls)
         self._slots = slots
         self._result = result  # the result's leaves, the value slot of each (-1: kept memory), its structure
+        self.kept_bytes = kept_bytes  # the memory the graph keeps (the run's allocations)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -115,8 +120,8 @@ def capture(
     recorder = _Recorder([*inputs, *scratch])
     with torch.inference_mode(), recorder, intercepted(recorder.extension_call):
         result = fn()
-    graph = recorder.graph(result)
     expected = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in tree_leaves(result)]
+    graph = recorder.graph(result)
     with torch.inference_mode():
         for tensor in (*recorder.kept, *scratch):
             _poison(tensor)
@@ -203,7 +208,8 @@ class _Recorder(TorchDispatchMode):
         return slot
 
     def graph(self, result: Any) -> CpuGraph:
-        """The graph of the calls recorded, returning `result` (its values made again)."""
+        """The graph of the calls recorded, returning `result` (its values made again), its kept memory moved
+        into one buffer by a liveness plan (`_plan_kept`)."""
         leaves, spec = tree_flatten(result)
         result_slots = [self._slot.get(id(leaf), -1) if isinstance(leaf, torch.Tensor) else -1 for leaf in leaves]
         last: dict[int, int] = {}
@@ -215,7 +221,41 @@ class _Recorder(TorchDispatchMode):
         for slot, index in last.items():
             self.calls[index].release += (slot,)
         kept_leaves = [None if s >= 0 else leaf for leaf, s in zip(leaves, result_slots, strict=True)]
-        return CpuGraph(self.calls, len(self._values), (kept_leaves, result_slots, spec))
+        buffer, moved = self._plan_kept(kept_leaves)
+        for call in self.calls:
+            call.flat = [moved(leaf) for leaf in call.flat]
+        self.kept = [buffer]
+        kept_leaves = [moved(leaf) for leaf in kept_leaves]
+        return CpuGraph(self.calls, len(self._values), (kept_leaves, result_slots, spec), buffer.numel())
+
+    def _plan_kept(self, result_leaves: list[Any]) -> tuple[torch.Tensor, Callable[[Any], Any]]:
+        """One buffer for the kept memory, each allocation at an offset a liveness plan gives it (from the first
+        call that touches it to the last; the result's to the end), as a run's allocator would reuse it; and the
+        function that moves a recorded tensor into it (other arguments unchanged)."""
+        sizes = {_address(t): t.untyped_storage().nbytes() for t in self.kept if _address(t) is not None}
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for index, leaves in enumerate([*(call.flat for call in self.calls), result_leaves]):
+            for leaf in leaves:
+                address = _address(leaf) if isinstance(leaf, torch.Tensor) else None
+                if address in sizes:
+                    first.setdefault(address, index)
+                    last[address] = index
+        plan = plan_memory([TensorLife(str(a), sizes[a], first[a], last[a]) for a in first], alignment=KEPT_ALIGNMENT)
+        buffer = torch.empty(_rounded(plan.arena_bytes, KEPT_ALIGNMENT), dtype=torch.uint8)
+        typed: dict[torch.dtype, torch.Tensor] = {}
+
+        def moved(leaf: Any) -> Any:
+            address = _address(leaf) if isinstance(leaf, torch.Tensor) else None
+            if address not in first:
+                return leaf
+            whole = typed.get(leaf.dtype)
+            if whole is None:
+                whole = typed[leaf.dtype] = buffer.view(leaf.dtype)
+            start = plan.offsets[str(address)] // leaf.element_size()
+            return whole.as_strided(leaf.shape, leaf.stride(), start + leaf.storage_offset())
+
+        return buffer, moved
 
 
 def _aliases(tensor: torch.Tensor, others: Iterable[Any]) -> bool:
@@ -227,6 +267,10 @@ def _aliases(tensor: torch.Tensor, others: Iterable[Any]) -> bool:
         isinstance(other, torch.Tensor) and other.numel() and _address(other) == address
         for other in tree_leaves(others)
     )
+
+
+def _rounded(nbytes: int, alignment: int) -> int:
+    return -(-nbytes // alignment) * alignment
 
 
 def _address(tensor: torch.Tensor) -> int | None:
