@@ -51,6 +51,7 @@ from ..passes.cpu_blocks import CpuKernels, FuseCpuBlocks, FuseCpuExpansions
 from ..passes.pipeline import optimize
 from ..passes.quant_chain import chain_quantized, is_quantized_layer
 from ..quant.lower import restore_float
+from ..runtime import cpu_graph
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
 from ..runtime.plan import Layer, Plan
@@ -389,9 +390,8 @@ class Builder:
             timings[name] = cached.median_ms
         best = min(timings, key=timings.get)
         selection = {"chosen": best, "ms": {name: round(ms, 5) for name, ms in timings.items()}}
-        if self.device.type == "cuda":
-            problem = _capture_problem(Schedule(model, options[best], self.device, constants), feeds)
-            selection["cuda_graph"] = problem or "captured"
+        _, problem = _recorded(Schedule(model, options[best], self.device, constants), feeds, self.device)
+        selection["cuda_graph" if self.device.type == "cuda" else "cpu_graph"] = problem or "captured"
         return options[best], selection
 
     def _observe(self, model: Model, layers: list[Layer], shapes, constants) -> _Observed:
@@ -429,29 +429,29 @@ def _uniform(layer: Layer, precision: str, layout: str, floats: bool = True, any
     return layer
 
 
-def _capture_problem(schedule: Schedule, feeds) -> str | None:
-    """Why `schedule` cannot be captured in a CUDA graph (None when it can): then every run of the engine is
-    eager, one launch of Python per layer, which at batch 1 costs more than the kernels. The plans are
-    timed the way they will run, so this also says how the selection timed the chosen plan."""
-    schedule.execute(feeds)  # warm-up, as an execution context runs before it captures
+def _recorded(schedule: Schedule, feeds, device: torch.device) -> tuple[Callable[[], Any] | None, str | None]:
+    """A replay of `schedule` on `feeds` recorded as an execution context records it (a CUDA graph, a CPU graph),
+    or None and why it cannot be: then every run of the engine is eager, the Python of every layer each time,
+    which at batch 1 can cost more than the kernels. The plans are timed the way they will run."""
+    run = functools.partial(schedule.execute, feeds)
+    run()  # warm-up, as a context runs before it records: cuDNN and cuBLAS pick their kernels, weights are packed
     try:
-        capture(functools.partial(schedule.execute, feeds))
+        if device.type == "cuda":
+            graph, _ = capture(run)
+        else:
+            problem = schedule.replay_problem
+            if problem:
+                raise cpu_graph.NotReplayable(problem)
+            graph, _ = cpu_graph.capture(run, list(feeds.values()))
     except Exception as err:  # e.g. a kernel that reads a value back to the host or copies from pageable memory
-        return f"not capturable, runs eagerly: {type(err).__name__}: {str(err)[:300]}"
-    return None
+        return None, f"not recordable, runs eagerly: {type(err).__name__}: {str(err)[:300]}"
+    return graph.replay, None
 
 
 def _time_schedule(schedule: Schedule, feeds, device: torch.device, budget: TimingBudget) -> Timing:
-    """Median milliseconds of one run of `schedule` (a CUDA graph replay where it can be captured)."""
-    run = functools.partial(schedule.execute, feeds)
-    if device.type == "cuda":
-        run()  # warm-up: cuDNN and cuBLAS pick and load their kernels outside the capture
-        try:
-            graph, _ = capture(functools.partial(schedule.execute, feeds))
-            run = graph.replay
-        except Exception:  # not capturable: time it eagerly, as the context will run it
-            pass
-    return measure(run, device=device, **budget.as_kwargs())
+    """Median milliseconds of one run of `schedule` (a graph replay where it can be recorded)."""
+    replay, _ = _recorded(schedule, feeds, device)
+    return measure(replay or functools.partial(schedule.execute, feeds), device=device, **budget.as_kwargs())
 
 
 def complete_profiles(model: Model, profiles: tuple[Profile, ...]) -> tuple[list[Profile], list[str]]:

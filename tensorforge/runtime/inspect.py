@@ -172,8 +172,11 @@ def plan_selection_line(report: dict[str, Any], index: int) -> str | None:
         return None
     timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
     line = f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}"
-    graph = selection[index].get("cuda_graph")
-    return f"{line}; CUDA graph: {graph}" if graph else line
+    for kind in ("cuda", "cpu"):
+        graph = selection[index].get(f"{kind}_graph")
+        if graph:
+            return f"{line}; {kind.upper()} graph: {graph}"
+    return line
 
 
 def build_time_line(report: dict[str, Any]) -> str:

@@ -202,3 +202,30 @@ def test_contexts_replay_concurrently_from_threads():
         thread.join()
     assert not failures
     assert all(len(context.captured_shapes) == 1 for context in contexts)
+
+
+def test_the_build_times_plans_as_replays_and_reports_the_recording():
+    from tensorforge.runtime.inspect import plan_selection_line
+
+    engine = build_engine(import_model(zoo.export("inception", dynamic_batch=False)), BuildConfig(effort=0))
+    assert engine.report["plan_selection"][0]["cpu_graph"] == "captured"
+    assert plan_selection_line(engine.report, 0).endswith("; CPU graph: captured")
+
+
+@pytest.mark.parametrize("name", ["resnet50", "mobilenetv3"])
+def test_int8_engines_replay_what_they_run_eagerly(name):
+    """Quantized layers (oneDNN's int8 convolutions and products, quantize and dequantize steps, float fallbacks on
+    our kernels) replay like float ones."""
+    from tensorforge.build.builder import Builder
+    from tensorforge.build.config import QuantizationConfig
+
+    model = import_model(zoo.export(name, size=32, dynamic_batch=False))
+    batches = [zoo.example_inputs(name, 1, 32, seed=seed) for seed in range(4)]
+    config = BuildConfig(effort=0, precisions=("fp32", "int8"), quantization=QuantizationConfig())
+    engine = Builder(config, calibration_data=batches).build(model)
+    assert engine.report["quantization"]["quantized"]
+    graphs, eager = engine.create_context(), engine.create_context(cpu_graphs=False)
+    for seed in range(10, 14):
+        feeds = zoo.example_inputs(name, 1, 32, seed=seed)
+        assert torch.equal(graphs.run(feeds)["output"], eager.run(feeds)["output"]), seed
+    assert not graphs.eager_shapes and len(graphs.captured_shapes) == 1
