@@ -111,7 +111,8 @@ class _Call:
 def capture(
     fn: Callable[[], Any], inputs: Sequence[torch.Tensor] = (), scratch: Sequence[torch.Tensor] = ()
 ) -> tuple[CpuGraph, Any]:
-    """`fn()` run once and recorded: the graph and what `fn` returned. `inputs` are the tensors whose values a
+    """`fn()` run once and recorded: the graph and the result of its checking replay (what `fn` returned, in the
+    graph's memory). `inputs` are the tensors whose values a
     replay is for, `scratch` memory allocated before the run that it writes into (an arena): reading either's
     values on the host is refused, as is reading the values of what the run computed (constants may be read).
     Checked before it is returned: the memory the run allocated and `scratch` are filled with NaN, then a replay
@@ -125,11 +126,11 @@ def capture(
     with torch.inference_mode():
         for tensor in (*recorder.kept, *scratch):
             _poison(tensor)
-    replayed = tree_leaves(graph.replay())
-    for index, (got, want) in enumerate(zip(replayed, expected, strict=True)):
+    replayed = graph.replay()
+    for index, (got, want) in enumerate(zip(tree_leaves(replayed), expected, strict=True)):
         if isinstance(want, torch.Tensor) and not _same(got, want):
             raise NotReplayable(f"the replayed run's output {index} differs from the recorded run's")
-    return graph, result
+    return graph, replayed
 
 
 class _Recorder(TorchDispatchMode):
