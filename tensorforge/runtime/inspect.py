@@ -236,6 +236,17 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
                 f"profile {index}: {len(names)} quantized layers run as their float originals, which timed faster: "
                 + ", ".join(names)
             )
+    for scope, tried in (section.get("float_blocks") or {}).items():
+        which = "the layers timed faster in float" if scope == "timed_float" else "every quantized layer"
+        line = f"{which} restored to float ({tried['restored']}) for the CPU block fusions"
+        if tried.get("plan_ms"):
+            ms = tried["plan_ms"]
+            line += f": {ms['fused']:.3f} ms fused against {ms['apart']:.3f} ms, " + (
+                "kept" if tried["kept"] else "not kept"
+            )
+        else:
+            line += ": nothing fused"
+        lines.append(line)
     return lines
 
 

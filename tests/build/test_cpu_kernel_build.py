@@ -89,15 +89,19 @@ def test_quantized_cpu_builds_keep_depthwise_blocks_apart():
     assert builder.Builder(BuildConfig(effort=0, precisions=("fp32", "int8")))._cpu_kernels() is None
 
 
-def _int8_block_engine(monkeypatch, fused_faster: bool):
-    """The int8 CPU engine of a depthwise block (`tests.passes.test_cpu_blocks._block`), its quantized layers taken
-    as run in float by every plan and the fused plans timed faster (or slower) side by side."""
+def _int8_block_engine(monkeypatch, fused_faster: bool, timed_float: int = 2):
+    """The int8 CPU engine of a depthwise block (`tests.passes.test_cpu_blocks._block`), the first `timed_float` of
+    its quantized layers taken as run in float by every plan and the fused plans timed faster (or slower) side by
+    side."""
     from tensorforge.build.config import QuantizationConfig
     from tensorforge.passes.quant_chain import is_quantized_layer
     from tests.passes.test_cpu_blocks import SHAPE, _block
 
-    monkeypatch.setattr(builder, "_runs_float", lambda model, plan: {
-        layer.node for layer in plan.layers if is_quantized_layer(model.graph.nodes[layer.node])})  # fmt: skip
+    def runs_float(model, plan):
+        quantized = sorted(layer.node for layer in plan.layers if is_quantized_layer(model.graph.nodes[layer.node]))
+        return set(quantized[:timed_float])
+
+    monkeypatch.setattr(builder, "_runs_float", runs_float)
     monkeypatch.setattr(builder.Builder, "_time_side_by_side", lambda self, *args: (2.0, 1.0) if fused_faster
                         else (1.0, 2.0))  # fmt: skip
     rng = np.random.default_rng(0)
@@ -114,7 +118,7 @@ def test_a_quantized_cpu_build_fuses_the_blocks_it_runs_in_float(monkeypatch):
     from tensorforge import Executor
 
     engine, feed = _int8_block_engine(monkeypatch, fused_faster=True)
-    section = engine.report["quantization"]["float_blocks"]
+    section = engine.report["quantization"]["float_blocks"]["timed_float"]
     assert section["restored"] == 2 and section["fused"] == {"depthwise-pointwise": 1} and section["kept"]
     assert [node.op_type for node in engine.model.graph.nodes] == ["DepthwisePointwise"]
     got = engine.create_context().run(feed)["y"].numpy()
@@ -124,6 +128,21 @@ def test_a_quantized_cpu_build_fuses_the_blocks_it_runs_in_float(monkeypatch):
 @pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 def test_a_quantized_cpu_build_keeps_its_layers_apart_when_fused_is_slower(monkeypatch):
     engine, _ = _int8_block_engine(monkeypatch, fused_faster=False)
-    section = engine.report["quantization"]["float_blocks"]
+    section = engine.report["quantization"]["float_blocks"]["timed_float"]
     assert section["restored"] == 2 and not section["kept"]
     assert [node.op_type for node in engine.model.graph.nodes] == ["QuantizedConv", "QuantizedConv"]
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+def test_a_quantized_cpu_build_restores_every_layer_when_the_fused_float_plan_is_faster(monkeypatch):
+    """One layer of the block timed faster quantized: restoring the other alone fuses nothing, so every quantized
+    layer is restored and fused, and kept because it timed faster; inspect says so."""
+    from tensorforge.runtime.inspect import quantization_lines
+
+    engine, _ = _int8_block_engine(monkeypatch, fused_faster=True, timed_float=1)
+    section = engine.report["quantization"]["float_blocks"]
+    assert section["timed_float"] == {"restored": 1, "fused": {}, "kept": False}
+    assert section["everything"]["restored"] == 2 and section["everything"]["kept"]
+    assert [node.op_type for node in engine.model.graph.nodes] == ["DepthwisePointwise"]
+    lines = quantization_lines(engine.report)
+    assert any(line.startswith("every quantized layer restored to float (2)") and "kept" in line for line in lines)
