@@ -39,8 +39,8 @@ def profile(
     force: Annotated[bool, typer.Option(help="overwrite existing trace and plot files")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
 ) -> None:
-    """Time each layer of an engine (eagerly, no CUDA graph, so the sum exceeds a graph replay; `bench`
-    measures that) and print them slowest first with their share of the total."""
+    """Time each layer of an engine (on the CPU in a replay of its CPU graph; on CUDA eagerly, no CUDA graph, so
+    the sum exceeds a graph replay, which `bench` measures) and print them slowest first with their share."""
     try:
         existing = [str(path) for path in (trace, plot) if path is not None and path.exists()]
         if existing and not force:
@@ -96,7 +96,12 @@ def print_profile(path: Path, result: LayerProfile, top: int | None = None) -> N
         f"sum of {len(result.layers)} layer medians {result.total_ms:.3f} ms; whole timed runs median "
         f"{result.run_ms:.3f} ms ({result.runs} runs after {result.warmup} warm-up)"
     )
-    out.print("per-layer timing runs eagerly, without a CUDA graph: `tensorforge bench` times the whole engine")
+    if result.mode == "cpu graph":
+        out.print("per-layer timing replays the engine's CPU graph, as an execution context runs it")
+    elif result.device.startswith("cuda"):
+        out.print("per-layer timing runs eagerly, without a CUDA graph: `tensorforge bench` times the whole engine")
+    else:
+        out.print(f"per-layer timing runs eagerly: the schedule could not be recorded as a CPU graph ({result.note})")
 
 
 def _print_wide(table: Table) -> None:

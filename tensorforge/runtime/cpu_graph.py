@@ -19,6 +19,7 @@ memory it kept is poisoned and a replay on the recorded inputs must give the rec
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -68,6 +69,22 @@ class CpuGraph:
         with torch.inference_mode(), full_float32():
             for call in self._calls:
                 call.run(env)
+        return self._outputs(env)
+
+    def timed_replay(self) -> tuple[Any, list[tuple[Any, int, int]]]:
+        """`replay()`, and each call's tag (what `capture`'s `tag` said when it was recorded) with its start and
+        end on `time.perf_counter_ns`."""
+        env: list[Any] = [None] * self._slots
+        marks = []
+        clock = time.perf_counter_ns
+        with torch.inference_mode(), full_float32():
+            for call in self._calls:
+                start = clock()
+                call.run(env)
+                marks.append((call.tag, start, clock()))
+        return self._outputs(env), marks
+
+    def _outputs(self, env: list[Any]) -> Any:
         leaves, slots, spec = self._result
         return tree_unflatten([env[s] if s >= 0 else leaf for leaf, s in zip(leaves, slots, strict=True)], spec)
 
@@ -77,14 +94,15 @@ class _Call:
     containers or keywords) with the values of the replay at `reads` (argument position, slot) put in, its
     results stored at `writes` (-1: none), the values in `release` dropped after it."""
 
-    __slots__ = ("flat", "function", "reads", "release", "spec", "writes")
+    __slots__ = ("flat", "function", "reads", "release", "spec", "tag", "writes")
 
-    def __init__(self, function, flat: list[Any], spec, reads, writes) -> None:
+    def __init__(self, function, flat: list[Any], spec, reads, writes, tag: Any = None) -> None:
         self.function = function
         self.flat = flat
         self.spec = spec
         self.reads = reads
         self.writes = writes
+        self.tag = tag
         self.release: tuple[int, ...] = ()
 
     def run(self, env: list[Any]) -> None:
@@ -109,7 +127,10 @@ class _Call:
 
 
 def capture(
-    fn: Callable[[], Any], inputs: Sequence[torch.Tensor] = (), scratch: Sequence[torch.Tensor] = ()
+    fn: Callable[[], Any],
+    inputs: Sequence[torch.Tensor] = (),
+    scratch: Sequence[torch.Tensor] = (),
+    tag: Callable[[], Any] | None = None,
 ) -> tuple[CpuGraph, Any]:
     """`fn()` run once and recorded: the graph and the result of its checking replay (what `fn` returned, in the
     graph's memory). `inputs` are the tensors whose values a
@@ -117,8 +138,8 @@ def capture(
     values on the host is refused, as is reading the values of what the run computed (constants may be read).
     Checked before it is returned: the memory the run allocated and `scratch` are filled with NaN, then a replay
     must give `fn`'s results again exactly. Raises `NotReplayable` with the reason where the run cannot be
-    recorded or the check fails."""
-    recorder = _Recorder([*inputs, *scratch])
+    recorded or the check fails. `tag()`, asked as each call is recorded, labels it (`CpuGraph.timed_replay`)."""
+    recorder = _Recorder([*inputs, *scratch], tag)
     with torch.inference_mode(), recorder, intercepted(recorder.extension_call):
         result = fn()
     expected = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in tree_leaves(result)]
@@ -137,9 +158,10 @@ class _Recorder(TorchDispatchMode):
     """Records the calls of a run: torch ops as they reach the dispatcher, C++ kernels through `extension_call`
     (the torch ops a kernel makes inside are its own business: they are not recorded)."""
 
-    def __init__(self, watched: list[torch.Tensor]) -> None:
+    def __init__(self, watched: list[torch.Tensor], tag: Callable[[], Any] | None = None) -> None:
         super().__init__()
         self.calls: list[_Call] = []
+        self._tag = tag
         self._watched = watched  # memory the run reads or writes that it did not allocate
         self.kept: list[torch.Tensor] = []  # memory the run allocated, which the graph keeps
         self._slot: dict[int, int] = {}  # id of a value (a tensor an op returned) → its slot
@@ -200,8 +222,9 @@ class _Recorder(TorchDispatchMode):
                 writes.append(-1)  # kept memory written again
             else:
                 writes.append(self._new_value(out))
-        self.calls.append(_Call(function, [None if id(x) in self._slot else x for x in flat], spec, reads,
-                                tuple(writes)))  # fmt: skip
+        tag = None if self._tag is None else self._tag()
+        kept = [None if id(x) in self._slot else x for x in flat]
+        self.calls.append(_Call(function, kept, spec, reads, tuple(writes), tag))
 
     def _new_value(self, tensor: torch.Tensor) -> int:
         self._slot[id(tensor)] = slot = len(self._values)

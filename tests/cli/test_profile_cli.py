@@ -28,7 +28,7 @@ def test_table_is_sorted_with_shares_and_files_are_written(files, tmp_path):
     args = ["profile", str(engine), "--runs", "3", "--warmup", "1", "--trace", str(trace), "--plot", str(plot)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    for expected in ("share", "cumulative", "MaxPool", "sum of 7 layer medians", "eagerly", f"wrote {trace}"):
+    for expected in ("share", "cumulative", "MaxPool", "sum of 7 layer medians", "CPU graph", f"wrote {trace}"):
         assert expected in result.output
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(events) == 7
