@@ -65,6 +65,7 @@ class ExecutionContext:
         self._graphs: dict[ShapeKey, _Captured] = {}
         self.eager_shapes: dict[ShapeKey, str] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        self._kept = cpu_graph.KeptMemory()  # the kept memory all this context's CPU graphs share
         self._arenas: dict[int, torch.Tensor] = {}
 
     @property
@@ -153,7 +154,7 @@ class ExecutionContext:
                     raise cpu_graph.NotReplayable(problem)
                 scratch = () if arena is None else (arena,)
                 run = lambda: schedule.execute(static, arena=arena)  # noqa: E731
-                graph, outputs = cpu_graph.capture(run, list(static.values()), scratch)
+                graph, outputs = cpu_graph.capture(run, list(static.values()), scratch, memory=self._kept)
         except Exception as err:  # e.g. a kernel that reads a value back to the host
             self.eager_shapes[key] = f"{type(err).__name__}: {err}"
             return

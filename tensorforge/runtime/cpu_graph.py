@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -51,15 +51,39 @@ class NotReplayable(RuntimeError):
 class CpuGraph:
     """The recorded calls of one run; `replay()` makes them again, in order, and returns the run's result."""
 
-    __slots__ = ("_calls", "_result", "_slots", "kept_bytes")
+    __slots__ = ("_calls", "_kept", "_result", "_slots", "kept_bytes")
 
     def __init__(
-        self, calls: Sequence[_Call], slots: int, result: tuple[list[Any], list[int], Any], kept_bytes: int
+        self,
+        calls: Sequence[_Call],
+        slots: int,
+        result: tuple[list[Any], list[int], Any],
+        kept: list[_KeptArgument],
+        kept_bytes: int,
     ) -> None:
         self._calls = tuple(calls)
         self._slots = slots
         self._result = result  # the result's leaves, the value slot of each (-1: kept memory), its structure
-        self.kept_bytes = kept_bytes  # the memory the graph keeps (the run's allocations)
+        self._kept = kept  # the arguments (and result leaves) in kept memory, placed in it by `bind`
+        self.kept_bytes = kept_bytes  # the memory the graph keeps (the run's allocations, planned by liveness)
+
+    def bind(self, buffer: torch.Tensor) -> None:
+        """Place the kept memory in `buffer` (uint8, at least `kept_bytes`): every argument and result there
+        becomes a view of it. A graph is replayable once bound; rebinding moves it (`KeptMemory`)."""
+        if buffer.dtype != torch.uint8 or buffer.numel() < self.kept_bytes:
+            raise ValueError(f"a CPU graph needs a uint8 buffer of {self.kept_bytes} bytes for its kept memory")
+        typed: dict[torch.dtype, torch.Tensor] = {}
+        leaves = self._result[0]
+        for kept in self._kept:
+            whole = typed.get(kept.dtype)
+            if whole is None:
+                usable = buffer.numel() // kept.dtype.itemsize * kept.dtype.itemsize
+                whole = typed[kept.dtype] = buffer[:usable].view(kept.dtype)
+            view = whole.as_strided(kept.shape, kept.stride, kept.offset)
+            if kept.call < 0:
+                leaves[kept.position] = view
+            else:
+                self._calls[kept.call].flat[kept.position] = view
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -126,11 +150,43 @@ class _Call:
             env[slot] = None
 
 
+class _KeptArgument(NamedTuple):
+    """A tensor in kept memory: where it is used (call index and flat position; call -1: a leaf of the result)
+    and where it lies (its dtype's elements from the start of the kept memory)."""
+
+    call: int
+    position: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+class KeptMemory:
+    """The kept memory of the CPU graphs of one execution context: one buffer, as large as the largest graph
+    needs, in which every graph replays (a context replays one graph at a time, and the context copies each
+    replay's outputs before the next). A graph that needs more grows it, and every graph is moved into the new
+    buffer, so a context that records many shapes keeps one graph's worth, not their sum."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self._graphs: list[CpuGraph] = []
+
+    def adopt(self, graph: CpuGraph) -> None:
+        if graph.kept_bytes > self.buffer.numel():
+            self.buffer = torch.empty(graph.kept_bytes, dtype=torch.uint8)
+            for other in self._graphs:
+                other.bind(self.buffer)
+        graph.bind(self.buffer)
+        self._graphs.append(graph)
+
+
 def capture(
     fn: Callable[[], Any],
     inputs: Sequence[torch.Tensor] = (),
     scratch: Sequence[torch.Tensor] = (),
     tag: Callable[[], Any] | None = None,
+    memory: KeptMemory | None = None,
 ) -> tuple[CpuGraph, Any]:
     """`fn()` run once and recorded: the graph and the result of its checking replay (what `fn` returned, in the
     graph's memory). `inputs` are the tensors whose values a
@@ -138,14 +194,17 @@ def capture(
     values on the host is refused, as is reading the values of what the run computed (constants may be read).
     Checked before it is returned: the memory the run allocated and `scratch` are filled with NaN, then a replay
     must give `fn`'s results again exactly. Raises `NotReplayable` with the reason where the run cannot be
-    recorded or the check fails. `tag()`, asked as each call is recorded, labels it (`CpuGraph.timed_replay`)."""
+    recorded or the check fails. `tag()`, asked as each call is recorded, labels it (`CpuGraph.timed_replay`).
+    The graph's kept memory goes into `memory` (shared with the graphs already there), or a buffer of its own."""
     recorder = _Recorder([*inputs, *scratch], tag)
     with torch.inference_mode(), recorder, intercepted(recorder.extension_call):
         result = fn()
     expected = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in tree_leaves(result)]
     graph = recorder.graph(result)
+    memory = memory or KeptMemory()
+    memory.adopt(graph)
     with torch.inference_mode():
-        for tensor in (*recorder.kept, *scratch):
+        for tensor in (memory.buffer, *scratch):
             _poison(tensor)
     replayed = graph.replay()
     for index, (got, want) in enumerate(zip(tree_leaves(replayed), expected, strict=True)):
@@ -232,8 +291,8 @@ class _Recorder(TorchDispatchMode):
         return slot
 
     def graph(self, result: Any) -> CpuGraph:
-        """The graph of the calls recorded, returning `result` (its values made again), its kept memory moved
-        into one buffer by a liveness plan (`_plan_kept`)."""
+        """The graph of the calls recorded, returning `result` (its values made again), its kept memory planned
+        by liveness (`_plan_kept`) and left to be bound to a buffer (`CpuGraph.bind`)."""
         leaves, spec = tree_flatten(result)
         result_slots = [self._slot.get(id(leaf), -1) if isinstance(leaf, torch.Tensor) else -1 for leaf in leaves]
         last: dict[int, int] = {}
@@ -245,41 +304,34 @@ class _Recorder(TorchDispatchMode):
         for slot, index in last.items():
             self.calls[index].release += (slot,)
         kept_leaves = [None if s >= 0 else leaf for leaf, s in zip(leaves, result_slots, strict=True)]
-        buffer, moved = self._plan_kept(kept_leaves)
-        for call in self.calls:
-            call.flat = [moved(leaf) for leaf in call.flat]
-        self.kept = [buffer]
-        kept_leaves = [moved(leaf) for leaf in kept_leaves]
-        return CpuGraph(self.calls, len(self._values), (kept_leaves, result_slots, spec), buffer.numel())
+        kept, kept_bytes = self._plan_kept(kept_leaves)
+        return CpuGraph(self.calls, len(self._values), (kept_leaves, result_slots, spec), kept, kept_bytes)
 
-    def _plan_kept(self, result_leaves: list[Any]) -> tuple[torch.Tensor, Callable[[Any], Any]]:
-        """One buffer for the kept memory, each allocation at an offset a liveness plan gives it (from the first
-        call that touches it to the last; the result's to the end), as a run's allocator would reuse it; and the
-        function that moves a recorded tensor into it (other arguments unchanged)."""
+    def _plan_kept(self, result_leaves: list[Any]) -> tuple[list[_KeptArgument], int]:
+        """Where each allocation of the run goes in the kept memory: at the offset a liveness plan gives it (from
+        the first call that touches it to the last; the result's to the end), as a run's allocator would reuse
+        it. Returns every argument and result leaf in kept memory (taken out of the calls: `CpuGraph.bind` puts
+        views back) and the bytes the plan needs."""
         sizes = {_address(t): t.untyped_storage().nbytes() for t in self.kept if _address(t) is not None}
+        places = [*((i, call.flat) for i, call in enumerate(self.calls)), (-1, result_leaves)]
         first: dict[int, int] = {}
         last: dict[int, int] = {}
-        for index, leaves in enumerate([*(call.flat for call in self.calls), result_leaves]):
+        for order, (_, leaves) in enumerate(places):
             for leaf in leaves:
                 address = _address(leaf) if isinstance(leaf, torch.Tensor) else None
                 if address in sizes:
-                    first.setdefault(address, index)
-                    last[address] = index
-        plan = plan_memory([TensorLife(str(a), sizes[a], first[a], last[a]) for a in first], alignment=KEPT_ALIGNMENT)
-        buffer = torch.empty(_rounded(plan.arena_bytes, KEPT_ALIGNMENT), dtype=torch.uint8)
-        typed: dict[torch.dtype, torch.Tensor] = {}
-
-        def moved(leaf: Any) -> Any:
-            address = _address(leaf) if isinstance(leaf, torch.Tensor) else None
-            if address not in first:
-                return leaf
-            whole = typed.get(leaf.dtype)
-            if whole is None:
-                whole = typed[leaf.dtype] = buffer.view(leaf.dtype)
-            start = plan.offsets[str(address)] // leaf.element_size()
-            return whole.as_strided(leaf.shape, leaf.stride(), start + leaf.storage_offset())
-
-        return buffer, moved
+                    first.setdefault(address, order)
+                    last[address] = order
+        plan = plan_memory([TensorLife(str(a), sizes[a], first[a], last[a]) for a in first], KEPT_ALIGNMENT)
+        kept = []
+        for index, leaves in places:
+            for position, leaf in enumerate(leaves):
+                address = _address(leaf) if isinstance(leaf, torch.Tensor) else None
+                if address in first:
+                    start = plan.offsets[str(address)] // leaf.element_size() + leaf.storage_offset()
+                    kept.append(_KeptArgument(index, position, leaf.dtype, leaf.shape, leaf.stride(), start))
+                    leaves[position] = None
+        return kept, _rounded(plan.arena_bytes, KEPT_ALIGNMENT)
 
 
 def _aliases(tensor: torch.Tensor, others: Iterable[Any]) -> bool:
