@@ -33,7 +33,6 @@ They decline off the CPU, where no C++ compiler or ninja is found, and for activ
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -218,13 +217,6 @@ class CpuDepthwiseTactic(_CpuConv):
             w, b, strides, dilations, *pre, config["tile"]))  # fmt: skip
 
 
-# The most multiply-adds a product may have for `cpu.gemm` to claim it. Alone and with a flushed cache the kernel
-# beats oneDNN's products on BERT-base's and ViT-S's shapes (1.17-1.27×), and ViT-S's engine runs 1.015× faster with
-# them, but BERT-base's ran 1.03-1.05× slower at two threads (level at one, and level at two under either
-# OMP_WAIT_POLICY: an interaction with OpenMP's default spin-then-sleep waits, not the kernel's speed).
-GEMM_LARGEST = 24_000_000
-
-
 @register_tactic
 class CpuPointwiseTactic(_CpuConv):
     """The weight packed once in column blocks of the tile's width (`kernels.cpu.pointwise.pack_weight`) with its
@@ -280,7 +272,7 @@ def _products(node: Node, config: dict[str, Any]) -> PerWeight:
 class CpuGemmTactic(Tactic):
     """FusedGemm `post(pre(A @ op(B) + C) + Z)` with B a constant matrix: the 1×1 kernel over A's rows, each a pixel
     of a 1×1 image, B packed once as that kernel's weight and C as its bias. The residual Z must be the output's
-    shape. Declines products of more than `GEMM_LARGEST` multiply-adds (where A's shape is known)."""
+    shape."""
 
     family = "cpu"
     name = "gemm"
@@ -303,10 +295,6 @@ class CpuGemmTactic(Tactic):
         reason = _linear_operands_problem(node, n) or _activations_reason(node, ("pre", "post"), pw.ACTIVATIONS)
         if reason:
             return reason
-        shape = node.inputs[0].shape
-        work = math.prod(shape) * n if all(isinstance(d, int) for d in shape) else 0
-        if work > GEMM_LARGEST:
-            return f"{work / 1e6:.0f}M multiply-adds: oneDNN's products run these networks faster"
         return pw.problem() or compiler_problem()
 
     def space(self, effort: int) -> list[dict[str, Any]]:
