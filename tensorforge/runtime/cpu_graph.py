@@ -189,9 +189,9 @@ def capture(
     memory: KeptMemory | None = None,
 ) -> tuple[CpuGraph, Any]:
     """`fn()` run once and recorded: the graph and the result of its checking replay (what `fn` returned, in the
-    graph's memory). `inputs` are the tensors whose values a
-    replay is for, `scratch` memory allocated before the run that it writes into (an arena): reading either's
-    values on the host is refused, as is reading the values of what the run computed (constants may be read).
+    graph's memory). `inputs` are the tensors whose values a replay is for, `scratch` memory allocated before the
+    run that it writes into (an arena): reading either's values on the host is refused, as is reading the values
+    of what the run computed (constants may be read).
     Checked before it is returned: the memory the run allocated and `scratch` are filled with NaN, then a replay
     must give `fn`'s results again exactly. Raises `NotReplayable` with the reason where the run cannot be
     recorded or the check fails. `tag()`, asked as each call is recorded, labels it (`CpuGraph.timed_replay`).
@@ -232,11 +232,13 @@ class _Recorder(TorchDispatchMode):
         result = func(*args, **kwargs)
         if self._in_kernel:
             return result
-        if (func in HOST_READS or HOST_TAGS.intersection(func.tags)) and self._reads_run_data(args):
-            raise NotReplayable(f"{func} reads the values of a tensor of the run on the host")
         outputs = tree_leaves(result)
-        if any(not isinstance(out, torch.Tensor) for out in outputs if out is not None):
-            raise NotReplayable(f"{func} returns values to the host")
+        to_host = any(not isinstance(out, torch.Tensor) for out in outputs if out is not None)
+        if to_host or func in HOST_READS or HOST_TAGS.intersection(func.tags):
+            if self._reads_run_data(args):
+                raise NotReplayable(f"{func} reads the values of a tensor of the run on the host")
+            if to_host:  # a number from constants: the same on every run, nothing to record
+                return result
         if func in ALLOCATIONS:
             self.kept.extend(outputs)
             return result
