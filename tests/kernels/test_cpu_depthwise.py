@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 BOUND = 1e-5  # normwise against float64: float32 sums of at most 49 terms, exponentials within 2 ulp
 ACTIVATIONS = {  # name → its parameters as a node gives them
     "": [], "Relu": [], "Clip": [0.0, 6.0], "LeakyRelu": [0.1], "Sigmoid": [], "HardSigmoid": [1 / 6, 0.5],
-    "HardSwish": [], "SiLU": [],
+    "HardSwish": [], "SiLU": [], "Gelu": [],
 }  # fmt: skip
 
 
@@ -149,7 +149,7 @@ def test_an_nchw_input_is_made_channels_last_and_a_new_output_returned():
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda w, x: dw.DepthwiseConv(w, act="Gelu"), "no activation 'Gelu'"),
+        (lambda w, x: dw.DepthwiseConv(w, act="Mish"), "no activation 'Mish'"),
         (lambda w, x: dw.DepthwiseConv(w, tile=6), "tiles"),
         (lambda w, x: dw.DepthwiseConv(w)(x.double(), (1, 1), (5, 5)), "x must be a 4-D float32"),
         (lambda w, x: dw.DepthwiseConv(w)(x, (1, 1), (5, 5), torch.empty(1, 16, 5, 5)), "out must be a 4-D float32"),

@@ -92,8 +92,8 @@ def test_a_nan_reaches_exactly_its_window():
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda o: ed.ExpandDepthwise(o[1], o[2], "Gelu", (0, 0), o[3], o[4], (1, 1), (1, 1), "", (0, 0)),
-         "no activation 'Gelu'"),
+        (lambda o: ed.ExpandDepthwise(o[1], o[2], "Mish", (0, 0), o[3], o[4], (1, 1), (1, 1), "", (0, 0)),
+         "no activation 'Mish'"),
         (lambda o: ed.ExpandDepthwise(o[1], o[2], "", (0, 0), o[3][:8], o[4], (1, 1), (1, 1), "", (0, 0)),
          "does not read the expansion's 32 channels"),
         (lambda o: ed.ExpandDepthwise(o[1], o[2], "", (0, 0), o[3], o[4], (1, 1), (1, 1), "", (0, 0))(

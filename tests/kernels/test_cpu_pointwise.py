@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 BOUND = 2e-6  # normwise against float64: float32 sums of at most 200 terms, exponentials within 2 ulp
 ACTIVATIONS = {
     "": [], "Relu": [], "Clip": [0.0, 6.0], "LeakyRelu": [0.1], "Sigmoid": [], "HardSigmoid": [1 / 6, 0.5],
-    "HardSwish": [], "SiLU": [],
+    "HardSwish": [], "SiLU": [], "Gelu": [],
 }  # fmt: skip
 
 
@@ -167,7 +167,7 @@ def test_nchw_operands_are_made_channels_last_and_a_new_output_returned():
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda w, x: pw.PointwiseConv(w, pre="Gelu"), "no activation 'Gelu'"),
+        (lambda w, x: pw.PointwiseConv(w, pre="Mish"), "no activation 'Mish'"),
         (lambda w, x: pw.PointwiseConv(w, tile=(4, 4)), "tiles"),
         (lambda w, x: pw.PointwiseConv(w)(x.double()), "x must be a 4-D float32"),
         (lambda w, x: pw.PointwiseConv(w)(x, torch.randn(1, 24, 4, 4).half()), "residual must be a 4-D float32"),

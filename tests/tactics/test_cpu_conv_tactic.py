@@ -65,7 +65,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(activation, residua
         (lambda: _layer(kernel=1), "a 1×1 convolution at stride 1 without padding: cpu.pointwise runs it"),
         (lambda: _layer(group=2, pads=[1, 1, 1, 1]), "one group only"),
         (lambda: _layer(c=3, pads=[1, 1, 1, 1]), "3 input channels: a stem, for cpu.stem-conv"),
-        (lambda: _layer("Gelu", pads=[1, 1, 1, 1]), "no activation 'Gelu'"),
+        (lambda: _layer("Mish", pads=[1, 1, 1, 1]), "no activation 'Mish'"),
     ],
 )
 def test_declines_what_the_kernel_does_not_run(layer, reason):

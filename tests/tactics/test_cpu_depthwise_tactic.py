@@ -71,7 +71,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(activation, conv):
     [
         (lambda: _layer(group=4), "not depthwise"),
         (lambda: _layer(residual=True), "residual"),
-        (lambda: _layer("Gelu"), "no activation 'Gelu'"),
+        (lambda: _layer("Mish"), "no activation 'Mish'"),
     ],
 )
 def test_declines_what_the_kernel_does_not_run(layer, reason):

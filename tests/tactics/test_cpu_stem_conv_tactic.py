@@ -53,7 +53,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(activation, conv):
         (lambda: _layer(c=8), "at most 4 input channels"),
         (lambda: _layer(c=4, k=4, group=4), "one group only"),
         (lambda: _layer(residual=True), "no residual"),
-        (lambda: _layer("Gelu"), "no activation 'Gelu'"),
+        (lambda: _layer("Mish"), "no activation 'Mish'"),
     ],
 )
 def test_declines_what_the_kernel_does_not_run(layer, reason):

@@ -1,7 +1,9 @@
 """What our AVX-512 CPU kernels share: the includes, a vector exponential and the fused activations
 (`VECTOR_MATH`, C++ put before each kernel's source), and the check that the CPU has AVX-512.
 
-Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, within 2 ulp of `expf`. An
+Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, within 2 ulp of `expf`. GELU (the
+exact one, with erf) is `max(x, 0) − a·Φ(−a)`, a = |x|, the Gaussian tail as the GPU kernels evaluate it
+(`kernels.activations.GELU_TAIL`: one reciprocal, one exponential, a degree-9 polynomial, no branch). An
 activation is a template on its `kernels.activations` code, applied to a tile of accumulators by one switch a tile.
 `accumulate` is the 1×1 kernel's step over the input channels, which the direct convolution repeats for each tap.
 """
@@ -10,14 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import GELU_SQUARE, GELU_T, GELU_TAIL
 from .extension import host_flags, load
 
 # The activations the kernels evaluate (by `kernels.activations` code): the rest decline.
-ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU")
+ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU", "Gelu")
 LANES = 16  # float32 lanes of an AVX-512 vector
 ABSENT = torch.empty(0)  # an operand a call leaves out (the C++ reads an empty tensor as none); never written
 
-VECTOR_MATH = r"""
+_VECTOR_MATH = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -60,6 +63,16 @@ template <int CODE>
       return _mm512_mul_ps(v, _mm512_min_ps(one, _mm512_max_ps(zero, r)));
     }
     case 7: return _mm512_div_ps(v, _mm512_add_ps(one, vexp(_mm512_sub_ps(zero, v))));     // SiLU
+    case 8: {                                                                            // Gelu
+      const __m512 a = _mm512_min_ps(_mm512_set1_ps(20.f), _mm512_abs_ps(v));  // NaN stays NaN
+      const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(a, _mm512_set1_ps(GELU_T), one));
+      __m512 p = _mm512_set1_ps(GELU_TAIL[GELU_DEGREE]);
+      #pragma GCC unroll 16
+      for (int k = GELU_DEGREE - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(GELU_TAIL[k]));
+      const __m512 power = _mm512_fnmadd_ps(_mm512_mul_ps(a, a), _mm512_set1_ps(GELU_SQUARE), p);
+      const __m512 tail = _mm512_mul_ps(t, vexp(_mm512_mul_ps(power, _mm512_set1_ps(0.69314718055994531f))));
+      return _mm512_fnmadd_ps(a, tail, _mm512_max_ps(zero, v));
+    }
     default: return v;
   }
 }
@@ -81,6 +94,7 @@ template <int T>
     case 5: activate_tile<T, 5>(acc, count, p0, p1); break;
     case 6: activate_tile<T, 6>(acc, count, p0, p1); break;
     case 7: activate_tile<T, 7>(acc, count, p0, p1); break;
+    case 8: activate_tile<T, 8>(acc, count, p0, p1); break;
     default: break;
   }
 }
@@ -104,6 +118,19 @@ template <int MR, int NV>
 
 }  // namespace
 """
+
+
+def _gelu_constants() -> str:
+    """The GELU tail's constants (`kernels.activations`) as C++ declarations."""
+    tail = ", ".join(f"{c!r}f" for c in GELU_TAIL)
+    return (
+        f"constexpr float GELU_T = {GELU_T!r}f, GELU_SQUARE = {GELU_SQUARE!r}f;\n"
+        f"constexpr int GELU_DEGREE = {len(GELU_TAIL) - 1};\n"
+        f"constexpr float GELU_TAIL[] = {{{tail}}};\n"
+    )
+
+
+VECTOR_MATH = _VECTOR_MATH.replace("namespace {\n", "namespace {\n\n" + _gelu_constants(), 1)
 
 
 def avx512_problem(kernel: str) -> str | None:
