@@ -3,7 +3,9 @@ ONNX Runtime, for each zoo model × batch size × precision, all measured in one
 
 Systems (`--systems`):
 - `tensorforge`: an engine built for the fixed batch with `fp32` plus the precision asked for (fp16, bf16,
-  tf32), run through `ExecutionContext.run` (CUDA graph replays on CUDA), fed float32 as the model declares;
+  tf32), run through `ExecutionContext.run` (CUDA graph replays on CUDA, CPU graph replays on the CPU), fed
+  float32 as the model declares;
+- `tensorforge-eager`: the same engine through a context that replays no graph (every layer's Python each call);
 - `eager`: the PyTorch module in the precision (channels_last on CUDA; tf32 turns on TF32 matmul and cuDNN
   convolutions, fp32 turns both off);
 - `eager+graph`: that module captured in one CUDA graph and replayed (CUDA only);
@@ -56,7 +58,7 @@ from tensorforge.frontend import import_model
 from tensorforge.runtime.engine import Engine
 from tensorforge.tactics.autotune import relative_error
 
-SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "compile-ro", "compile-max", "ort")
+SYSTEMS = ("tensorforge", "tensorforge-eager", "eager", "eager+graph", "compile", "compile-ro", "compile-max", "ort")
 DEFAULT_SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "ort")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED = ("int8", "fp8")  # tensorforge only: engines with quantized convolutions and fp16 elsewhere
@@ -277,12 +279,14 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
         return engine, build_s
 
 
-def run_tensorforge(case: Case, precision: str) -> Prepared:
+def run_tensorforge(case: Case, precision: str, graphs: bool = True) -> Prepared:
+    """The engine's context, replaying recorded graphs (CUDA or CPU graphs) unless `graphs` is False
+    ("tensorforge-eager": the Python of every layer on every call, for what the graphs are worth)."""
     engine, build_s = build_engine(case, precision)
     if case.engines is not None:  # kept for a later profile or inspection of the very engine measured
         case.engines.mkdir(parents=True, exist_ok=True)
         engine.save(case.engines / f"{case.name}-b{case.batch}-{precision}.engine", overwrite=True)
-    context = engine.create_context()
+    context = engine.create_context() if graphs else engine.create_context(cuda_graphs=False, cpu_graphs=False)
     feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
     tactics: dict[str, int] = {}
     for layer in engine.plans[0].layers:
@@ -353,6 +357,7 @@ def run_ort(case: Case, precision: str) -> Prepared:
 
 RUNNERS: dict[str, Callable[[Case, str], Prepared]] = {
     "tensorforge": run_tensorforge,
+    "tensorforge-eager": lambda case, precision: run_tensorforge(case, precision, graphs=False),
     "eager": run_eager,
     "eager+graph": lambda case, precision: run_eager(case, precision, graph=True),
     "compile": lambda case, precision: run_eager(case, precision, compile_mode="default"),
@@ -364,7 +369,7 @@ RUNNERS: dict[str, Callable[[Case, str], Prepared]] = {
 
 def not_applicable(system: str, precision: str, device: torch.device) -> str | None:
     """Why `system` does not run at `precision` on `device` (None when it does)."""
-    if precision in QUANTIZED and system != "tensorforge":
+    if precision in QUANTIZED and not system.startswith("tensorforge"):
         return f"{precision} engines are tensorforge's only"
     if device.type == "cpu" and precision not in ("fp32", *QUANTIZED):
         return f"{precision} runs on CUDA only"

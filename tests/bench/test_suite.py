@@ -175,3 +175,14 @@ def test_interleaved_systems_are_measured_together_and_a_failing_one_recorded(tm
         row = rows[("inception", 1, system, "fp32")]
         assert row["status"] == "ok" and row["interleaved"] and row["ms"] > 0 and 0 < row["error_vs_fp64"] < 1e-5
     assert rows[("inception", 1, "ort", "fp32")]["error"] == "RuntimeError: session creation failed"
+
+
+def test_the_engine_runs_with_and_without_its_graphs_side_by_side(tmp_path):
+    """`tensorforge-eager` is the same engine through a context that replays no graph: both rows compute the model
+    (their errors against float64 are the same), and only the graph row says its graph was recorded."""
+    suite.main([*TINY, "--batch", "1", "--systems", "tensorforge", "tensorforge-eager", "--interleave", "--out",
+                str(tmp_path)])  # fmt: skip
+    _, rows = _rows(tmp_path)
+    graph, eager = rows[("inception", 1, "tensorforge", "fp32")], rows[("inception", 1, "tensorforge-eager", "fp32")]
+    assert graph["status"] == eager["status"] == "ok" and graph["error_vs_fp64"] == eager["error_vs_fp64"]
+    assert graph["cpu_graph"] == "captured" and "cpu_graph" not in eager
