@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.suite import BENCH_SIZES, Case, build_engine, invocation
+from bench.suite import BENCH_SIZES, Case, build_engine, invocation, median_ms
 from tensorforge.build.config import CHAIN_MODES
 from tensorforge.ir import DType
 from tensorforge.runtime.plan import Layer
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     times: dict[str, list[float]] = {chain: [] for chain in built}
     for _ in range(args.rounds):
         for chain, (_, _, context) in built.items():
-            times[chain].append(case.time(lambda context=context: context.run(feeds)))
+            run = lambda context=context: context.run(feeds)  # noqa: E731
+            times[chain].append(median_ms(run, device, args.runs, args.warmup))
     command = " ".join(["python", "bench/quantized_layers.py", *(sys.argv[1:] if argv is None else argv)])
     args.out.mkdir(parents=True, exist_ok=True)
     for chain, (engine, build_s, context) in built.items():
