@@ -133,6 +133,13 @@ def _gelu_constants() -> str:
 VECTOR_MATH = _VECTOR_MATH.replace("namespace {\n", "namespace {\n\n" + _gelu_constants(), 1)
 
 
+def check_activations(kernel: str, *names: str) -> None:
+    """Raise ValueError naming the first of `names` that the epilogues (`ACTIVATIONS`) do not evaluate."""
+    for name in names:
+        if name not in ACTIVATIONS:
+            raise ValueError(f"the CPU {kernel} kernel has no activation {name!r}; it has {ACTIVATIONS}")
+
+
 def avx512_problem(kernel: str) -> str | None:
     """Why the `kernel` cannot run on this CPU (it is written for AVX-512), or None."""
     if "avx512f" not in host_flags():

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
+from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
+from .avx512 import avx512_problem, check_activations, load_avx512, module_source, pack_bias, rounded
 from .depthwise import residual_operand, windowed_input
 
 TILES = ((8, 3), (6, 4))  # (output pixels of a row, vectors of 16 output channels); the C++ instantiates these
@@ -199,9 +200,7 @@ class DirectConv:
         post_params: tuple[float, float] = (0.0, 0.0),
         tile: tuple[int, int] = (8, 3),
     ) -> None:
-        for name in (pre, post):
-            if name not in ACTIVATIONS:
-                raise ValueError(f"the CPU convolution kernel has no activation {name!r}; it has {ACTIVATIONS}")
+        check_activations("convolution", pre, post)
         if tuple(tile) not in TILES:
             raise ValueError(f"the CPU convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
         self.channels, self.in_channels = weight.shape[:2]

@@ -23,7 +23,16 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ABSENT, ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
+from .avx512 import (
+    ABSENT,
+    avx512_problem,
+    check_activations,
+    load_avx512,
+    module_source,
+    pack_bias,
+    rounded,
+)
+from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
 TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
 
@@ -311,8 +320,7 @@ class DepthwiseConv:
         act_params: tuple[float, float] = (0.0, 0.0),
         tile: int = 8,
     ) -> None:
-        if act not in ACTIVATIONS:
-            raise ValueError(f"the CPU depthwise kernel has no activation {act!r}; it has {ACTIVATIONS}")
+        check_activations("depthwise", act)
         if tile not in TILES:
             raise ValueError(f"the CPU depthwise kernel tiles {TILES} pixels, not {tile}")
         self.channels, self.kernel = weight.shape[0], tuple(weight.shape[2:])

@@ -22,7 +22,8 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
+from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
+from .avx512 import VECTOR_MATH, avx512_problem, check_activations, load_avx512, pack_bias
 
 # The 1×1 part's tiles (pixels, vectors of 16 output channels), those of `pointwise.TILES` that span a row of pixels;
 # the depthwise part's is 8 pixels.
@@ -165,9 +166,7 @@ class DepthwisePointwise:
         post_params: tuple[float, float] = (0.0, 0.0),
         tile: tuple[int, int] = (8, 3),
     ) -> None:
-        for name in (act, pre, post):
-            if name not in ACTIVATIONS:
-                raise ValueError(f"the CPU depthwise + 1×1 kernel has no activation {name!r}; it has {ACTIVATIONS}")
+        check_activations("depthwise + 1×1", act, pre, post)
         if tuple(tile) not in TILES:
             raise ValueError(f"the CPU depthwise + 1×1 kernel tiles {TILES} (pixels, vectors), not {tile}")
         if pw_weight.shape[1] != dw_weight.shape[0] or tuple(pw_weight.shape[2:]) != (1, 1):

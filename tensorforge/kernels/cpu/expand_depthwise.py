@@ -29,7 +29,8 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
-from .avx512 import ABSENT, ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias
+from .avx512 import ABSENT, VECTOR_MATH, avx512_problem, check_activations, load_avx512, pack_bias
+from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
 TILES = ((8, 3), (6, 4))  # the 1×1 parts' tiles (pixels, vectors of 16 output channels); the depthwise's is 8 pixels
 
@@ -283,9 +284,7 @@ class ExpandDepthwise:
         post_params: tuple[float, float] = (0.0, 0.0),
         tile: tuple[int, int] = (8, 3),
     ) -> None:
-        for name in (expand_act, act, pre, post):
-            if name not in ACTIVATIONS:
-                raise ValueError(f"the CPU 1×1 + depthwise kernel has no activation {name!r}; it has {ACTIVATIONS}")
+        check_activations("1×1 + depthwise", expand_act, act, pre, post)
         if tuple(tile) not in TILES:
             raise ValueError(f"the CPU 1×1 + depthwise kernel tiles {TILES} (pixels, vectors), not {tile}")
         expanded = expand_weight.shape[0]

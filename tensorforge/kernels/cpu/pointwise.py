@@ -24,7 +24,16 @@ import functools
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ABSENT, ACTIVATIONS, avx512_problem, load_avx512, module_source, pack_bias, rounded
+from .avx512 import (
+    ABSENT,
+    avx512_problem,
+    check_activations,
+    load_avx512,
+    module_source,
+    pack_bias,
+    rounded,
+)
+from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
 TILES = ((8, 3), (6, 4), (1, 8))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 SCALED_BYTES = 4 << 20  # with input-channel scales, the most their scaled copies (weights or inputs) take at once
@@ -298,9 +307,7 @@ class PointwiseConv:
         post_params: tuple[float, float] = (0.0, 0.0),
         tile: tuple[int, int] = (8, 3),
     ) -> None:
-        for name in (pre, post):
-            if name not in ACTIVATIONS:
-                raise ValueError(f"the CPU 1×1 convolution kernel has no activation {name!r}; it has {ACTIVATIONS}")
+        check_activations("1×1 convolution", pre, post)
         if tuple(tile) not in TILES:
             raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
         self.channels, self.in_channels = weight.shape[:2]

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import torch
 
 from ..activations import ACTIVATION_CODES
-from .avx512 import ACTIVATIONS, VECTOR_MATH, avx512_problem, load_avx512, pack_bias, rounded
+from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
+from .avx512 import VECTOR_MATH, avx512_problem, check_activations, load_avx512, pack_bias, rounded
 
 TILE = 8  # output pixels a tile
 MAX_CHANNELS = 4  # the most input channels the kernel takes
@@ -164,8 +165,7 @@ class StemConv:
         act: str = "",
         act_params: tuple[float, float] = (0.0, 0.0),
     ) -> None:
-        if act not in ACTIVATIONS:
-            raise ValueError(f"the CPU stem kernel has no activation {act!r}; it has {ACTIVATIONS}")
+        check_activations("stem", act)
         if weight.shape[1] > MAX_CHANNELS:
             raise ValueError(f"the CPU stem kernel takes at most {MAX_CHANNELS} input channels, not {weight.shape[1]}")
         self.channels, self.kernel = weight.shape[0], tuple(weight.shape[2:])
