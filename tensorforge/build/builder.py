@@ -51,7 +51,6 @@ from ..passes.cpu_blocks import CpuKernels, FuseCpuBlocks, FuseCpuExpansions
 from ..passes.pipeline import optimize
 from ..passes.quant_chain import chain_quantized, is_quantized_layer
 from ..quant.lower import restore_float
-from ..runtime import cpu_graph
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
 from ..runtime.plan import Layer, Plan
@@ -462,10 +461,7 @@ def _recorded(schedule: Schedule, feeds, device: torch.device) -> tuple[Callable
         if device.type == "cuda":
             graph, _ = capture(run)
         else:
-            problem = schedule.replay_problem
-            if problem:
-                raise cpu_graph.NotReplayable(problem)
-            graph, _ = cpu_graph.capture(run, list(feeds.values()))
+            graph, _ = schedule.record(feeds)
     except Exception as err:  # e.g. a kernel that reads a value back to the host or copies from pageable memory
         return None, f"not recordable, runs eagerly: {type(err).__name__}: {str(err)[:300]}"
     return graph.replay, None

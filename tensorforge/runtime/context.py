@@ -149,12 +149,7 @@ class ExecutionContext:
             if self.device.type == "cuda":
                 graph, outputs = capture(lambda: schedule.execute(static, arena=arena), pool=self._pool)
             else:
-                problem = schedule.replay_problem
-                if problem:
-                    raise cpu_graph.NotReplayable(problem)
-                scratch = () if arena is None else (arena,)
-                run = lambda: schedule.execute(static, arena=arena)  # noqa: E731
-                graph, outputs = cpu_graph.capture(run, list(static.values()), scratch, memory=self._kept)
+                graph, outputs = schedule.record(static, arena, memory=self._kept)
         except Exception as err:  # e.g. a kernel that reads a value back to the host
             self.eager_shapes[key] = f"{type(err).__name__}: {err}"
             return

@@ -38,7 +38,6 @@ import torch
 from ..errors import InputError, UnsupportedError
 from ..ir import qualified_op
 from ..ops.executor import bind_feeds
-from . import cpu_graph
 from .engine import Engine
 from .plan import Layer
 
@@ -202,17 +201,9 @@ def _replayed(schedule, bound, arena, runs: int, warmup: int) -> tuple[list[_Run
         yield
 
     static = {name: tensor.clone() for name, tensor in bound.items()}
-    problem = schedule.replay_problem
-    if problem:
-        return None, problem
     schedule.execute(static, arena=arena)  # warm-up, as a context runs before it records
     try:
-        graph, _ = cpu_graph.capture(
-            lambda: schedule.execute(static, around=at, arena=arena),
-            list(static.values()),
-            () if arena is None else (arena,),
-            tag=lambda: position[0],
-        )
+        graph, _ = schedule.record(static, arena, around=at, tag=lambda: position[0])
     except Exception as err:  # what an execution context would also run eagerly
         return None, f"{type(err).__name__}: {err}"
     layers = len(schedule.layers)

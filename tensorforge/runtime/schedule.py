@@ -24,6 +24,7 @@ from ..ops.registry import HOST_INPUTS
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
 from ..tactics.variant import ConstantCache, LayerKernel
+from . import cpu_graph
 from .plan import Layer
 
 Observer = Callable[[Value, Any], None]
@@ -100,6 +101,27 @@ class Schedule:
     @property
     def layers(self) -> list[Layer]:
         return [step.layer for step in self._steps]
+
+    def record(
+        self,
+        inputs: Mapping[str, Any],
+        arena: torch.Tensor | None = None,
+        around: Around | None = None,
+        tag: Callable[[], Any] | None = None,
+        memory: cpu_graph.KeptMemory | None = None,
+    ) -> tuple[cpu_graph.CpuGraph, Any]:
+        """A run on `inputs` (the tensors a replay reads) recorded as a CPU graph (`cpu_graph.capture`, its `tag`
+        and `memory`): the graph and its outputs. Raises `NotReplayable` where the run cannot be recorded."""
+        problem = self.replay_problem
+        if problem:
+            raise cpu_graph.NotReplayable(problem)
+        return cpu_graph.capture(
+            lambda: self.execute(inputs, around=around, arena=arena),
+            list(inputs.values()),
+            () if arena is None else (arena,),
+            tag=tag,
+            memory=memory,
+        )
 
     @property
     def replay_problem(self) -> str | None:
