@@ -1,8 +1,8 @@
 """CPU kernels of our own in C++, compiled once per machine with the host's compiler (`extension.load`) and cached:
 layers where the vendor path through torch pays a fixed cost per op that outweighs the work, or runs below the
-cores' peak (1×1, depthwise, stem and direct convolutions with their epilogues, a depthwise convolution and the 1×1
-after it in one pass, an expansion, depthwise and projection in one pass, squeeze-and-excitation as one call
-instead of seven)."""
+cores' peak (1×1, depthwise, stem, direct and Winograd convolutions with their epilogues, a depthwise convolution
+and the 1×1 after it in one pass, an expansion, depthwise and projection in one pass, squeeze-and-excitation as one
+call instead of seven)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ def compile_all() -> None:
     fresh two-core machine the first four took about 54 s together against 110 one after another. A kernel that
     cannot be built here is left to its tactic, which declines or reports it (`extension.load` remembers the
     error)."""
-    from . import conv, depthwise, depthwise_pointwise, expand_depthwise, pointwise, squeeze_excite, stem_conv
+    from . import conv, depthwise, depthwise_pointwise, expand_depthwise, pointwise, squeeze_excite, stem_conv, winograd
 
     loaders = (
         conv.module, depthwise.module, depthwise_pointwise.module, expand_depthwise.module, pointwise.module,
-        squeeze_excite.module, stem_conv.module,
+        squeeze_excite.module, stem_conv.module, winograd.module,
     )  # fmt: skip
     with ThreadPoolExecutor(len(loaders)) as pool:
         wait([pool.submit(loader) for loader in loaders])

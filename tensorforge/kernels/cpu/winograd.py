@@ -1,0 +1,384 @@
+"""Winograd convolution F(m×m, 3×3), m = 2 or 4, for 3×3 one-group layers at stride 1 on the CPU, in C++ with
+AVX-512, float32, channels_last, with the whole FusedConv epilogue inside.
+
+For an output tile Y (m×m) of one image, its input tile d (a×a, a = m + 2, zeros in the padding) and the filter g
+(3×3) of an (input, output) channel pair:
+
+    Y = Aᵀ [ Σ_c (G g Gᵀ) ⊙ (Bᵀ d B) ] A
+
+(Lavin & Gray's minimal filtering; `TRANSFORMS` holds Bᵀ, G and Aᵀ). The products become a² independent GEMMs,
+M_ξ [tiles, K] = V_ξ [tiles, C] · U_ξ [C, K] for ξ = 0 … a² − 1: a² multiplications per tile and channel pair
+instead of 9m² — 2.25× fewer for m = 2, 4× for m = 4 — at the price of the transforms and of a weight a²/9 times
+larger (U, packed once). F(4×4, 3×3) uses the points 0, ±1, ±2: its float32 error is a few times the direct
+sum's (about 1e-6 of the output's range on ResNet's layers, within the fp32 tolerance of 1e-4).
+
+A call works on items of `tiles` output tiles × a range of output channels, each on one thread, with everything
+it touches in the core's L2: the input transform of its tiles (V, a² × tiles × C), then, per block of `vectors`
+× 16 output channels, the a² products (`accumulate`, the 1×1 kernel's register tile: `rows` tiles × `vectors`
+vectors) into a scratch M (a² × tiles × 16·vectors), then the output transform of each tile with the bias, the
+activations and the residual, stored. With fewer tile blocks than twice the threads, the output channels are
+split between items too (each then transforms its tiles' input again: a² loads and adds a tile, against C·K·a²
+multiplications). Where it loses: few pixels and many channels (ResNet's 7×7 layers at batch 1), where U (a²·C·K
+floats, 37.7 MB for 512 → 512 at m = 4) is streamed from memory for little work; the autotuner decides.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from fractions import Fraction as F
+
+import torch
+
+from ..activations import ACTIVATION_CODES
+from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
+from .avx512 import avx512_problem, check_activations, load_avx512, module_source, pack_bias, rounded
+from .depthwise import residual_operand, windowed_input
+
+# Bᵀ (a×a), G (a×3) and Aᵀ (m×a) for each output tile size m.
+TRANSFORMS = {
+    2: (
+        ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+        ((1, 0, 0), (F(1, 2), F(1, 2), F(1, 2)), (F(1, 2), F(-1, 2), F(1, 2)), (0, 0, 1)),
+        ((1, 1, 1, 0), (0, 1, -1, -1)),
+    ),
+    4: (
+        (
+            (4, 0, -5, 0, 1, 0),
+            (0, -4, -4, 1, 1, 0),
+            (0, 4, -4, -1, 1, 0),
+            (0, -2, -1, 2, 1, 0),
+            (0, 2, -1, -2, 1, 0),
+            (0, 4, 0, -5, 0, 1),
+        ),
+        (
+            (F(1, 4), 0, 0),
+            (F(-1, 6), F(-1, 6), F(-1, 6)),
+            (F(-1, 6), F(1, 6), F(-1, 6)),
+            (F(1, 24), F(1, 12), F(1, 6)),
+            (F(1, 24), F(-1, 12), F(1, 6)),
+            (0, 0, 1),
+        ),
+        ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1)),
+    ),
+}
+TILES = ((8, 3), (6, 4))  # (output tiles of a product's register tile, vectors of 16 output channels)
+SCRATCH_BYTES = 512 << 10  # an item's V and M together, at most (at least `rows` tiles an item)
+
+CORE = r"""
+
+// out[i·os] = Σ_k T[i][k] · in[k·is] for a constant R×S matrix T: the zero, one and minus one entries cost
+// nothing or an add (the loops are unrolled, so the tests on T's entries fold away).
+template <int R, int S>
+[[gnu::always_inline]] inline void combine(const float (&T)[R][S], const __m512* in, int is, __m512* out, int os) {
+  #pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    __m512 s = _mm512_setzero_ps();
+    bool started = false;
+    #pragma GCC unroll 8
+    for (int k = 0; k < S; ++k) {
+      const float c = T[i][k];
+      if (c == 0.f) continue;
+      const __m512 x = in[k * is];
+      if (!started) s = c == 1.f ? x : c == -1.f ? _mm512_sub_ps(_mm512_setzero_ps(), x)
+                                                  : _mm512_mul_ps(_mm512_set1_ps(c), x);
+      else s = c == 1.f ? _mm512_add_ps(s, x) : c == -1.f ? _mm512_sub_ps(s, x)
+                                                          : _mm512_fmadd_ps(_mm512_set1_ps(c), x, s);
+      started = true;
+    }
+    out[i * os] = s;
+  }
+}
+
+inline __mmask16 mask_of(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+
+struct Conv {
+  int64_t C, Cp, H, W, K, Kp, ph, pw, OH, OW, TH, TW;
+  int64_t xN, xH, xW, yN, yH, yW, zN, zH, zW;  // element strides (channels contiguous)
+  const float* x;
+  const float* u;  // per block of NV output vectors, a² matrices [C, 16·nv] (nv: the block's vectors)
+  const float* b;  // [Kp]
+  const float* z;  // the residual, or null
+  float* y;
+  int64_t pre, post;
+  __m512 pre0, pre1, post0, post1;
+};
+
+// Tile p's input transform, channels c0 … c0+15 (lanes past C masked): Bᵀ d B into v[ξ·stride], ξ = 0 … a²−1.
+template <int M>
+inline void input_tile(const Conv& q, int64_t p, int64_t c0, float* v, int64_t stride) {
+  constexpr int A = M + 2;
+  const int64_t tw = p % q.TW, th = (p / q.TW) % q.TH, n = p / (q.TW * q.TH);
+  const int64_t h0 = th * M - q.ph, w0 = tw * M - q.pw;
+  const __mmask16 cm = mask_of(q.C - c0);
+  __m512 d[A * A], t[A * A];
+  #pragma GCC unroll 8
+  for (int i = 0; i < A; ++i) {
+    const int64_t h = h0 + i;
+    #pragma GCC unroll 8
+    for (int j = 0; j < A; ++j) {
+      const int64_t w = w0 + j;
+      d[i * A + j] = h >= 0 && h < q.H && w >= 0 && w < q.W
+                         ? _mm512_maskz_loadu_ps(cm, q.x + n * q.xN + h * q.xH + w * q.xW + c0)
+                         : _mm512_setzero_ps();
+    }
+  }
+  #pragma GCC unroll 8
+  for (int j = 0; j < A; ++j) combine(Transform<M>::BT, d + j, A, t + j, A);          // Bᵀ d, a column at a time
+  #pragma GCC unroll 8
+  for (int i = 0; i < A; ++i) combine(Transform<M>::BT, t + i * A, 1, d + i * A, 1);  // (Bᵀ d) B, a row at a time
+  #pragma GCC unroll 64
+  for (int x = 0; x < A * A; ++x) _mm512_mask_storeu_ps(v + x * stride, cm, d[x]);
+}
+
+// Tile p's output transform for output channels k0 … k0+15 from m[ξ·stride]: Aᵀ m A, the bias, the epilogue.
+template <int M>
+inline void output_tile(const Conv& q, int64_t p, int64_t k0, const float* m, int64_t stride) {
+  constexpr int A = M + 2;
+  const int64_t tw = p % q.TW, th = (p / q.TW) % q.TH, n = p / (q.TW * q.TH);
+  const int64_t oh0 = th * M, ow0 = tw * M;
+  const int rows = int(std::min<int64_t>(M, q.OH - oh0)), cols = int(std::min<int64_t>(M, q.OW - ow0));
+  const __mmask16 km = mask_of(q.K - k0);
+  __m512 s[A * A], t[M * A], o[M * M];
+  #pragma GCC unroll 64
+  for (int x = 0; x < A * A; ++x) s[x] = _mm512_loadu_ps(m + x * stride);
+  #pragma GCC unroll 8
+  for (int j = 0; j < A; ++j) combine(Transform<M>::AT, s + j, A, t + j, A);          // Aᵀ s
+  #pragma GCC unroll 8
+  for (int i = 0; i < M; ++i) combine(Transform<M>::AT, t + i * A, 1, o + i * M, 1);  // (Aᵀ s) A
+  const __m512 bias = _mm512_loadu_ps(q.b + k0);
+  #pragma GCC unroll 16
+  for (int x = 0; x < M * M; ++x) o[x] = _mm512_add_ps(o[x], bias);
+  activate_tile<M * M>(o, M * M, q.pre, q.pre0, q.pre1);
+  if (q.z) {
+    const float* z = q.z + n * q.zN + oh0 * q.zH + ow0 * q.zW + k0;
+    #pragma GCC unroll 8
+    for (int i = 0; i < M; ++i)
+      #pragma GCC unroll 8
+      for (int j = 0; j < M; ++j)
+        if (i < rows && j < cols)
+          o[i * M + j] = _mm512_add_ps(o[i * M + j], _mm512_maskz_loadu_ps(km, z + i * q.zH + j * q.zW));
+  }
+  activate_tile<M * M>(o, M * M, q.post, q.post0, q.post1);
+  float* y = q.y + n * q.yN + oh0 * q.yH + ow0 * q.yW + k0;
+  #pragma GCC unroll 8
+  for (int i = 0; i < M; ++i)
+    #pragma GCC unroll 8
+    for (int j = 0; j < M; ++j)
+      if (i < rows && j < cols) _mm512_mask_storeu_ps(y + i * q.yH + j * q.yW, km, o[i * M + j]);
+}
+
+// One block of NV output vectors from vector `vector` (U's block at u) for the item's `count` tiles from p0:
+// the a² products into mm (a² × tiles × 16·stride_vectors), then each tile's output transform.
+template <int M, int MR, int NV>
+void block(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const float* v, float* mm,
+           int64_t stride_vectors, const float* u, int64_t vector) {
+  constexpr int A = M + 2;
+  const int64_t C = q.C, row = 16 * stride_vectors;
+  for (int x = 0; x < A * A; ++x) {
+    const float* w = u + x * C * 16 * NV;
+    for (int64_t t0 = 0; t0 < count; t0 += MR) {
+      __m512 acc[MR * NV];
+      #pragma GCC unroll 32
+      for (int i = 0; i < MR * NV; ++i) acc[i] = _mm512_setzero_ps();
+      const float* a[MR];
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) a[r] = v + (x * tiles + std::min<int64_t>(t0 + r, count - 1)) * q.Cp;
+      accumulate<MR, NV>(acc, a, w, C);
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        if (t0 + r >= count) break;
+        #pragma GCC unroll 8
+        for (int i = 0; i < NV; ++i) _mm512_storeu_ps(mm + (x * tiles + t0 + r) * row + 16 * i, acc[r * NV + i]);
+      }
+    }
+  }
+  for (int64_t t = 0; t < count; ++t)
+    for (int i = 0; i < NV; ++i) output_tile<M>(q, p0 + t, 16 * (vector + i), mm + t * row + 16 * i, tiles * row);
+}
+
+// The block of output vectors from `vector`, `left` of them (fewer than NV: the last block): that width's block.
+template <int M, int MR, int R>
+void narrower(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const float* v, float* mm,
+              int64_t stride_vectors, const float* u, int64_t vector, int64_t left) {
+  if constexpr (R > 0) {
+    if (left == R) block<M, MR, R>(q, p0, count, tiles, v, mm, stride_vectors, u, vector);
+    else narrower<M, MR, R - 1>(q, p0, count, tiles, v, mm, stride_vectors, u, vector, left);
+  }
+}
+
+// Items: `tiles` consecutive output tiles (over images, tile rows, tile columns) × a chunk of blocks of NV output
+// vectors; an item's V and M live in a scratch of its thread.
+template <int M, int MR, int NV>
+void run(const Conv& q, int64_t N, int64_t tiles) {
+  constexpr int A = M + 2;
+  const int64_t P = N * q.TH * q.TW, groups = (P + tiles - 1) / tiles;
+  const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
+  const int64_t chunks = std::min(blocks, std::max<int64_t>(1, (2 * at::get_num_threads() + groups - 1) / groups));
+  const int64_t per_chunk = (blocks + chunks - 1) / chunks;
+  at::parallel_for(0, groups * chunks, 1, [&](int64_t first, int64_t last) {
+    static thread_local std::vector<float> scratch;
+    const size_t need = size_t(A * A * tiles * (q.Cp + 16 * NV));
+    if (scratch.size() < need) scratch.resize(need);
+    float* v = scratch.data();
+    float* mm = v + A * A * tiles * q.Cp;
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t group = item / chunks, chunk = item % chunks;
+      const int64_t p0 = group * tiles, count = std::min(tiles, P - p0);
+      const int64_t b0 = chunk * per_chunk, b1 = std::min(blocks, b0 + per_chunk);
+      if (b0 >= b1) continue;
+      for (int64_t t = 0; t < count; ++t)
+        for (int64_t c0 = 0; c0 < q.C; c0 += 16) input_tile<M>(q, p0 + t, c0, v + t * q.Cp + c0, tiles * q.Cp);
+      for (int64_t b = b0; b < b1; ++b) {
+        const float* u = q.u + b * A * A * q.C * 16 * NV;
+        const int64_t vector = b * NV;
+        if (vectors - vector >= NV) block<M, MR, NV>(q, p0, count, tiles, v, mm, NV, u, vector);
+        else narrower<M, MR, NV - 1>(q, p0, count, tiles, v, mm, NV, u, vector, vectors - vector);
+      }
+    }
+  });
+}
+
+"""
+
+ENTRY = r"""
+
+// x [N, C, H, W] and y [N, K, OH, OW] channels_last (any pixel strides, channels contiguous), z as y or empty;
+// u packed (`pack_weight`) for the output tile m, b [Kp]. Writes y.
+void winograd(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
+              int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0,
+              double post1, int64_t rows, int64_t vectors, int64_t tiles) {
+  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "winograd: channels must be contiguous (channels_last)");
+  TORCH_CHECK(!z.numel() || z.stride(1) == 1, "winograd: the residual's channels must be contiguous");
+  const int64_t C = x.size(1), a = m + 2;
+  TORCH_CHECK(m == 2 || m == 4, "winograd: output tiles of 2×2 or 4×4, not ", m);
+  TORCH_CHECK(u.numel() == a * a * C * b.size(0), "winograd: a weight of ", u.numel(), " values for ", C,
+              " input channels and ", a, "×", a, " input tiles");
+  const int64_t OH = y.size(2), OW = y.size(3);
+  const Conv q{C, (C + 15) / 16 * 16, x.size(2), x.size(3), y.size(1), b.size(0), ph, pw, OH, OW,
+               (OH + m - 1) / m, (OW + m - 1) / m,
+               x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
+               z.numel() ? z.stride(0) : 0, z.numel() ? z.stride(2) : 0, z.numel() ? z.stride(3) : 0,
+               x.data_ptr<float>(), u.data_ptr<float>(), b.data_ptr<float>(),
+               z.numel() ? z.data_ptr<float>() : nullptr, y.data_ptr<float>(), pre, post,
+               _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
+               _mm512_set1_ps(float(post1))};
+  const int64_t N = x.size(0);
+  TORCH_CHECK(tiles >= rows, "winograd: at least ", rows, " tiles an item, not ", tiles);
+  if (m == 4 && rows == 8 && vectors == 3) run<4, 8, 3>(q, N, tiles);
+  else if (m == 4 && rows == 6 && vectors == 4) run<4, 6, 4>(q, N, tiles);
+  else if (m == 2 && rows == 8 && vectors == 3) run<2, 8, 3>(q, N, tiles);
+  else if (m == 2 && rows == 6 && vectors == 4) run<2, 6, 4>(q, N, tiles);
+  else TORCH_CHECK(false, "winograd: no tile of ", rows, " tiles by ", vectors, " vectors (8×3 or 6×4)");
+}
+"""
+
+
+def _matrix(name: str, rows: tuple) -> str:
+    """A constant matrix as a C++ static constexpr member."""
+    body = ", ".join("{" + ", ".join(f"{float(c)!r}f" for c in row) + "}" for row in rows)
+    return f"  static constexpr float {name}[{len(rows)}][{len(rows[0])}] = {{{body}}};\n"
+
+
+def _transform_source() -> str:
+    """`Transform<m>::BT` and `::AT` for each output tile size m (from `TRANSFORMS`)."""
+    parts = ["template <int M> struct Transform;\n"]
+    for m, (bt, _, at) in TRANSFORMS.items():
+        parts.append(f"template <> struct Transform<{m}> {{\n" + _matrix("BT", bt) + _matrix("AT", at) + "};\n")
+    return "\n" + "".join(parts)
+
+
+SOURCE = module_source(_transform_source() + CORE, ENTRY)
+
+
+def problem() -> str | None:
+    """Why the kernel cannot run on this CPU, or None."""
+    return avx512_problem("Winograd convolution")
+
+
+def pack_weight(w: torch.Tensor, m: int, vectors: int) -> torch.Tensor:
+    """A 3×3 convolution's weight [K, C, 3, 3] transformed, U = G g Gᵀ (in float64, then float32), as blocks of
+    `vectors` × 16 output channels (the last narrower; zeros past K), each a² matrices [C, 16·vectors] (ξ = 0 …
+    a²−1) one after the other: flat, a²·C · K rounded up to 16."""
+    k, c = w.shape[:2]
+    g = torch.tensor([[float(v) for v in row] for row in TRANSFORMS[m][1]], dtype=torch.float64)
+    a = g.shape[0]
+    u = torch.einsum("ai,kcij,bj->abck", g, w.detach().double(), g).reshape(a * a, c, k)  # [ξ, C, K]
+    padded = torch.zeros(a * a, c, rounded(k), dtype=torch.float32)
+    padded[:, :, :k] = u
+    return torch.cat([block.reshape(-1) for block in padded.split(16 * vectors, dim=2)])
+
+
+def tiles_per_item(m: int, channels: int, vectors: int, rows: int) -> int:
+    """Output tiles an item works on: as many whole register tiles (`rows` tiles) as keep its input transform
+    (a² × tiles × C) and products (a² × tiles × 16·vectors) within `SCRATCH_BYTES`, at least one."""
+    a = m + 2
+    fit = SCRATCH_BYTES // (4 * a * a * (rounded(channels) + 16 * vectors))
+    return max(rows, fit // rows * rows)
+
+
+class WinogradConv:
+    """A 3×3 one-group convolution at stride 1 ready to run by Winograd's F(m×m, 3×3): its weight [K, C, 3, 3]
+    transformed and packed, its bias, epilogue (activations by name, `ACTIVATIONS`, with their parameters as
+    `kernels.activations.activation_args` gives them) and register tile checked, once; calls give the input, its
+    padding and the output's size."""
+
+    __slots__ = ("_bias", "_epilogue", "_module", "_tiles", "_weight", "channels", "in_channels", "kernel", "m")
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        m: int = 4,
+        pre: str = "",
+        pre_params: tuple[float, float] = (0.0, 0.0),
+        post: str = "",
+        post_params: tuple[float, float] = (0.0, 0.0),
+        tile: tuple[int, int] = (8, 3),
+    ) -> None:
+        check_activations("Winograd convolution", pre, post)
+        if m not in TRANSFORMS:
+            raise ValueError(f"the CPU Winograd kernel computes output tiles of {tuple(TRANSFORMS)} pixels, not {m}")
+        if tuple(tile) not in TILES:
+            raise ValueError(f"the CPU Winograd kernel tiles {TILES} (tiles, vectors), not {tile}")
+        if weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
+            raise ValueError(f"Winograd F(m×m, 3×3) takes a 3×3 weight [K, C, 3, 3], not {tuple(weight.shape)}")
+        self.channels, self.in_channels = weight.shape[:2]
+        self.kernel, self.m = (3, 3), m
+        self._weight, self._bias = pack_weight(weight, m, tile[1]), pack_bias(bias, self.channels)
+        self._tiles = tiles_per_item(m, self.in_channels, tile[1], tile[0])
+        self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
+        self._module = module()
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        pads: Sequence[int],
+        out_hw: Sequence[int],
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """post(pre(conv(x) + bias) + residual) for x [N, C, H, W] float32 (made channels_last unless its channels
+        are contiguous), `pads` the leading (top, left) padding, `out_hw` the output's size (which fixes the trailing
+        padding) and the residual [N, K, OH, OW] or None; into `out` (contiguous channels) or a new channels_last
+        tensor, which is returned."""
+        x = windowed_input(x, pads, out_hw)
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f"x has {x.shape[1]} channels; this convolution takes {self.in_channels}")
+        shape = (x.shape[0], self.channels, *out_hw)
+        if out is None:
+            out = torch.empty(shape, memory_format=torch.channels_last)
+        elif out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
+            raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
+                             f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+        z = residual_operand(residual, shape)
+        self._module.winograd(x, self._weight, self._bias, z, out, self.m, *pads, *self._epilogue, self._tiles)
+        return out
+
+
+@functools.cache
+def module():
+    """The compiled extension (built on first use, then loaded from the cache)."""
+    return load_avx512("winograd", SOURCE, "Winograd convolution")
