@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from conv_sweep import describe, distinct_convs
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.conv_sweep import describe, distinct_convs
 from tensorforge.ir import Node
 from tensorforge.tactics.autotune import autotune
 
@@ -73,7 +76,7 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help="zoo model (repeatable; default resnet50)")
     parser.add_argument("--batch", action="append", type=int, help="batch size (repeatable; default 1)")
@@ -82,7 +85,7 @@ def main() -> None:
     parser.add_argument("--window", help="only layers of this window, e.g. 3x3")
     parser.add_argument("--effort", type=int, default=0, help="tuning effort (0-2)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = {"device": "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "runs": []}
     for name in args.model or ["resnet50"]:
         for batch in args.batch or [1]:
