@@ -5,8 +5,8 @@ An int8 layer is not always faster than its float version: small or depthwise co
 quantizing their input than they save. `fallback.float-conv` lets the autotuner time the layer in float too, as
 TensorRT does with precisions that are allowed rather than required: the weight dequantized once (`Wq · Ws`), the
 activation left unquantized, then a float FusedConv kernel (oneDNN's or cuDNN's fused convolution, our CPU 1×1,
-depthwise, stem and direct kernels, our Triton one or torch's convolution: the configurations of this tactic). Its
-results are those of the float layer, not of the int8 one, so the autotuner checks it against that layer
+depthwise, stem, direct and Winograd kernels, our Triton one or torch's convolution: the configurations of this
+tactic). Its results are those of the float layer, not of the int8 one, so the autotuner checks it against that layer
 (`Tactic.semantics`): it is at least as accurate as the quantized layer it replaces.
 
 Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
@@ -44,6 +44,7 @@ _INNER = {
         "cpu.depthwise",
         "cpu.stem-conv",
         "cpu.conv",
+        "cpu.winograd",
         "vendor.cudnn-fused",
         "triton.conv-igemm",
         "triton.conv-s2d",
