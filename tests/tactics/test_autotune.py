@@ -95,7 +95,7 @@ def test_wrong_and_failing_candidates_score_inf_and_the_build_goes_on(broken_tac
     notes = {c.tactic: c for c in choice.candidates}
     assert notes["test.wrong"].median_ms == math.inf and "wrong result" in notes["test.wrong"].note
     assert notes["test.raising"].median_ms == math.inf and "cannot compile" in notes["test.raising"].note
-    assert choice.tactic in ("reference.registry", "vendor.torch-direct", "vendor.onednn-fused")
+    assert not choice.tactic.startswith("test.") and math.isfinite(choice.median_ms)  # a correct tactic won
 
 
 def test_a_warm_timing_cache_re_times_nothing(monkeypatch):
