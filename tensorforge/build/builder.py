@@ -63,7 +63,7 @@ from ..tactics.timing_cache import TimingCache, device_key, signature, software_
 from ..tactics.variant import ConstantCache, has_float_activation, layout_free
 from .concat_views import concat_views, prefer_concat_into
 from .config import BuildConfig, Profile, QuantizationConfig
-from .memory import plan_graph
+from .memory import MemoryPlan, plan_graph
 from .quantize import quantize_model
 
 LayerCallback = Callable[[int, int, Node, Choice], None]
@@ -180,14 +180,7 @@ class Builder:
             layers, selection = self._select(model, profile, greedy, precisions, cache, constants)
             observed = self._observe(model, layers, {name: r.max for name, r in profile.ranges.items()}, constants)
             layers = prefer_concat_into(model, layers, observed.shapes, observed.dtypes)
-            memory = plan_graph(
-                model.graph,
-                observed.shapes,
-                dtypes=observed.dtypes,
-                exclude=observed.others,
-                outside=_allocated_by_kernels(model, layers),
-                views=concat_views(model, layers, observed.shapes, observed.dtypes),
-            )
+            memory = _memory_plan(model, layers, observed)
             tuned = {name: r.opt for name, r in profile.ranges.items()}
             plans.append(Plan(profile, tuple(layers), memory, tuned))
             selections.append(selection)
@@ -545,13 +538,36 @@ def _specialize(model: Model, profiles: list[Profile]) -> None:
     infer_model(model, check=False)
 
 
-def _allocated_by_kernels(model: Model, layers: list[Layer]) -> set[str]:
-    """Outputs of the layers whose tactics allocate them (not `writes_into`): they stay out of the arena."""
+def _memory_plan(model: Model, layers: list[Layer], observed) -> MemoryPlan:
+    """The arena for `layers` (at the shapes and dtypes one run `observed`), with the tensors their producers can
+    write inside the concatenations reading them placed there (`concat_views`). Planned again where the planner
+    could not place some of them (a concatenation that is a graph output), so that a tactic with
+    `arena_for_concatenations` allocates those rather than taking arena space it was given for a view."""
+    views = concat_views(model, layers, observed.shapes, observed.dtypes)
+    while True:
+        memory = plan_graph(
+            model.graph,
+            observed.shapes,
+            dtypes=observed.dtypes,
+            exclude=observed.others,
+            outside=_allocated_by_kernels(model, layers, views),
+            views=views,
+        )
+        if memory.views.keys() == views.keys():
+            return memory
+        views = dict(memory.views)
+
+
+def _allocated_by_kernels(model: Model, layers: list[Layer], views: Mapping[str, Any]) -> set[str]:
+    """Outputs of the layers whose tactics allocate them (not `writes_into`; with `arena_for_concatenations`, those
+    not placed inside a concatenation, `views`): they stay out of the arena."""
     names = set()
     for layer in layers:
         tactic = tactic_by_key(layer.tactic)
-        if tactic is None or not tactic.writes_into:
-            names.update(v.name for v in model.graph.nodes[layer.node].outputs if v.name)
+        writes = tactic is not None and tactic.writes_into
+        for value in model.graph.nodes[layer.node].outputs:
+            if value.name and (not writes or (tactic.arena_for_concatenations and value.name not in views)):
+                names.add(value.name)
     return names
 
 

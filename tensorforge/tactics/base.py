@@ -20,7 +20,9 @@ an fp16 NHWC layer): the variant converts only the constants, and the kernels wr
 with `strided_inputs` reads 4-D inputs through their strides: an NHWC variant passes it a channel slice of a
 channels_last tensor (a tensor written inside its concatenation, `build.concat_views`) as it is, not copied;
 one with `strided_outputs` writes through the strides of the buffers `alloc` gives, so the memory plan may place
-its outputs inside a concatenation.
+its outputs inside a concatenation. One with `arena_for_concatenations` too has only those outputs placed in the
+arena; it allocates the others (our CPU kernels: on the CPU a fresh buffer is one just freed and still in cache,
+and MobileNetV3 ran 2-5% slower with every output of theirs in the arena).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Tactic:
     converts_on_load: ClassVar[bool] = False  # activations reach its kernels unconverted (module docstring)
     strided_inputs: ClassVar[bool] = False  # channel slices of channels_last tensors reach it uncopied
     strided_outputs: ClassVar[bool] = False  # its kernels write through the strides of the buffers given
+    arena_for_concatenations: ClassVar[bool] = False  # the plan puts only outputs inside concatenations there
 
     @property
     def key(self) -> str:

@@ -277,3 +277,28 @@ def test_a_concatenation_with_a_constant_input_is_left_alone(strided):
     values = [v for n in graph.nodes for v in n.outputs]
     shapes = {v.name: tuple(v.shape) for v in values if v.shape is not None}
     assert concat_views(model, layers, shapes, {v.name: v.dtype for v in values}) == {}
+
+
+def test_our_cpu_convolutions_write_into_their_concatenations_and_allocate_the_rest():
+    """A CPU build of the detector: our convolution kernels write the tensors the plan places inside concatenations
+    there, and only those (their other outputs stay outside the arena); run in a NaN-poisoned arena, it matches the
+    reference executor."""
+    from tensorforge.kernels.cpu import conv
+    from tensorforge.kernels.cpu.extension import compiler_problem
+
+    if compiler_problem() or conv.problem():
+        pytest.skip("our CPU kernels do not run here")
+    model = import_model(zoo.export("yolo", dynamic_batch=False, size=64))
+    engine = build_engine(model, BuildConfig(effort=0))
+    plan, nodes = engine.plans[0], engine.model.graph.nodes
+    ours = {
+        nodes[layer.node].outputs[0].name
+        for layer in plan.layers
+        if tactic_by_key(layer.tactic).arena_for_concatenations
+    }
+    memory = plan.memory
+    in_place = ours & set(memory.views)
+    assert len(in_place) >= 8, memory.views
+    assert ours & set(memory.offsets) == in_place  # the others are allocated by their kernels
+    assert (ours - in_place) <= set(memory.outside)
+    _run_matches_the_reference(model, engine, list(plan.layers), memory)
