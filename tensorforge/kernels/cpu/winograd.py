@@ -107,33 +107,43 @@ struct Conv {
 };
 
 // Tile p's input transform, channels c0 … c0+15 (lanes past C masked): Bᵀ d B into v[ξ·stride], ξ = 0 … a²−1.
+// A row of d at a time (its a loads, then d_i B), then a column of the rows at a time (Bᵀ, then the a stores), so
+// that no more than a row and the a² products are live; a row in the padding is zeros, and so is its product.
 template <int M>
 inline void input_tile(const Conv& q, int64_t p, int64_t c0, float* v, int64_t stride) {
   constexpr int A = M + 2;
   const int64_t tw = p % q.TW, th = (p / q.TW) % q.TH, n = p / (q.TW * q.TH);
   const int64_t h0 = th * M - q.ph, w0 = tw * M - q.pw;
+  const bool columns_inside = w0 >= 0 && w0 + A <= q.W;
   const __mmask16 cm = mask_of(q.C - c0);
-  __m512 d[A * A], t[A * A];
+  __m512 t[A * A];
   #pragma GCC unroll 8
   for (int i = 0; i < A; ++i) {
     const int64_t h = h0 + i;
-    #pragma GCC unroll 8
-    for (int j = 0; j < A; ++j) {
-      const int64_t w = w0 + j;
-      d[i * A + j] = h >= 0 && h < q.H && w >= 0 && w < q.W
-                         ? _mm512_maskz_loadu_ps(cm, q.x + n * q.xN + h * q.xH + w * q.xW + c0)
-                         : _mm512_setzero_ps();
+    if (h < 0 || h >= q.H) {
+      #pragma GCC unroll 8
+      for (int j = 0; j < A; ++j) t[i * A + j] = _mm512_setzero_ps();
+      continue;
     }
+    const float* row = q.x + n * q.xN + h * q.xH + w0 * q.xW + c0;
+    __m512 d[A];
+    #pragma GCC unroll 8
+    for (int j = 0; j < A; ++j)
+      d[j] = columns_inside || (w0 + j >= 0 && w0 + j < q.W) ? _mm512_maskz_loadu_ps(cm, row + j * q.xW)
+                                                              : _mm512_setzero_ps();
+    combine(Transform<M>::BT, d, 1, t + i * A, 1);  // d_i B
   }
   #pragma GCC unroll 8
-  for (int j = 0; j < A; ++j) combine(Transform<M>::BT, d + j, A, t + j, A);          // Bᵀ d, a column at a time
-  #pragma GCC unroll 8
-  for (int i = 0; i < A; ++i) combine(Transform<M>::BT, t + i * A, 1, d + i * A, 1);  // (Bᵀ d) B, a row at a time
-  #pragma GCC unroll 64
-  for (int x = 0; x < A * A; ++x) _mm512_mask_storeu_ps(v + x * stride, cm, d[x]);
+  for (int j = 0; j < A; ++j) {
+    __m512 o[A];
+    combine(Transform<M>::BT, t + j, A, o, 1);  // Bᵀ (d B), column j
+    #pragma GCC unroll 8
+    for (int i = 0; i < A; ++i) _mm512_mask_storeu_ps(v + (i * A + j) * stride, cm, o[i]);
+  }
 }
 
-// Tile p's output transform for output channels k0 … k0+15 from m[ξ·stride]: Aᵀ m A, the bias, the epilogue.
+// Tile p's output transform for output channels k0 … k0+15 from m[ξ·stride]: Aᵀ m A, the bias, the epilogue; a
+// row of m at a time (m_i A), then a column of output pixels at a time (Aᵀ, the epilogue, the stores).
 template <int M>
 inline void output_tile(const Conv& q, int64_t p, int64_t k0, const float* m, int64_t stride) {
   constexpr int A = M + 2;
@@ -141,33 +151,44 @@ inline void output_tile(const Conv& q, int64_t p, int64_t k0, const float* m, in
   const int64_t oh0 = th * M, ow0 = tw * M;
   const int rows = int(std::min<int64_t>(M, q.OH - oh0)), cols = int(std::min<int64_t>(M, q.OW - ow0));
   const __mmask16 km = mask_of(q.K - k0);
-  __m512 s[A * A], t[M * A], o[M * M];
-  #pragma GCC unroll 64
-  for (int x = 0; x < A * A; ++x) s[x] = _mm512_loadu_ps(m + x * stride);
+  __m512 u[A * M];
   #pragma GCC unroll 8
-  for (int j = 0; j < A; ++j) combine(Transform<M>::AT, s + j, A, t + j, A);          // Aᵀ s
-  #pragma GCC unroll 8
-  for (int i = 0; i < M; ++i) combine(Transform<M>::AT, t + i * A, 1, o + i * M, 1);  // (Aᵀ s) A
-  const __m512 bias = _mm512_loadu_ps(q.b + k0);
-  #pragma GCC unroll 16
-  for (int x = 0; x < M * M; ++x) o[x] = _mm512_add_ps(o[x], bias);
-  activate_tile<M * M>(o, M * M, q.pre, q.pre0, q.pre1);
-  if (q.z) {
-    const float* z = q.z + n * q.zN + oh0 * q.zH + ow0 * q.zW + k0;
+  for (int i = 0; i < A; ++i) {
+    __m512 s[A];
     #pragma GCC unroll 8
-    for (int i = 0; i < M; ++i)
-      #pragma GCC unroll 8
-      for (int j = 0; j < M; ++j)
-        if (i < rows && j < cols)
-          o[i * M + j] = _mm512_add_ps(o[i * M + j], _mm512_maskz_loadu_ps(km, z + i * q.zH + j * q.zW));
+    for (int j = 0; j < A; ++j) s[j] = _mm512_loadu_ps(m + (i * A + j) * stride);
+    combine(Transform<M>::AT, s, 1, u + i * M, 1);  // m_i A
   }
-  activate_tile<M * M>(o, M * M, q.post, q.post0, q.post1);
+  const __m512 bias = _mm512_loadu_ps(q.b + k0);
+  const float* z = q.z ? q.z + n * q.zN + oh0 * q.zH + ow0 * q.zW + k0 : nullptr;
   float* y = q.y + n * q.yN + oh0 * q.yH + ow0 * q.yW + k0;
   #pragma GCC unroll 8
-  for (int i = 0; i < M; ++i)
+  for (int j = 0; j < M; ++j) {
+    if (j >= cols) break;
+    __m512 o[M];
+    combine(Transform<M>::AT, u + j, M, o, 1);  // Aᵀ (m A), output column j
     #pragma GCC unroll 8
-    for (int j = 0; j < M; ++j)
-      if (i < rows && j < cols) _mm512_mask_storeu_ps(y + i * q.yH + j * q.yW, km, o[i * M + j]);
+    for (int i = 0; i < M; ++i) o[i] = _mm512_add_ps(o[i], bias);
+    activate_tile<M>(o, rows, q.pre, q.pre0, q.pre1);
+    if (z) {
+      #pragma GCC unroll 8
+      for (int i = 0; i < M; ++i)
+        if (i < rows) o[i] = _mm512_add_ps(o[i], _mm512_maskz_loadu_ps(km, z + i * q.zH + j * q.zW));
+    }
+    activate_tile<M>(o, rows, q.post, q.post0, q.post1);
+    #pragma GCC unroll 8
+    for (int i = 0; i < M; ++i)
+      if (i < rows) _mm512_mask_storeu_ps(y + i * q.yH + j * q.yW, km, o[i]);
+  }
+}
+
+// The distance between V's (or M's) matrices for consecutive ξ, in floats: `floats` rounded to whole cache lines,
+// plus one line unless that makes an odd number of lines. A tile's a² values are one matrix apart, so at a distance
+// of a multiple of 4 KB they would all fall in one set of the 8-way L1 (64 sets of 64 bytes): 36 stores a tile
+// evicting each other (the input transform ran at a quarter of its speed so).
+inline int64_t skew(int64_t floats) {
+  const int64_t lines = (floats + 15) / 16;
+  return 16 * (lines % 2 ? lines : lines + 1);
 }
 
 // One block of NV output vectors from vector `vector` (U's block at u) for the item's `count` tiles from p0:
@@ -176,7 +197,7 @@ template <int M, int MR, int NV>
 void block(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const float* v, float* mm,
            int64_t stride_vectors, const float* u, int64_t vector) {
   constexpr int A = M + 2;
-  const int64_t C = q.C, row = 16 * stride_vectors;
+  const int64_t C = q.C, row = 16 * stride_vectors, v_stride = skew(tiles * q.Cp), m_stride = skew(tiles * row);
   for (int x = 0; x < A * A; ++x) {
     const float* w = u + x * C * 16 * NV;
     for (int64_t t0 = 0; t0 < count; t0 += MR) {
@@ -185,18 +206,18 @@ void block(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const float*
       for (int i = 0; i < MR * NV; ++i) acc[i] = _mm512_setzero_ps();
       const float* a[MR];
       #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) a[r] = v + (x * tiles + std::min<int64_t>(t0 + r, count - 1)) * q.Cp;
+      for (int r = 0; r < MR; ++r) a[r] = v + x * v_stride + std::min<int64_t>(t0 + r, count - 1) * q.Cp;
       accumulate<MR, NV>(acc, a, w, C);
       #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         if (t0 + r >= count) break;
         #pragma GCC unroll 8
-        for (int i = 0; i < NV; ++i) _mm512_storeu_ps(mm + (x * tiles + t0 + r) * row + 16 * i, acc[r * NV + i]);
+        for (int i = 0; i < NV; ++i) _mm512_storeu_ps(mm + x * m_stride + (t0 + r) * row + 16 * i, acc[r * NV + i]);
       }
     }
   }
   for (int64_t t = 0; t < count; ++t)
-    for (int i = 0; i < NV; ++i) output_tile<M>(q, p0 + t, 16 * (vector + i), mm + t * row + 16 * i, tiles * row);
+    for (int i = 0; i < NV; ++i) output_tile<M>(q, p0 + t, 16 * (vector + i), mm + t * row + 16 * i, m_stride);
 }
 
 // The block of output vectors from `vector`, `left` of them (fewer than NV: the last block): that width's block.
@@ -220,17 +241,17 @@ void run(const Conv& q, int64_t N, int64_t tiles) {
   const int64_t per_chunk = (blocks + chunks - 1) / chunks;
   at::parallel_for(0, groups * chunks, 1, [&](int64_t first, int64_t last) {
     static thread_local std::vector<float> scratch;
-    const size_t need = size_t(A * A * tiles * (q.Cp + 16 * NV));
+    const size_t need = size_t(A * A * (skew(tiles * q.Cp) + skew(tiles * 16 * NV)));
     if (scratch.size() < need) scratch.resize(need);
     float* v = scratch.data();
-    float* mm = v + A * A * tiles * q.Cp;
+    float* mm = v + A * A * skew(tiles * q.Cp);
     for (int64_t item = first; item < last; ++item) {
       const int64_t group = item / chunks, chunk = item % chunks;
       const int64_t p0 = group * tiles, count = std::min(tiles, P - p0);
       const int64_t b0 = chunk * per_chunk, b1 = std::min(blocks, b0 + per_chunk);
       if (b0 >= b1) continue;
       for (int64_t t = 0; t < count; ++t)
-        for (int64_t c0 = 0; c0 < q.C; c0 += 16) input_tile<M>(q, p0 + t, c0, v + t * q.Cp + c0, tiles * q.Cp);
+        for (int64_t c0 = 0; c0 < q.C; c0 += 16) input_tile<M>(q, p0 + t, c0, v + t * q.Cp + c0, skew(tiles * q.Cp));
       for (int64_t b = b0; b < b1; ++b) {
         const float* u = q.u + b * A * A * q.C * 16 * NV;
         const int64_t vector = b * NV;
