@@ -230,33 +230,33 @@ class Builder:
         a layer as its float original anyway (the fallback timed faster, as it does for most of a MobileNet's
         layers at batch 1), that layer becomes the float node again (`quant.lower.restore_float`), the CPU block
         fusions may take it, and the fused plans are kept if they time faster side by side. Then the same with
-        every quantized layer of the model before chaining (`unchained`) restored, kept if faster still: a layer
-        timed faster quantized alone, or chained, can cost more in the network by splitting a block the float
-        layers fuse (EfficientNet-B0's int8 engine ran 1.03-1.2× slower than its fp32 one so). Returns (model,
+        every quantized layer of the model before chaining (`unchained`) restored, kept if faster still, timed
+        whether or not a fusion takes the restored layers: a layer timed faster quantized alone, or chained, can
+        cost more in the network by splitting a block the float layers fuse (EfficientNet-B0's int8 engine ran
+        1.03-1.2× slower than its fp32 one so), and a float plan has what the quantized one lacks (the detector's
+        concatenations written in place, its 3×3 layers' Winograd kernel called directly: its int8 engine ran
+        1.2× slower than its fp32 one). Returns (model,
         plans, selections, the report's section: each attempt by scope, "timed_float" and "everything"; None
         where there was nothing to try)."""
         kernels = self._cpu_kernels(quantized=True)
         if kernels is None:
             return model, plans, selections, None
         floats = set.intersection(*[_runs_float(model, plan) for plan in plans])
-        if unchained is model and floats == {i for i, node in enumerate(model.graph.nodes) if is_quantized_layer(node)}:
-            scopes = ("timed_float",)  # the two attempts would be one
-        else:
-            scopes = ("timed_float", "everything")
+        everything = unchained is model and floats == _quantized_layers(model)
+        scopes = ("timed_float",) if everything else ("timed_float", "everything")  # (one attempt, or two)
         section: dict[str, Any] = {}
         for scope in scopes:
             if scope == "timed_float":
                 base, chosen = model, floats
             else:
-                base = unchained
-                chosen = {index for index, node in enumerate(base.graph.nodes) if is_quantized_layer(node)}
+                base, chosen, everything = unchained, _quantized_layers(unchained), True
             candidate = clone_model(base)
             restored = restore_float(candidate, [candidate.graph.nodes[index] for index in sorted(chosen)])
             if not restored:
                 continue
             candidate, report = optimize(candidate, [FuseCpuBlocks(kernels), FuseCpuExpansions(kernels)])
             tried: dict[str, Any] = {"restored": len(restored), "fused": _count(e.rule for e in report.fired())}
-            if tried["fused"]:
+            if tried["fused"] or everything:
                 infer_model(candidate, check=False)
                 fused_plans, fused_selections = self._plan_profiles(
                     candidate, profiles, precisions, cache, constants, tuning
@@ -556,6 +556,11 @@ def _memory_plan(model: Model, layers: list[Layer], observed) -> MemoryPlan:
         if memory.views.keys() == views.keys():
             return memory
         views = dict(memory.views)
+
+
+def _quantized_layers(model: Model) -> set[int]:
+    """The positions of `model`'s quantized layers."""
+    return {index for index, node in enumerate(model.graph.nodes) if is_quantized_layer(node)}
 
 
 def _allocated_by_kernels(model: Model, layers: list[Layer], views: Mapping[str, Any]) -> set[str]:

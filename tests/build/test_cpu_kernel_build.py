@@ -146,3 +146,41 @@ def test_a_quantized_cpu_build_restores_every_layer_when_the_fused_float_plan_is
     assert [node.op_type for node in engine.model.graph.nodes] == ["DepthwisePointwise"]
     lines = quantization_lines(engine.report)
     assert any(line.startswith("every quantized layer restored to float (2)") and "kept" in line for line in lines)
+
+
+def _two_convolutions():
+    """Two 3×3 convolutions with ReLU: nothing for the CPU block fusions once restored to float."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32), f"w{i}")
+        for i in range(2)
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["y"]),
+    ]
+    return make_model(nodes, [tensor_info("x", [1, 16, 12, 12])], [tensor_info("y", None)], 17, inits)
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+@pytest.mark.parametrize("float_faster", [True, False])
+def test_every_layer_restored_to_float_is_timed_even_where_nothing_fuses(monkeypatch, float_faster):
+    """A float plan has kernels and in-place concatenations that a quantized one lacks, so the all-float attempt is
+    timed against the quantized plans although no block fusion takes its layers, and kept only when faster."""
+    from tensorforge.build.config import QuantizationConfig
+
+    monkeypatch.setattr(builder, "_runs_float", lambda model, plan: set())
+    monkeypatch.setattr(builder.Builder, "_time_side_by_side", lambda self, *args: (2.0, 1.0) if float_faster
+                        else (1.0, 2.0))  # fmt: skip
+    rng = np.random.default_rng(0)
+    calibration = [{"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)} for _ in range(2)]
+    quantization = QuantizationConfig(method="minmax", chain="off")
+    config = BuildConfig(effort=0, precisions=("fp32", "int8"), quantization=quantization)
+    engine = builder.Builder(config, calibration_data=calibration).build(import_model(_two_convolutions()))
+    section = engine.report["quantization"]["float_blocks"]["everything"]
+    assert section["restored"] == 2 and section["fused"] == {} and section["kept"] is float_faster
+    assert section["plan_ms"] == ({"apart": 2.0, "fused": 1.0} if float_faster else {"apart": 1.0, "fused": 2.0})
+    kinds = {node.op_type for node in engine.model.graph.nodes}
+    assert ("QuantizedConv" in kinds) is not float_faster

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,23 +12,12 @@ from tensorforge.kernels.cpu import winograd as wg
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import fused_conv
+from tests.tactics.test_cpu_conv_tactic import _layer
 
 WINOGRAD = "cpu.winograd"
 CPU = torch.device("cpu")
 _PROBLEM = compiler_problem() or wg.problem()
 needs_kernel = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
-
-
-def _layer(activation="Relu", residual=False, kernel=3, c=24, k=40, hw=(9, 11), out_hw=None, **conv):
-    """The fused node of Conv (+ Add) (+ activation) on a [2, c, *hw] input, and its non-constant inputs."""
-    rng = np.random.default_rng(c + k)
-    w = rng.standard_normal((k, c // conv.get("group", 1), kernel, kernel)).astype(np.float32) / (c * kernel**2) ** 0.5
-    b = rng.standard_normal(k).astype(np.float32)
-    out_hw = out_hw or hw
-    node = fused_conv((2, c, *hw), w, b, (2, k, *out_hw) if residual else None, activation, **conv)
-    torch.manual_seed(c + k)
-    return node, [torch.randn(2, c, *hw)] + ([torch.randn(2, k, *out_hw)] if residual else [])
 
 
 @needs_kernel

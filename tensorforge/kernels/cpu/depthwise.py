@@ -303,6 +303,17 @@ def residual_operand(residual: torch.Tensor | None, shape: tuple[int, ...]) -> t
     return residual if residual.stride(1) == 1 else residual.contiguous(memory_format=torch.channels_last)
 
 
+def output_operand(out: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+    """A block kernel's output buffer: `out` checked (float32 of `shape`, channels contiguous: a channel slice of a
+    channels_last tensor will do), or a new channels_last tensor."""
+    if out is None:
+        return torch.empty(shape, memory_format=torch.channels_last)
+    if out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
+        raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
+                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+    return out
+
+
 class DepthwiseConv:
     """A depthwise convolution ready to run: its weight [C, 1, KH, KW] and bias packed, its strides, dilations,
     activation (by name, `ACTIVATIONS`, with its two parameters as `kernels.activations.activation_args` gives them)

@@ -199,11 +199,7 @@ class DepthwisePointwise:
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} channels; this depthwise convolution takes {self.in_channels}")
         shape = (x.shape[0], self.channels, *out_hw)
-        if out is None:
-            out = torch.empty(shape, memory_format=torch.channels_last)
-        elif out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
-            raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
-                             f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+        out = dw.output_operand(out, shape)
         z = dw.residual_operand(residual, shape)
         sh, sw, dh, dwl = self._strides
         self._module.depthwise_pointwise(

@@ -33,7 +33,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 from .avx512 import avx512_problem, check_activations, load_avx512, module_source, pack_bias, rounded
-from .depthwise import residual_operand, windowed_input
+from .depthwise import output_operand, residual_operand, windowed_input
 
 # Bᵀ (a×a), G (a×3) and Aᵀ (m×a) for each output tile size m.
 TRANSFORMS = {
@@ -389,11 +389,7 @@ class WinogradConv:
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} channels; this convolution takes {self.in_channels}")
         shape = (x.shape[0], self.channels, *out_hw)
-        if out is None:
-            out = torch.empty(shape, memory_format=torch.channels_last)
-        elif out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
-            raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
-                             f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+        out = output_operand(out, shape)
         z = residual_operand(residual, shape)
         self._module.winograd(x, self._weight, self._bias, z, out, self.m, *pads, *self._epilogue, self._tiles)
         return out
