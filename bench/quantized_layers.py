@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
         ms = statistics.median(times[chain])
         rows = layer_rows(engine)
         print(table(rows))
+        if not rows:
+            restored = engine.report.get("quantization", {}).get("float_blocks")
+            print(f"chain {chain}: no quantized layers left: the build restored every one to float ({restored})")
         print(f"{args.model} batch {args.batch} {args.precision} chain {chain}: {ms:.3f} ms, built in {build_s:.1f} s")
         path = args.out / f"quantized-layers-{args.model}-b{args.batch}-{args.precision}-{chain}.json"
         result = {
