@@ -239,8 +239,9 @@ class Builder:
         plans, selections, the report's section: each attempt by scope, "timed_float" and "everything"; None
         where there was nothing to try)."""
         kernels = self._cpu_kernels(quantized=True)
-        if kernels is None:
-            return model, plans, selections, None
+        families = self.config.tactic_families
+        if kernels is None or (families is not None and "fallback" not in families):
+            return model, plans, selections, None  # (without the fallback family every quantized layer stays so)
         floats = set.intersection(*[_runs_float(model, plan) for plan in plans])
         everything = unchained is model and floats == _quantized_layers(model)
         scopes = ("timed_float",) if everything else ("timed_float", "everything")  # (one attempt, or two)
