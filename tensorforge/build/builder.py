@@ -229,48 +229,44 @@ class Builder:
         """A quantized CPU build keeps its convolutions apart, so that each may be quantized; where every plan runs
         a layer as its float original anyway (the fallback timed faster, as it does for most of a MobileNet's
         layers at batch 1), that layer becomes the float node again (`quant.lower.restore_float`), the CPU block
-        fusions may take it, and the fused plans are kept if they time faster side by side. Then the same with
-        every quantized layer of the model before chaining (`unchained`) restored, kept if faster still, timed
-        whether or not a fusion takes the restored layers: a layer timed faster quantized alone, or chained, can
-        cost more in the network by splitting a block the float layers fuse (EfficientNet-B0's int8 engine ran
-        1.03-1.2× slower than its fp32 one so), and a float plan has what the quantized one lacks (the detector's
-        concatenations written in place, its 3×3 layers' Winograd kernel called directly: its int8 engine ran
-        1.2× slower than its fp32 one). Returns (model,
-        plans, selections, the report's section: each attempt by scope, "timed_float" and "everything"; None
-        where there was nothing to try)."""
+        fusions may take it, and the plans of that graph are kept if they time faster side by side. Then the same
+        with every quantized layer of the model before chaining (`unchained`) restored, kept if faster still: a
+        layer timed faster quantized alone, or chained, can cost more in the network by splitting a block the
+        float layers fuse (EfficientNet-B0's int8 engine ran 1.03-1.2× slower than its fp32 one so). Both are
+        timed whether or not a fusion takes the restored layers: as float nodes they also run the float kernels
+        directly and write into their concatenations (the detector's int8 engine ran 1.2× slower than its fp32
+        one before). Returns (model, plans, selections, the report's section: each attempt by scope,
+        "timed_float" and "everything"; None where there was nothing to try)."""
         kernels = self._cpu_kernels(quantized=True)
         families = self.config.tactic_families
         if kernels is None or (families is not None and "fallback" not in families):
             return model, plans, selections, None  # (without the fallback family every quantized layer stays so)
         floats = set.intersection(*[_runs_float(model, plan) for plan in plans])
-        everything = unchained is model and floats == _quantized_layers(model)
-        scopes = ("timed_float",) if everything else ("timed_float", "everything")  # (one attempt, or two)
+        if unchained is model and floats == _quantized_layers(model):
+            scopes = ("timed_float",)  # the two attempts would be one
+        else:
+            scopes = ("timed_float", "everything")
         section: dict[str, Any] = {}
         for scope in scopes:
-            if scope == "timed_float":
-                base, chosen = model, floats
-            else:
-                base, chosen, everything = unchained, _quantized_layers(unchained), True
+            base, chosen = (model, floats) if scope == "timed_float" else (unchained, _quantized_layers(unchained))
             candidate = clone_model(base)
             restored = restore_float(candidate, [candidate.graph.nodes[index] for index in sorted(chosen)])
             if not restored:
                 continue
             candidate, report = optimize(candidate, [FuseCpuBlocks(kernels), FuseCpuExpansions(kernels)])
-            tried: dict[str, Any] = {"restored": len(restored), "fused": _count(e.rule for e in report.fired())}
-            if tried["fused"] or everything:
-                infer_model(candidate, check=False)
-                fused_plans, fused_selections = self._plan_profiles(
-                    candidate, profiles, precisions, cache, constants, tuning
-                )
-                before_ms, fused_ms = self._time_side_by_side(model, plans, candidate, fused_plans, profiles, constants)
-                tried.update(
-                    plan_ms={"apart": round(before_ms, 5), "fused": round(fused_ms, 5)}, kept=fused_ms < before_ms
-                )
-                if tried["kept"]:
-                    model, plans, selections = candidate, fused_plans, fused_selections
-            else:
-                tried["kept"] = False
-            section[scope] = tried
+            infer_model(candidate, check=False)
+            float_plans, float_selections = self._plan_profiles(
+                candidate, profiles, precisions, cache, constants, tuning
+            )
+            before_ms, float_ms = self._time_side_by_side(model, plans, candidate, float_plans, profiles, constants)
+            section[scope] = {
+                "restored": len(restored),
+                "fused": _count(e.rule for e in report.fired()),
+                "plan_ms": {"apart": round(before_ms, 5), "fused": round(float_ms, 5)},
+                "kept": float_ms < before_ms,
+            }
+            if section[scope]["kept"]:
+                model, plans, selections = candidate, float_plans, float_selections
         return model, plans, selections, section or None
 
     def _time_side_by_side(self, model, plans, other, other_plans, profiles, constants) -> tuple[float, float]:

@@ -238,14 +238,13 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
             )
     for scope, tried in (section.get("float_blocks") or {}).items():
         which = "the layers timed faster in float" if scope == "timed_float" else "every quantized layer"
-        line = f"{which} restored to float ({tried['restored']}) for the CPU block fusions"
-        if tried.get("plan_ms"):
+        fused = ", ".join(f"{count} {rule}" for rule, count in (tried.get("fused") or {}).items()) or "nothing"
+        line = f"{which} restored to float ({tried['restored']}; fused: {fused})"
+        if tried.get("plan_ms"):  # (keys of the first reports: "fused" is the restored plan, "apart" the other)
             ms = tried["plan_ms"]
-            line += f": {ms['fused']:.3f} ms fused against {ms['apart']:.3f} ms, " + (
-                "kept" if tried["kept"] else "not kept"
-            )
+            line += f": {ms['fused']:.3f} ms against {ms['apart']:.3f} ms, " + ("kept" if tried["kept"] else "not kept")
         else:
-            line += ": nothing fused"
+            line += ": not timed"
         lines.append(line)
     return lines
 
