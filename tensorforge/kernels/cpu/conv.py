@@ -25,7 +25,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 from .avx512 import avx512_problem, check_activations, load_avx512, module_source, pack_bias, rounded
-from .depthwise import output_operand, residual_operand, windowed_input
+from .depthwise import convolution_operands
 
 TILES = ((8, 3), (6, 4))  # (output pixels of a row, vectors of 16 output channels); the C++ instantiates these
 
@@ -222,12 +222,7 @@ class DirectConv:
         are contiguous), `pads` the leading (top, left) padding, `out_hw` the output's size (which fixes the trailing
         padding) and the residual [N, K, OH, OW] or None; into `out` (contiguous channels) or a new channels_last
         tensor, which is returned."""
-        x = windowed_input(x, pads, out_hw)
-        if x.shape[1] != self.in_channels:
-            raise ValueError(f"x has {x.shape[1]} channels; this convolution takes {self.in_channels}")
-        shape = (x.shape[0], self.channels, *out_hw)
-        out = output_operand(out, shape)
-        z = residual_operand(residual, shape)
+        x, z, out = convolution_operands(x, pads, out_hw, self.in_channels, self.channels, residual, out)
         sh, sw, dh, dw = self._strides
         self._module.conv(x, self._weight, self._bias, z, out, *self.kernel, sh, sw, *pads, dh, dw, *self._epilogue)
         return out

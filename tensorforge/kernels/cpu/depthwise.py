@@ -314,6 +314,25 @@ def output_operand(out: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Te
     return out
 
 
+def convolution_operands(
+    x: torch.Tensor,
+    pads: Sequence[int],
+    out_hw: Sequence[int],
+    in_channels: int,
+    channels: int,
+    residual: torch.Tensor | None,
+    out: torch.Tensor | None,
+    kernel: str = "convolution",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A windowed block kernel's input (`windowed_input`, checked against its `in_channels`), residual and output
+    buffer ([N, `channels`, *out_hw]) as its C++ takes them."""
+    x = windowed_input(x, pads, out_hw)
+    if x.shape[1] != in_channels:
+        raise ValueError(f"x has {x.shape[1]} channels; this {kernel} takes {in_channels}")
+    shape = (x.shape[0], channels, *out_hw)
+    return x, residual_operand(residual, shape), output_operand(out, shape)
+
+
 class DepthwiseConv:
     """A depthwise convolution ready to run: its weight [C, 1, KH, KW] and bias packed, its strides, dilations,
     activation (by name, `ACTIVATIONS`, with its two parameters as `kernels.activations.activation_args` gives them)

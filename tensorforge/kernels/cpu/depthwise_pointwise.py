@@ -195,12 +195,9 @@ class DepthwisePointwise:
         padding, `out_hw` its output size, and the residual [N, K, OH, OW] float32 or None (x and the residual made
         channels_last unless their channels are contiguous, as in a channel slice of a channels_last tensor); into
         `out` (contiguous channels) or a new channels_last tensor, which is returned."""
-        x = dw.windowed_input(x, pads, out_hw)
-        if x.shape[1] != self.in_channels:
-            raise ValueError(f"x has {x.shape[1]} channels; this depthwise convolution takes {self.in_channels}")
-        shape = (x.shape[0], self.channels, *out_hw)
-        out = dw.output_operand(out, shape)
-        z = dw.residual_operand(residual, shape)
+        x, z, out = dw.convolution_operands(
+            x, pads, out_hw, self.in_channels, self.channels, residual, out, "depthwise convolution"
+        )
         sh, sw, dh, dwl = self._strides
         self._module.depthwise_pointwise(
             x, *self._dw, *self._pw, z, out, *self.kernel, sh, sw, *pads, dh, dwl, *self._epilogue
