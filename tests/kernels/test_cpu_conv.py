@@ -114,3 +114,17 @@ def test_unknown_activations_and_tiles_are_refused():
         cv.DirectConv(torch.randn(16, 8, 3, 3), pre="Mish")
     with pytest.raises(ValueError, match="tiles"):
         cv.DirectConv(torch.randn(16, 8, 3, 3), tile=(4, 4))
+
+
+def test_it_writes_into_a_channel_slice_and_nowhere_else():
+    """Into channels 8 … 8+37 of a wider channels_last tensor (a concatenation's part): the slice gets the
+    convolution, the channels around it keep their poison."""
+    torch.manual_seed(6)
+    x = torch.randn(2, 24, 9, 10).contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.randn(37, 24, 3, 3) / 216**0.5, torch.randn(37)
+    host = torch.full((2, 64, 5, 5), math.nan).contiguous(memory_format=torch.channels_last)
+    got = cv.DirectConv(weight, bias, (2, 2), pre="Relu")(x, (1, 1), (5, 5), None, host[:, 8:45])
+    assert got.data_ptr() == host[:, 8:45].data_ptr()
+    want = _reference(x, weight, bias, (1, 1, 1, 0), (2, 2), (1, 1), None, "Relu", "")
+    assert _error(host[:, 8:45], want) <= BOUND
+    assert host[:, :8].isnan().all() and host[:, 45:].isnan().all()

@@ -173,3 +173,18 @@ def test_an_item_holds_whole_register_tiles_within_its_scratch():
             tiles = wg.tiles_per_item(m, channels, 3, 8)
             assert tiles % 8 == 0 and tiles >= 8
             assert tiles == 8 or 4 * (m + 2) ** 2 * tiles * (channels + 48) <= wg.SCRATCH_BYTES
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", sorted(wg.TRANSFORMS))
+def test_it_writes_into_a_channel_slice_and_nowhere_else(m):
+    """Into channels 8 … 8+37 of a wider channels_last tensor (a concatenation's part): the slice gets the
+    convolution, the channels around it keep their poison."""
+    torch.manual_seed(m)
+    x = torch.randn(2, 24, 9, 10).contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.randn(37, 24, 3, 3) / 216**0.5, torch.randn(37)
+    host = torch.full((2, 64, 9, 10), math.nan).contiguous(memory_format=torch.channels_last)
+    got = wg.WinogradConv(weight, bias, m, "Relu")(x, (1, 1), (9, 10), None, host[:, 8:45])
+    assert got.data_ptr() == host[:, 8:45].data_ptr()
+    assert _error(host[:, 8:45], _reference(x, weight, bias, (1, 1), (9, 10), None, "Relu", "")) <= BOUND[m]
+    assert host[:, :8].isnan().all() and host[:, 45:].isnan().all()
