@@ -147,7 +147,7 @@ class Builder:
                 )
         if quantization is not None:
             quantization["timed_to_float"] = [_fallback_layers(model, plan) for plan in plans]
-            model, plans, selections, blocks = self._fuse_float_blocks_if_faster(
+            model, plans, selections, blocks = self._restore_float_if_faster(
                 model, unchained, profiles, precisions, cache, constants, tuning, plans, selections
             )
             if blocks is not None:
@@ -223,7 +223,7 @@ class Builder:
         first.update(timed, timed_slower=first.pop("chained"), chained=[])
         return model, plans, selections, first
 
-    def _fuse_float_blocks_if_faster(
+    def _restore_float_if_faster(
         self, model, unchained, profiles, precisions, cache, constants, tuning, plans, selections
     ):
         """A quantized CPU build keeps its convolutions apart, so that each may be quantized; where every plan runs
@@ -297,7 +297,7 @@ class Builder:
     def _cpu_kernels(self, quantized: bool = False) -> CpuKernels | None:
         """What our CPU kernels for fused blocks evaluate, where this build can use them, else None. A quantized
         build keeps the convolutions apart, each of which may be quantized (`quantized`: ask for the kernels
-        anyway, for the layers it runs in float, `_fuse_float_blocks_if_faster`)."""
+        anyway, for the layers it runs in float, `_restore_float_if_faster`)."""
         families = self.config.tactic_families
         if self.device.type != "cpu" or (families is not None and "cpu" not in families):
             return None
@@ -537,40 +537,31 @@ def _specialize(model: Model, profiles: list[Profile]) -> None:
 
 def _memory_plan(model: Model, layers: list[Layer], observed) -> MemoryPlan:
     """The arena for `layers` (at the shapes and dtypes one run `observed`), with the tensors their producers can
-    write inside the concatenations reading them placed there (`concat_views`). Planned again where the planner
-    could not place some of them (a concatenation that is a graph output), so that a tactic with
-    `arena_for_concatenations` allocates those rather than taking arena space it was given for a view."""
-    views = concat_views(model, layers, observed.shapes, observed.dtypes)
-    while True:
-        memory = plan_graph(
-            model.graph,
-            observed.shapes,
-            dtypes=observed.dtypes,
-            exclude=observed.others,
-            outside=_allocated_by_kernels(model, layers, views),
-            views=views,
-        )
-        if memory.views.keys() == views.keys():
-            return memory
-        views = dict(memory.views)
+    write inside the concatenations reading them placed there (`concat_views`). Outputs of the layers whose tactics
+    allocate them (not `writes_into`) stay outside; those of a tactic with `arena_for_concatenations` go in only as
+    such views."""
+    outside, only_as_views = set(), set()
+    for layer in layers:
+        tactic = tactic_by_key(layer.tactic)
+        names = {v.name for v in model.graph.nodes[layer.node].outputs if v.name}
+        if tactic is None or not tactic.writes_into:
+            outside |= names
+        elif tactic.arena_for_concatenations:
+            only_as_views |= names
+    return plan_graph(
+        model.graph,
+        observed.shapes,
+        dtypes=observed.dtypes,
+        exclude=observed.others,
+        outside=outside,
+        views=concat_views(model, layers, observed.shapes, observed.dtypes),
+        only_as_views=only_as_views,
+    )
 
 
 def _quantized_layers(model: Model) -> set[int]:
     """The positions of `model`'s quantized layers."""
     return {index for index, node in enumerate(model.graph.nodes) if is_quantized_layer(node)}
-
-
-def _allocated_by_kernels(model: Model, layers: list[Layer], views: Mapping[str, Any]) -> set[str]:
-    """Outputs of the layers whose tactics allocate them (not `writes_into`; with `arena_for_concatenations`, those
-    not placed inside a concatenation, `views`): they stay out of the arena."""
-    names = set()
-    for layer in layers:
-        tactic = tactic_by_key(layer.tactic)
-        writes = tactic is not None and tactic.writes_into
-        for value in model.graph.nodes[layer.node].outputs:
-            if value.name and (not writes or (tactic.arena_for_concatenations and value.name not in views)):
-                names.add(value.name)
-    return names
 
 
 def _runs_quantized(model: Model, plan: Plan) -> set[int]:

@@ -293,6 +293,7 @@ def plan_graph(
     include_inputs: bool = False,
     alignment: int = DEFAULT_ALIGNMENT,
     views: Mapping[str, tuple[str, int]] | None = None,
+    only_as_views: Iterable[str] = (),
 ) -> MemoryPlan:
     """Plan the arena for the node outputs of `graph`, one step per node in node order.
 
@@ -304,7 +305,8 @@ def plan_graph(
     then live to the last step). An output of an `INPLACE_OPS` node may take over the storage of an input
     with its shape and dtype that this node reads last. `views` names tensors to place inside a concatenation's
     storage, by (concatenation, first channel): each is kept where both tensors are planned and neither is in an
-    in-place chain, and the concatenation then lives over both lifetimes.
+    in-place chain, and the concatenation then lives over both lifetimes. Tensors named in `only_as_views` go in
+    the arena only as such views; those not placed so are outside (their kernels allocate them).
     """
     shapes = shapes or {}
     dtypes = dtypes or {}
@@ -354,6 +356,8 @@ def plan_graph(
         if value.name in outside and planned(value)
     }
     placed_views = _merge_views(lives, views or {})
+    for name in set(only_as_views).difference(placed_views).intersection(lives):
+        outside_sizes[name] = lives.pop(name).size_bytes
     # a concatenation and the tensors inside it keep their storage: no in-place chain takes it or extends it
     taken: set[str] = set(placed_views) | {host for host, _ in placed_views.values()}
     for step, node in enumerate(nodes):

@@ -12,7 +12,7 @@ pytest.importorskip("onnxruntime")
 
 def test_the_engines_are_built_timed_and_written(tmp_path, monkeypatch):
     # the quantized layers kept: a CPU build may return them all to float where its all-float plan times faster
-    monkeypatch.setattr(Builder, "_fuse_float_blocks_if_faster", lambda self, model, *args: (model, *args[-2:], None))
+    monkeypatch.setattr(Builder, "_restore_float_if_faster", lambda self, model, *args: (model, *args[-2:], None))
     args = ["--model", "inception", "--device", "cpu", "--chain", "off", "always", "--runs", "2", "--warmup", "1"]
     quantized_layers.main([*args, "--rounds", "1", "--out", str(tmp_path)])
     for chain in ("off", "always"):

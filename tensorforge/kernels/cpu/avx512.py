@@ -28,6 +28,11 @@ _VECTOR_MATH = r"""
 
 namespace {
 
+// The lanes of a vector of 16 that hold `count` values (all of them from 16 on): a last partial vector's mask.
+inline __mmask16 mask_of(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+
 inline __m512 vexp(__m512 x) {
   // exp(x) = 2^n · e^r, n = round(x·log2 e), r = x − n·ln 2 (in two parts), e^r by its Taylor polynomial of
   // degree 7 (|r| ≤ ln2/2: error 4e-9); vscalefps multiplies by 2^n, saturating to inf and 0.

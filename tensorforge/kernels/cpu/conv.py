@@ -44,10 +44,6 @@ struct Conv {
   __m512 pre0, pre1, post0, post1;
 };
 
-inline __mmask16 mask_of(int64_t count) {
-  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-}
-
 // Output pixels ow0 .. ow0+count-1 of row oh of image n (the tile's other rows repeat the last pixel and are not
 // stored) × output vectors from k0, NV of them.
 template <int MR, int NV>

@@ -90,10 +90,6 @@ template <int R, int S>
   }
 }
 
-inline __mmask16 mask_of(int64_t count) {
-  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-}
-
 struct Conv {
   int64_t C, Cp, H, W, K, Kp, ph, pw, OH, OW, TH, TW;
   int64_t xN, xH, xW, yN, yH, yW, zN, zH, zW;  // element strides (channels contiguous)
