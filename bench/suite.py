@@ -14,13 +14,13 @@ Systems (`--systems`):
 - `ort`: ONNX Runtime's CPU execution provider on the exported model (fp32 only).
 
 Each time is the median of `--runs` synchronized calls after `--warmup` calls; build/compile/session time is
-recorded, and the accuracy as max|y − y₆₄| / max|y₆₄| against the module in float64. Precisions other than
-fp32 run on CUDA only. A system that fails records its error and the suite goes on. `--interleave` times the
-systems of a model, batch and precision in rounds of a few calls each (`interleaved_ms`), in a new random order
-each round, rather than one after another: on a shared machine whose speed drifts, every system then sees the same
-drift, and their ratios hold (all of them are held in memory at once). A round begins with an untimed call:
-alternating call by call instead left every call with weights the other systems had evicted, and doubled every
-time on a 2-core CPU with MobileNetV3.
+recorded, and the accuracy as max|y − y₆₄| / max|y₆₄| against the module in float64. tf32, fp16, bf16 and fp8
+run on CUDA only; int8 and fp8 engines are tensorforge's only. A system that fails records its error and the suite
+goes on. `--interleave` times every (system, precision) pair of a model and batch in rounds of a few calls each
+(`interleaved_ms`), in a new random order each round, rather than one after another: on a shared machine whose
+speed drifts, every system then sees the same drift, and their ratios hold (all of them are held in memory at
+once). A round begins with an untimed call: alternating call by call instead left every call with weights the
+other systems had evicted, and doubled every time on a 2-core CPU with MobileNetV3.
 
     python bench/suite.py --models resnet50 bert_base --batch 1 --batch 64 --precision fp16 --out DIR
     python bench/suite.py --models yolo --batch 8 --systems compile-max --merge --out DIR   # adds to DIR
@@ -310,6 +310,9 @@ def run_tensorforge(case: Case, precision: str, graphs: bool = True) -> Prepared
             "timed_slower": len(chaining.get("timed_slower", [])),
             "attempts": chaining.get("attempts", []),
         }
+    restored = (engine.report.get("quantization") or {}).get("float_blocks")
+    if restored:  # a quantized CPU engine: which quantized layers it runs as float again, and the timings that decided
+        measured["restored"] = restored
     return (lambda: context.run(feeds)), measured
 
 
@@ -435,16 +438,17 @@ def measure_system(case: Case, system: str, precision: str) -> dict[str, Any]:
     return row
 
 
-def measure_interleaved(case: Case, systems: Sequence[str], precision: str) -> list[dict[str, Any]]:
-    """One result row per system, the systems timed together call by call (`interleaved_ms`)."""
-    prepared = {system: prepare_system(case, system, precision) for system in systems}
-    calls = {system: call for system, (_, call) in prepared.items() if call is not None}
+def measure_interleaved(case: Case, pairs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """One result row per (system, precision) pair, all of them timed together call by call (`interleaved_ms`):
+    a quantized engine's row beside the float rows of the same rounds."""
+    prepared = {pair: prepare_system(case, *pair) for pair in pairs}
+    calls = {pair: call for pair, (_, call) in prepared.items() if call is not None}
     times = interleaved_ms(calls, case.device, case.runs, case.warmup)
     rows = []
-    for system, (row, call) in prepared.items():
+    for pair, (row, call) in prepared.items():
         if call is not None:
             row["interleaved"] = True
-            _timed(case, row, times[system])
+            _timed(case, row, times[pair])
         rows.append(row)
     return rows
 
@@ -634,27 +638,27 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 name, batch, size, device, args.runs, args.warmup, args.effort, args.engines, args.precompile,
                 tuple(args.families) if args.families else None,
             )  # fmt: skip
+            pairs = []
             for precision in args.precision or ["fp32"]:
-                systems = []
                 for system in args.systems:
                     reason = not_applicable(system, precision, device)
                     if reason:
                         print(f"skip {name} batch {batch} {system} {precision}: {reason}", flush=True)
                     else:
-                        systems.append(system)
-                measured = (
-                    [measure_interleaved(case, systems, precision)] if args.interleave
-                    else ([measure_system(case, system, precision)] for system in systems)
-                )  # fmt: skip
-                for group in measured:
-                    for row in group:
-                        rows.append(row)
-                        _report(row)
-                        # Written after every row: a run cut short keeps what it measured.
-                        path.write_text(json.dumps(merge_results(old, meta, rows), indent=2) + "\n")
-                    if any(row.get("cuda_context_lost") for row in group):
-                        write_reports(args.out)
-                        raise SystemExit(f"{name} batch {batch} {precision} broke the CUDA context")
+                        pairs.append((system, precision))
+            measured = (
+                [measure_interleaved(case, pairs)] if args.interleave
+                else ([measure_system(case, *pair)] for pair in pairs)
+            )  # fmt: skip
+            for group in measured:
+                for row in group:
+                    rows.append(row)
+                    _report(row)
+                    # Written after every row: a run cut short keeps what it measured.
+                    path.write_text(json.dumps(merge_results(old, meta, rows), indent=2) + "\n")
+                if any(row.get("cuda_context_lost") for row in group):
+                    write_reports(args.out)
+                    raise SystemExit(f"{name} batch {batch} broke the CUDA context")
             del case
     data = merge_results(old, meta, rows)
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -676,7 +680,7 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--merge", action="store_true", help="add to DIR/results.json instead of overwriting it")
     parser.add_argument(
         "--interleave", action="store_true",
-        help="time the systems of a model, batch and precision in alternating rounds of a few calls (a shared "
+        help="time the systems and precisions of a model and batch in alternating rounds of a few calls (a shared "
         "machine's drift then reaches all alike)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/results/suite"))

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from bench import suite
+from tensorforge.kernels.cpu import depthwise_pointwise
+from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.tactics.timing_cache import TimingCache
 
 pytest.importorskip("onnxruntime")
@@ -175,6 +177,28 @@ def test_interleaved_systems_are_measured_together_and_a_failing_one_recorded(tm
         row = rows[("inception", 1, system, "fp32")]
         assert row["status"] == "ok" and row["interleaved"] and row["ms"] > 0 and 0 < row["error_vs_fp64"] < 1e-5
     assert rows[("inception", 1, "ort", "fp32")]["error"] == "RuntimeError: session creation failed"
+
+
+def test_interleaving_times_a_quantized_engine_in_the_rounds_of_the_float_systems(tmp_path, monkeypatch):
+    """With `--interleave` every (system, precision) pair of a model and batch shares one set of rounds, so the
+    int8 row drifts with the fp32 rows it is compared with; the int8 row says what its build restored to float."""
+    keys = []
+    timed = suite.interleaved_ms
+
+    def spy(calls, *args, **kwargs):
+        keys.append(sorted(calls))
+        return timed(calls, *args, **kwargs)
+
+    monkeypatch.setattr(suite, "interleaved_ms", spy)
+    suite.main([*TINY, "--systems", "tensorforge", "eager", "--precision", "fp32", "--precision", "int8",
+                "--interleave", "--out", str(tmp_path)])  # fmt: skip
+    assert keys == [[("eager", "fp32"), ("tensorforge", "fp32"), ("tensorforge", "int8")]]
+    _, rows = _rows(tmp_path)
+    quantized = rows[("inception", 1, "tensorforge", "int8")]
+    assert quantized["status"] == "ok" and quantized["interleaved"] and quantized["ms"] > 0
+    if depthwise_pointwise.problem() is None and compiler_problem() is None:  # (the restore needs our CPU kernels)
+        attempts = quantized["restored"].values()
+        assert attempts and all(a["restored"] > 0 and a["plan_ms"]["fused"] > 0 for a in attempts)
 
 
 def test_the_engine_runs_with_and_without_its_graphs_side_by_side(tmp_path):
