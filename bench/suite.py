@@ -15,12 +15,12 @@ Systems (`--systems`):
 
 Each time is the median of `--runs` synchronized calls after `--warmup` calls; build/compile/session time is
 recorded, and the accuracy as max|y − y₆₄| / max|y₆₄| against the module in float64. tf32, fp16, bf16 and fp8
-run on CUDA only; int8 and fp8 engines are tensorforge's only. A system that fails records its error and the suite
-goes on. `--interleave` times every (system, precision) pair of a model and batch in rounds of a few calls each
-(`interleaved_ms`), in a new random order each round, rather than one after another: on a shared machine whose
-speed drifts, every system then sees the same drift, and their ratios hold (all of them are held in memory at
-once). A round begins with an untimed call: alternating call by call instead left every call with weights the
-other systems had evicted, and doubled every time on a 2-core CPU with MobileNetV3.
+run on CUDA only (bf16 also on a CPU with bf16 dot products); int8 and fp8 engines are tensorforge's only. A system
+that fails records its error and the suite goes on. `--interleave` times every (system, precision) pair of a model
+and batch in rounds of a few calls each (`interleaved_ms`), in a new random order each round, rather than one after
+another: on a shared machine whose speed drifts, every system then sees the same drift, and their ratios hold (all
+of them are held in memory at once). A round begins with an untimed call: alternating call by call instead left
+every call with weights the other systems had evicted, and doubled every time on a 2-core CPU with MobileNetV3.
 
     python bench/suite.py --models resnet50 bert_base --batch 1 --batch 64 --precision fp16 --out DIR
     python bench/suite.py --models yolo --batch 8 --systems compile-max --merge --out DIR   # adds to DIR
@@ -55,6 +55,7 @@ from tensorforge import __version__, zoo
 from tensorforge.build.builder import Builder
 from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.frontend import import_model
+from tensorforge.ops.math_flags import cpu_native_precisions
 from tensorforge.runtime.engine import Engine
 from tensorforge.tactics.autotune import relative_error
 
@@ -374,8 +375,8 @@ def not_applicable(system: str, precision: str, device: torch.device) -> str | N
     """Why `system` does not run at `precision` on `device` (None when it does)."""
     if precision in QUANTIZED and not system.startswith("tensorforge"):
         return f"{precision} engines are tensorforge's only"
-    if device.type == "cpu" and precision not in ("fp32", *QUANTIZED):
-        return f"{precision} runs on CUDA only"
+    if device.type == "cpu" and precision not in ("fp32", *QUANTIZED, *cpu_native_precisions()):
+        return f"{precision} runs on CUDA only" if precision != "bf16" else "this CPU has no bf16 dot products"
     if system == "eager+graph" and device.type != "cuda":
         return "CUDA graphs need CUDA"
     if system == "ort" and precision != "fp32":

@@ -46,7 +46,7 @@ from ..kernels.cpu.extension import compiler_problem
 from ..ops.cuda_graphs import capture
 from ..ops.executor import check_supported
 from ..ops.infer import infer_model
-from ..ops.math_flags import full_float32
+from ..ops.math_flags import cpu_native_precisions, full_float32
 from ..passes.cpu_blocks import CpuKernels, FuseCpuBlocks, FuseCpuExpansions
 from ..passes.pipeline import optimize
 from ..passes.quant_chain import chain_quantized, is_quantized_layer
@@ -104,12 +104,13 @@ class Builder:
         _refuse_control_flow(model)
         profiles, notes = complete_profiles(model, self.config.profiles)
         precisions = self.config.precisions
-        dropped = [p for p in precisions if p in ("tf32", "fp16", "bf16")]
+        dropped = [p for p in precisions if p in ("tf32", "fp16", "bf16") and p not in cpu_native_precisions()]
         if self.device.type == "cpu" and dropped:
-            notes.append(
-                f"{', '.join(dropped)} not tried on the CPU: half-precision math is emulated there (slower than "
-                "fp32) and TF32 is a GPU mode; the float layers are fp32"
-            )
+            halves = [p for p in dropped if p != "tf32"]
+            reasons = ["TF32 is a GPU mode"] if "tf32" in dropped else []
+            if halves:
+                reasons.append(f"this CPU has no {' or '.join(halves)} dot products (emulated, slower than fp32)")
+            notes.append(f"{', '.join(dropped)} not tried on the CPU: {'; '.join(reasons)}; those layers are fp32")
             precisions = tuple(p for p in precisions if p not in dropped)
         _specialize(model, profiles)
         model, optimization = optimize(model, device=self.device.type, cpu_kernels=self._cpu_kernels())

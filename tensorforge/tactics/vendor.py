@@ -277,13 +277,14 @@ def _onednn_padding_problem(node: Node) -> str | None:
 class OneDnnFusedConvTactic(Tactic):
     """FusedConv on the CPU as one oneDNN call: convolution, bias, residual add and activation as post-ops,
     with the weight reordered once per input shape into oneDNN's blocked layout (`F.conv2d` reorders it on
-    every call). Float32, 2-D. Its padding is worked out per input shape (SAME auto-padding too); oneDNN's call
-    takes symmetric padding, so an asymmetric one (SAME with an odd total) is applied to the input first."""
+    every call). Float32 or bf16 (on a CPU with bf16 dot products; float32 sums), 2-D. Its padding is worked
+    out per input shape (SAME auto-padding too); oneDNN's call takes symmetric padding, so an asymmetric one
+    (SAME with an odd total) is applied to the input first."""
 
     family = "vendor"
     name = "onednn-fused"
     op_types = (_FUSED_CONV,)
-    precisions = ("fp32",)
+    precisions = ("fp32", "bf16")
     layouts = ("NHWC", "NCHW")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
@@ -394,12 +395,13 @@ def _after_onednn(y, inside: bool, z, pre: str, pre_params, post: str, post_para
 @register_tactic
 class OneDnnLinearTactic(Tactic):
     """FusedGemm `post(pre(A @ op(B) + C) + Z)` on the CPU as one oneDNN linear: B a constant matrix (packed
-    once per batch size), C a bias over the output columns, then one activation or the residual add."""
+    once per batch size), C a bias over the output columns, then one activation or the residual add. Float32 or
+    bf16 (on a CPU with bf16 dot products; float32 sums)."""
 
     family = "vendor"
     name = "onednn-linear"
     op_types = (f"{DOMAIN}::FusedGemm",)
-    precisions = ("fp32",)
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cpu":
@@ -876,7 +878,7 @@ class TorchSqueezeExciteTactic(Tactic):
     (in x's memory format). The reference runs each 1×1 convolution on a [N, C, 1, 1] tensor through the
     convolution path (a batched product and a separate epilogue); this is the same arithmetic on the vector.
     On CUDA it also runs in fp16 and bf16 (torch's mean accumulates in float32, cuBLAS products), the vendor
-    baseline of `triton.squeeze-excite`; the CPU builds only fp32."""
+    baseline of `triton.squeeze-excite`; on the CPU, fp32 and (with bf16 dot products) bf16."""
 
     family = "vendor"
     name = "torch-squeeze-excite"

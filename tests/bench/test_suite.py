@@ -80,7 +80,8 @@ def test_report_regenerates_markdown_and_plot(tmp_path):
     assert (tmp_path / suite.RESULTS_PNG).read_bytes().startswith(b"\x89PNG")
 
 
-def test_combinations_that_cannot_run_are_skipped_not_failed(tmp_path):
+def test_combinations_that_cannot_run_are_skipped_not_failed(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "cpu_native_precisions", lambda: ())
     suite.main(
         [
             *TINY,
@@ -98,7 +99,11 @@ def test_combinations_that_cannot_run_are_skipped_not_failed(tmp_path):
     _, rows = _rows(tmp_path)
     assert set(rows) == {("inception", 1, "eager", "fp32")}
     cpu = suite.torch.device("cpu")
-    assert suite.not_applicable("eager", "bf16", cpu) == "bf16 runs on CUDA only"
+    assert suite.not_applicable("eager", "fp16", cpu) == "fp16 runs on CUDA only"
+    assert suite.not_applicable("eager", "bf16", cpu) == "this CPU has no bf16 dot products"
+    monkeypatch.setattr(suite, "cpu_native_precisions", lambda: ("bf16",))
+    assert suite.not_applicable("tensorforge", "bf16", cpu) is suite.not_applicable("compile", "bf16", cpu) is None
+    assert suite.not_applicable("ort", "bf16", cpu) == "ONNX Runtime's CPU provider runs fp32 only"
     assert suite.not_applicable("eager+graph", "fp32", cpu) == "CUDA graphs need CUDA"
     assert suite.not_applicable("ort", "fp16", suite.torch.device("cuda")) is not None
 
