@@ -229,10 +229,11 @@ class CpuDepthwiseTactic(_CpuConv):
 @register_tactic
 class CpuPointwiseTactic(_CpuConv):
     """The weight packed once in column blocks of the tile's width (`kernels.cpu.pointwise.pack_weight`) with its
-    bias. Reads a channel slice of a channels_last tensor as it is."""
+    bias. Reads a channel slice of a channels_last tensor as it is. In bf16 too (a CPU with bf16 dot products)."""
 
     writes_into = strided_outputs = arena_for_concatenations = True  # a concatenation's channel slice
     name = "pointwise"
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         reason = _conv_reason(node, device)
@@ -264,7 +265,7 @@ class CpuPointwiseTactic(_CpuConv):
             residual = inputs[3] if len(inputs) > 3 else None
             if alloc is None:
                 return (conv(x, residual),)
-            out = alloc(0, (x.shape[0], conv.channels, *x.shape[2:]), torch.float32, torch.channels_last)
+            out = alloc(0, (x.shape[0], conv.channels, *x.shape[2:]), conv.dtype, torch.channels_last)
             return (conv(x, residual, out=out),)
 
         return kernel
@@ -287,12 +288,12 @@ def _products(node: Node, config: dict[str, Any]) -> PerWeight:
 class CpuGemmTactic(Tactic):
     """FusedGemm `post(pre(A @ op(B) + C) + Z)` with B a constant matrix: the 1×1 kernel over A's rows, each a pixel
     of a 1×1 image, B packed once as that kernel's weight and C as its bias. The residual Z must be the output's
-    shape."""
+    shape. In bf16 too (a CPU with bf16 dot products)."""
 
     family = "cpu"
     name = "gemm"
     op_types = (f"{DOMAIN}::FusedGemm",)
-    precisions = ("fp32",)
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cpu":

@@ -13,6 +13,7 @@ from tensorforge.kernels.activations import activation_args
 from tensorforge.kernels.cpu import pointwise as pw
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation
+from tensorforge.ops.math_flags import cpu_native_precisions
 
 _PROBLEM = compiler_problem() or pw.problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
@@ -31,7 +32,8 @@ def _reference(x, w, b, z, pre, pre_params, post, post_params) -> torch.Tensor:
 
 def _run(x, w, b, z=None, pre="", pre_params=(), post="", post_params=(), tile=(8, 3), out=None) -> torch.Tensor:
     if out is None:
-        out = torch.full((x.shape[0], w.shape[0], *x.shape[2:]), math.nan).contiguous(memory_format=torch.channels_last)
+        out = torch.full((x.shape[0], w.shape[0], *x.shape[2:]), math.nan, dtype=x.dtype)
+        out = out.contiguous(memory_format=torch.channels_last)
     conv = pw.PointwiseConv(
         w, b, pre, activation_args(pre, pre_params)[1:], post, activation_args(post, post_params)[1:], tile
     )
@@ -181,3 +183,67 @@ def test_bad_arguments_are_refused_by_name(make, message):
     x, weight, _ = _operands(1, 16, 24, 4, 4)
     with pytest.raises(ValueError, match=message):
         make(weight, x)
+
+
+# -- bf16 ----------------------------------------------------------------------------------------------------------
+
+bf16 = pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no bf16 dot products")
+BF16_BOUND = 2.0**-8 + 1e-5  # the output's one rounding to bf16 (half an ulp of 8 significant bits), float32 sums
+
+
+def _bf16_case(n, c, k, h, w, seed):
+    """bf16 operands, and the same values in float64 for the reference (so only the arithmetic differs)."""
+    x, weight, b = _operands(n, c, k, h, w, seed)
+    return x.bfloat16(), weight.bfloat16(), b.bfloat16()
+
+
+@bf16
+@pytest.mark.parametrize("tile", pw.TILES)
+@pytest.mark.parametrize(("n", "c", "k", "h", "w"), SHAPES)
+def test_bf16_shapes_against_the_float64_convolution(n, c, k, h, w, tile):
+    """Odd channel counts (17, 1, 3) pair their last channel with a zero; every element is written."""
+    x, weight, b = _bf16_case(n, c, k, h, w, seed=c + k)
+    z = torch.randn(n, k, h, w).contiguous(memory_format=torch.channels_last).bfloat16()
+    out = torch.full((n, k, h, w), math.nan, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    got = _run(x, weight, b, z, "Relu", [], "SiLU", [], tile=tile, out=out)
+    assert got.dtype == torch.bfloat16 and not got.isnan().any()
+    assert _error(got, _reference(x, weight, b, z, "Relu", [], "SiLU", [])) <= BF16_BOUND
+
+
+@bf16
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_bf16_every_activation(act):
+    x, weight, b = _bf16_case(1, 24, 40, 5, 6, seed=2)
+    x = x * 4
+    params = ACTIVATIONS[act]
+    assert (
+        _error(_run(x, weight, b, pre=act, pre_params=params), _reference(x, weight, b, None, act, params, "", []))
+        <= BF16_BOUND
+    )
+
+
+@bf16
+def test_bf16_reads_and_writes_channel_slices_and_nothing_else():
+    """A channel slice of a channels_last input read as it is, the output written into a channel slice of a larger
+    tensor (a concatenation) whose other channels keep their poison."""
+    x, weight, b = _bf16_case(2, 48, 40, 5, 7, seed=5)
+    wide = torch.randn(2, 64, 5, 7).contiguous(memory_format=torch.channels_last).bfloat16()
+    wide[:, 8:56] = x
+    concat = torch.full((2, 72, 5, 7), math.nan, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    _run(wide[:, 8:56], weight, b, pre="Gelu", out=concat[:, 16:56])
+    assert _error(concat[:, 16:56], _reference(x, weight, b, None, "Gelu", [], "", [])) <= BF16_BOUND
+    assert concat[:, :16].isnan().all() and concat[:, 56:].isnan().all()
+
+
+@bf16
+def test_bf16_refuses_float32_operands_scales_and_the_pooled_product_by_name():
+    x, weight, b = _bf16_case(1, 16, 24, 4, 4, seed=1)
+    conv = pw.PointwiseConv(weight, b)
+    with pytest.raises(ValueError, match="x must be a 4-D bf16"):
+        conv(x.float())
+    with pytest.raises(ValueError, match="residual must be a 4-D bf16"):
+        conv(x, torch.randn(1, 24, 4, 4))
+    with pytest.raises(ValueError, match="input-channel scales are for float32"):
+        conv(x, scale=torch.ones(1, 16))
+    with pytest.raises(ValueError, match="the pooled product is float32"):
+        conv.pooled(x.float())

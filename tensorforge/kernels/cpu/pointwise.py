@@ -35,6 +35,7 @@ from .avx512 import (
 )
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
+_NAMES = {torch.float32: "float32", torch.bfloat16: "bf16"}
 TILES = ((8, 3), (6, 4), (1, 8))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 SCALED_BYTES = 4 << 20  # with input-channel scales, the most their scaled copies (weights or inputs) take at once
 
@@ -42,15 +43,17 @@ SCALED_BYTES = 4 << 20  # with input-channel scales, the most their scaled copie
 # kernel, `kernels.cpu.depthwise_pointwise`, in a named one).
 CORE = r"""
 
-struct Problem {
+// T: float, or uint16_t for bf16 activations and weights (sums, bias and epilogue in float32 either way).
+template <typename T>
+struct ProblemOf {
   int64_t P, C, K, Kp;  // pixels, input channels, output channels, K rounded up to 16
-  const float* x;       // pixel p's channels at x + p·xs
+  const T* x;           // pixel p's channels at x + p·xs
   int64_t xs;
-  const float* w;       // column blocks [C, 16·NV], block b at C·16·NV·b
+  const T* w;           // column blocks [C, 16·NV] (bf16: [C/2 rounded up, 16·NV, 2]), block b at C·16·NV·b (C even)
   const float* b;       // [Kp]
-  const float* z;       // the residual (pixel p's at z + p·zs), or null
+  const T* z;           // the residual (pixel p's at z + p·zs), or null
   int64_t zs;
-  float* y;
+  T* y;
   int64_t ys;
   int64_t pre, post;
   __m512 pre0, pre1, post0, post1;
@@ -58,15 +61,55 @@ struct Problem {
   int64_t sP;           // pixels an image
   int64_t budget;       // with scales: the most bytes their scaled copies take at once
 };
+using Problem = ProblemOf<float>;
+using HalfProblem = ProblemOf<uint16_t>;
 
 inline __mmask16 lanes(int64_t count) {
   return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
 }
 
-// Pixels p0 .. p0+MR-1 (those past P read the last pixel and are not stored) × output vectors from k0, NV of them.
+// 16 values (those of mask m) as float32, and back: bf16 is the upper half of a float32.
+inline __m512 load16(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+inline __m512 load16(__mmask16 m, const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+inline void store16(uint16_t* p, __mmask16 m, __m512 v) {
+#ifdef __AVX512BF16__
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
+#endif
+}
+
+// The 1×1 step in bf16: a pair of input channels a pixel (one 32-bit broadcast) times a block's pair of weight
+// rows, interleaved ([C/2, 16·NV, 2]), in one `vdpbf16ps`: two multiply-adds a lane into float32 sums. An odd
+// last channel pairs with a zero (its weight pair's second row is zero too). (Without AVX512-BF16 the bf16 entry
+// point refuses to run, so this is never reached.)
 template <int MR, int NV>
-inline void tile(const Problem& q, int64_t p0, int64_t k0) {
-  const float* a[MR];
+[[gnu::always_inline]] inline void accumulate_pairs(__m512* acc, const uint16_t* const* a, const uint16_t* w,
+                                                    int64_t C) {
+#ifdef __AVX512BF16__
+  const int64_t pairs = (C + 1) / 2;
+  for (int64_t c2 = 0; c2 < pairs; ++c2) {
+    __m512bh wv[NV];
+    #pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) wv[v] = (__m512bh)_mm512_loadu_si512(w + (c2 * NV + v) * 32);
+    const bool single = 2 * c2 + 1 == C;
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      uint32_t pair = a[r][2 * c2];
+      if (!single) pair |= uint32_t(a[r][2 * c2 + 1]) << 16;
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
+      #pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_dpbf16_ps(acc[r * NV + v], xv, wv[v]);
+    }
+  }
+#endif
+}
+
+// Pixels p0 .. p0+MR-1 (those past P read the last pixel and are not stored) × output vectors from k0, NV of them.
+template <int MR, int NV, typename T>
+inline void tile(const ProblemOf<T>& q, int64_t p0, int64_t k0) {
+  const T* a[MR];
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) a[r] = q.x + std::min(p0 + r, q.P - 1) * q.xs;
   __m512 acc[MR * NV];
@@ -76,7 +119,8 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r * NV + v] = bias;
   }
-  accumulate<MR, NV>(acc, a, q.w + k0 * q.C, q.C);  // this tile's block of the weight: [C, 16·NV]
+  if constexpr (sizeof(T) == 4) accumulate<MR, NV>(acc, a, q.w + k0 * q.C, q.C);  // this tile's weight block
+  else accumulate_pairs<MR, NV>(acc, a, q.w + k0 * (q.C + q.C % 2), q.C);
   activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
   const int rows = int(std::min<int64_t>(MR, q.P - p0));
   __mmask16 m[NV];
@@ -88,7 +132,7 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
       if (r >= rows) break;
       #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
-        const __m512 zv = _mm512_maskz_loadu_ps(m[v], q.z + (p0 + r) * q.zs + k0 + 16 * v);
+        const __m512 zv = load16(m[v], q.z + (p0 + r) * q.zs + k0 + 16 * v);
         acc[r * NV + v] = _mm512_add_ps(acc[r * NV + v], zv);
       }
     }
@@ -98,13 +142,13 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
   for (int r = 0; r < MR; ++r) {
     if (r >= rows) break;
     #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(q.y + (p0 + r) * q.ys + k0 + 16 * v, m[v], acc[r * NV + v]);
+    for (int v = 0; v < NV; ++v) store16(q.y + (p0 + r) * q.ys + k0 + 16 * v, m[v], acc[r * NV + v]);
   }
 }
 
 // The block of output vectors from k0, `left` of them (fewer than NV: the last block): the tile of that width.
-template <int MR, int R>
-inline void narrower(const Problem& q, int64_t p0, int64_t k0, int64_t left) {
+template <int MR, int R, typename T>
+inline void narrower(const ProblemOf<T>& q, int64_t p0, int64_t k0, int64_t left) {
   if constexpr (R > 0) {
     if (left == R) tile<MR, R>(q, p0, k0);
     else narrower<MR, R - 1>(q, p0, k0, left);
@@ -112,23 +156,23 @@ inline void narrower(const Problem& q, int64_t p0, int64_t k0, int64_t left) {
 }
 
 // The tile of pixels from p0 × the block of output vectors from v (`vectors` of them in all; the last block narrower).
-template <int MR, int NV>
-inline void item(const Problem& q, int64_t p0, int64_t v, int64_t vectors) {
+template <int MR, int NV, typename T>
+inline void item(const ProblemOf<T>& q, int64_t p0, int64_t v, int64_t vectors) {
   if (vectors - v >= NV) tile<MR, NV>(q, p0, 16 * v);
   else narrower<MR, NV - 1>(q, p0, 16 * v, vectors - v);
 }
 
 // Work items a parallel chunk takes at least: 64k multiply-adds.
-template <int MR, int NV>
-inline int64_t grain(const Problem& q) {
+template <int MR, int NV, typename T>
+inline int64_t grain(const ProblemOf<T>& q) {
   return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, MR * q.C * 16 * NV));
 }
 
 // Work items: a tile of pixels × a block of NV output vectors (the last block narrower), a pixel tile's blocks
 // consecutive, so that a thread's items share their input rows; a product of few pixels (a matrix-vector
 // product) still spreads over every thread.
-template <int MR, int NV>
-void plain(const Problem& q) {
+template <int MR, int NV, typename T>
+void plain(const ProblemOf<T>& q) {
   const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
   const int64_t items = (q.P + MR - 1) / MR * blocks;
   at::parallel_for(0, items, grain<MR, NV>(q), [&](int64_t first, int64_t last) {
@@ -195,11 +239,13 @@ void scaled(const Problem& q) {
   }
 }
 
-template <int MR, int NV>
-void run(const Problem& q) {
+template <int MR, int NV, typename T>
+void run(const ProblemOf<T>& q) {
   if (q.P == 0) return;
-  if (q.s) scaled<MR, NV>(q);
-  else plain<MR, NV>(q);
+  if constexpr (sizeof(T) == 4) {
+    if (q.s) return scaled<MR, NV>(q);
+  }
+  plain<MR, NV>(q);
 }
 
 """
@@ -210,7 +256,8 @@ SOURCE = module_source(
 
 namespace {
 
-void dispatch(const Problem& q, int64_t rows, int64_t vectors) {
+template <typename T>
+void dispatch(const ProblemOf<T>& q, int64_t rows, int64_t vectors) {
   if (rows == 8 && vectors == 3) run<8, 3>(q);
   else if (rows == 6 && vectors == 4) run<6, 4>(q);
   else if (rows == 1 && vectors == 8) run<1, 8>(q);
@@ -232,6 +279,25 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
                   _mm512_set1_ps(float(post1)), s.numel() ? s.data_ptr<float>() : nullptr, sP, budget};
   TORCH_CHECK(w.numel() == q.C * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C, " input channels");
   dispatch(q, rows, vectors);
+}
+
+// `pointwise` in bf16: x, z and y bf16 (z empty or not), w packed in bf16 pairs (`pack_weight`), b [Kp] float32;
+// no input-channel scales.
+void pointwise_bf16(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
+                    torch::Tensor y, int64_t ys, int64_t P, int64_t K, int64_t pre, double pre0, double pre1,
+                    int64_t post, double post0, double post1, int64_t rows, int64_t vectors) {
+#ifdef __AVX512BF16__
+  const auto half = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
+  const HalfProblem q{P, x.size(1), K, b.size(0), half(x), xs, half(w), b.data_ptr<float>(),
+                      z.numel() ? half(z) : nullptr, zs, half(y), ys, pre, post, _mm512_set1_ps(float(pre0)),
+                      _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1)),
+                      nullptr, 1, 0};
+  TORCH_CHECK(w.numel() == (q.C + 1) / 2 * 2 * q.Kp, "pointwise_bf16: a weight of ", w.numel(), " values for ",
+              q.C, " input channels");
+  dispatch(q, rows, vectors);
+#else
+  TORCH_CHECK(false, "pointwise_bf16: this CPU has no AVX512-BF16 (the module was compiled without it)");
+#endif
 }
 
 // y [N, K] (contiguous) = the product of each image's mean pixel: x holds N images of HW pixels, pixel p's C
@@ -273,11 +339,18 @@ def problem() -> str | None:
 
 def pack_weight(w: torch.Tensor, vectors: int) -> torch.Tensor:
     """A 1×1 convolution's weight [K, C, 1, 1] as float32 column blocks of `vectors` × 16 output channels, each
-    [C, 16·vectors] contiguous, one after the other (the last narrower; zeros past K): flat, C · K rounded up to 16."""
+    [C, 16·vectors] contiguous, one after the other (the last narrower; zeros past K): flat, C · K rounded up to 16.
+    A bf16 weight stays bf16, each block's rows interleaved in pairs ([C/2, 16·vectors, 2], a zero row after an odd
+    C) for the bf16 dot product, which takes two input channels a step."""
     k, c = w.shape[:2]
-    columns = torch.zeros(c, rounded(k), dtype=torch.float32)
-    columns[:, :k] = w.detach().float().reshape(k, c).t()
-    return torch.cat([block.reshape(-1) for block in columns.split(16 * vectors, dim=1)])
+    half = w.dtype == torch.bfloat16
+    rows = c + c % 2 if half else c
+    columns = torch.zeros(rows, rounded(k), dtype=torch.bfloat16 if half else torch.float32)
+    columns[:c, :k] = w.detach().reshape(k, c).t()
+    blocks = columns.split(16 * vectors, dim=1)
+    if half:
+        return torch.cat([block.reshape(rows // 2, 2, -1).transpose(1, 2).reshape(-1) for block in blocks])
+    return torch.cat([block.reshape(-1) for block in blocks])
 
 
 def pixel_stride(t: torch.Tensor) -> int | None:
@@ -293,9 +366,10 @@ def pixel_stride(t: torch.Tensor) -> int | None:
 class PointwiseConv:
     """A 1×1 convolution ready to run: its weight [K, C, 1, 1] and bias packed, its epilogue (activations by name,
     `ACTIVATIONS`, with their parameters as `kernels.activations.activation_args` gives them) and tile checked,
-    once."""
+    once. A bf16 weight makes a bf16 convolution (bf16 input, residual and output; float32 sums and epilogue), on a
+    CPU with AVX512-BF16."""
 
-    __slots__ = ("_bias", "_epilogue", "_module", "_weight", "channels", "in_channels")
+    __slots__ = ("_bias", "_epilogue", "_module", "_weight", "channels", "dtype", "in_channels")
 
     def __init__(
         self,
@@ -311,6 +385,7 @@ class PointwiseConv:
         if tuple(tile) not in TILES:
             raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
         self.channels, self.in_channels = weight.shape[:2]
+        self.dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
         self._weight, self._bias = pack_weight(weight, tile[1]), pack_bias(bias, self.channels)
         self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
         self._module = module()
@@ -322,24 +397,32 @@ class PointwiseConv:
         out: torch.Tensor | None = None,
         scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """post(pre(conv(x · scale) + bias) + residual) for x [N, C, H, W] and the residual [N, K, H, W], float32
-        (each made channels_last unless its pixels are evenly spaced rows of contiguous channels, `pixel_stride`),
-        `scale` [N, C] float32 (each image's input channels scaled, a squeeze-excite gate) or None; into `out`
-        (evenly spaced pixels too) or a new channels_last tensor, which is returned."""
-        x, xs = _rows("x", x)
+        """post(pre(conv(x · scale) + bias) + residual) for x [N, C, H, W] and the residual [N, K, H, W] in the
+        convolution's dtype (each made channels_last unless its pixels are evenly spaced rows of contiguous channels,
+        `pixel_stride`), `scale` [N, C] float32 (each image's input channels scaled, a squeeze-excite gate; float32
+        convolutions only) or None; into `out` (evenly spaced pixels too) or a new channels_last tensor, which is
+        returned."""
+        x, xs = _rows("x", x, self.dtype)
         n, c, h, w = x.shape
         if c != self.in_channels:
             raise ValueError(f"x has {c} channels; this 1×1 convolution takes {self.in_channels}")
         if out is None:  # (a new channels_last tensor's pixels are K apart)
-            out, ys = torch.empty((n, self.channels, h, w), memory_format=torch.channels_last), self.channels
+            out = torch.empty((n, self.channels, h, w), dtype=self.dtype, memory_format=torch.channels_last)
+            ys = self.channels
         else:
             ys = pixel_stride(out)
-            if out.dtype != torch.float32 or ys is None:
+            if out.dtype != self.dtype or ys is None:
                 raise ValueError(
-                    f"out must be a 4-D float32 tensor of evenly spaced pixels with contiguous channels, not "
-                    f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}"
+                    f"out must be a 4-D {_NAMES[self.dtype]} tensor of evenly spaced pixels with contiguous "
+                    f"channels, not {out.dtype} {tuple(out.shape)} with strides {out.stride()}"
                 )
-        z, zs = (ABSENT, 0) if residual is None else _rows("residual", residual)
+        z, zs = (ABSENT, 0) if residual is None else _rows("residual", residual, self.dtype)
+        if self.dtype == torch.bfloat16:
+            if scale is not None:
+                raise ValueError("input-channel scales are for float32 1×1 convolutions; this one is bf16")
+            self._module.pointwise_bf16(x, xs, self._weight, self._bias, z, zs, out, ys, n * h * w, self.channels,
+                                        *self._epilogue)  # fmt: skip
+            return out
         if scale is None:
             scale = ABSENT
         elif scale.dtype != torch.float32 or tuple(scale.shape) != (n, c):
@@ -355,7 +438,9 @@ class PointwiseConv:
         """post(pre(mean(x) · w + bias)) [N, K] for x [N, C, H, W] float32, the mean over each image's pixels (a
         global average pool, then this product: a classifier's head in one call), made channels_last unless its
         pixels are evenly spaced rows of contiguous channels."""
-        x, xs = _rows("x", x)
+        if self.dtype != torch.float32:
+            raise ValueError("the pooled product is float32; this 1×1 convolution is bf16")
+        x, xs = _rows("x", x, torch.float32)
         n, c, h, w = x.shape
         if c != self.in_channels:
             raise ValueError(f"x has {c} channels; this 1×1 convolution takes {self.in_channels}")
@@ -364,10 +449,10 @@ class PointwiseConv:
         return out
 
 
-def _rows(name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _rows(name: str, t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
     """`t` with evenly spaced pixels (made channels_last if need be) and its pixel stride."""
-    if t.dtype != torch.float32 or t.dim() != 4:
-        raise ValueError(f"{name} must be a 4-D float32 tensor, not {t.dtype} {tuple(t.shape)}")
+    if t.dtype != dtype or t.dim() != 4:
+        raise ValueError(f"{name} must be a 4-D {_NAMES[dtype]} tensor, not {t.dtype} {tuple(t.shape)}")
     stride = pixel_stride(t)
     if stride is None:
         t = t.contiguous(memory_format=torch.channels_last)
@@ -378,4 +463,4 @@ def _rows(name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("pointwise", SOURCE, "1×1 convolution", ("pointwise", "pooled_pointwise"))
+    return load_avx512("pointwise", SOURCE, "1×1 convolution", ("pointwise", "pointwise_bf16", "pooled_pointwise"))
