@@ -194,7 +194,7 @@ def _windowed(node: Node, prepare: Callable[..., Any]) -> Kernel:
         pads, out_hw = window(tuple(x.shape[2:]), conv.kernel)
         if alloc is None:
             return (conv(x, pads, out_hw, *inputs[3:4]),)
-        out = alloc(0, (x.shape[0], conv.channels, *out_hw), torch.float32, torch.channels_last)
+        out = alloc(0, (x.shape[0], conv.channels, *out_hw), x.dtype, torch.channels_last)  # (as the input's)
         return (conv(x, pads, out_hw, inputs[3] if len(inputs) > 3 else None, out),)
 
     return kernel
@@ -524,10 +524,11 @@ class CpuConvTactic(_CpuConv):
 class CpuWinogradTactic(_CpuConv):
     """The weight transformed and packed once for each output tile size (`kernels.cpu.winograd.pack_weight`) with
     its bias; the padding worked out once per input size. Reads a channel slice of a channels_last tensor as it
-    is."""
+    is. In bf16 too (a CPU with bf16 dot products), with F(2×2, 3×3) only (the kernel refuses m = 4 there)."""
 
     writes_into = strided_outputs = arena_for_concatenations = True  # a concatenation's channel slice
     name = "winograd"
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         reason = _conv_reason(node, device)

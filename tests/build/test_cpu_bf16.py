@@ -50,7 +50,10 @@ def test_onednn_layers_run_in_bf16_within_tolerance_and_write_float32_outputs(na
 @native
 @pytest.mark.parametrize(
     ("name", "tactics"),
-    [("inception", {"vendor.onednn-fused", "cpu.pointwise"}), ("transformer", {"vendor.onednn-linear", "cpu.gemm"})],
+    [
+        ("inception", {"vendor.onednn-fused", "cpu.pointwise", "cpu.winograd"}),
+        ("transformer", {"vendor.onednn-linear", "cpu.gemm"}),
+    ],
 )
 def test_a_cpu_build_with_bf16_allowed_times_bf16_candidates_and_stays_within_tolerance(name, tactics):
     """oneDNN's and our 1×1 / GEMM kernels' bf16 candidates pass the autotuner's check against the float32

@@ -15,6 +15,7 @@ from tensorforge.kernels.activations import activation_args
 from tensorforge.kernels.cpu import winograd as wg
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation
+from tensorforge.ops.math_flags import cpu_native_precisions
 
 _PROBLEM = compiler_problem() or wg.problem()
 needs_kernel = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
@@ -188,3 +189,57 @@ def test_it_writes_into_a_channel_slice_and_nowhere_else(m):
     assert got.data_ptr() == host[:, 8:45].data_ptr()
     assert _error(host[:, 8:45], _reference(x, weight, bias, (1, 1), (9, 10), None, "Relu", "")) <= BOUND[m]
     assert host[:, :8].isnan().all() and host[:, 45:].isnan().all()
+
+
+# -- bf16 ----------------------------------------------------------------------------------------------------------
+
+bf16 = pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no bf16 dot products")
+# F(2×2) in bf16: the output's rounding (2⁻⁸ = 3.9e-3) and as much again from rounding V and U (2⁻⁹ each; a V is
+# a signed sum of up to four inputs, a U of up to nine weights over four, and Aᵀ M A adds nine products' errors):
+# measured 3.1-5.1e-3 over these cases, against 3-4e-2 for F(4×4) in bf16, which is why that is refused.
+BF16_BOUND = 2 * 2.0**-8
+
+
+@needs_kernel
+@bf16
+@pytest.mark.parametrize("tile", wg.TILES)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_bf16_f2_matches_the_float64_convolution_of_its_bf16_operands(tile, case, residual):
+    n, c, k, h, w, pads, out_hw = case
+    torch.manual_seed(c + k)
+    x = torch.randn(n, c, h, w).contiguous(memory_format=torch.channels_last).bfloat16()
+    weight, bias = (torch.randn(k, c, 3, 3) / (9 * c) ** 0.5).bfloat16(), torch.randn(k).bfloat16()
+    z = torch.randn(n, k, *out_hw).contiguous(memory_format=torch.channels_last).bfloat16() if residual else None
+    post = "HardSwish" if residual else ""
+    out = torch.full((n, k, *out_hw), math.nan, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    got = wg.WinogradConv(weight, bias, 2, "Relu", post=post, tile=tile)(x, pads, out_hw, z, out)
+    assert got is out and got.dtype == torch.bfloat16 and not got.isnan().any()
+    assert _error(got, _reference(x, weight, bias, pads, out_hw, z, "Relu", post)) <= BF16_BOUND
+
+
+@needs_kernel
+@bf16
+def test_bf16_resnet_layers_and_a_channel_slice():
+    """ResNet-50's 56² and 7² layers on post-ReLU inputs, the first read from a channel slice and written into one
+    whose neighbours keep their poison."""
+    for c, size in ((64, 56), (512, 7)):
+        torch.manual_seed(c)
+        host = torch.randn(1, c + 16, size, size).relu().contiguous(memory_format=torch.channels_last).bfloat16()
+        x = host[:, 8 : 8 + c]
+        weight, bias = (torch.randn(c, c, 3, 3) / (9 * c) ** 0.5).bfloat16(), (torch.randn(c) * 0.1).bfloat16()
+        wide = torch.full((1, c + 32, size, size), math.nan, dtype=torch.bfloat16)
+        wide = wide.contiguous(memory_format=torch.channels_last)
+        got = wg.WinogradConv(weight, bias, 2, "Relu")(x, (1, 1), (size, size), None, wide[:, 16 : 16 + c])
+        assert _error(got, _reference(x, weight, bias, (1, 1), (size, size), None, "Relu", "")) <= BF16_BOUND
+        assert wide[:, :16].isnan().all() and wide[:, 16 + c :].isnan().all()
+
+
+@needs_kernel
+@bf16
+def test_bf16_refuses_f4_and_float32_operands_by_name():
+    weight = torch.randn(8, 8, 3, 3).bfloat16()
+    with pytest.raises(ValueError, match=r"F\(4×4, 3×3\) in bf16"):
+        wg.WinogradConv(weight, None, 4)
+    with pytest.raises(ValueError, match="x must be a 4-D bf16"):
+        wg.WinogradConv(weight, None, 2)(torch.randn(1, 8, 5, 5), (1, 1), (5, 5))

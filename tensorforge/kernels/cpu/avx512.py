@@ -5,7 +5,9 @@ Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, wi
 exact one, with erf) is `max(x, 0) − a·Φ(−a)`, a = |x|, the Gaussian tail as the GPU kernels evaluate it
 (`kernels.activations.GELU_TAIL`: one reciprocal, one exponential, a degree-9 polynomial, no branch). An
 activation is a template on its `kernels.activations` code, applied to a tile of accumulators by one switch a tile.
-`accumulate` is the 1×1 kernel's step over the input channels, which the direct convolution repeats for each tap.
+`accumulate` is the 1×1 kernel's step over the input channels, which the direct convolution repeats for each tap;
+`accumulate_pairs` the same in bf16 (`vdpbf16ps`, two channels a step), and `load16` / `store16` move 16 float32
+or bf16 values as float32 vectors.
 """
 
 from __future__ import annotations
@@ -136,6 +138,44 @@ template <int MR, int NV>
       for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
     }
   }
+}
+
+// 16 values (those of mask m) as float32, and back: bf16 is the upper half of a float32.
+inline __m512 load16(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+inline __m512 load16(__mmask16 m, const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+inline void store16(uint16_t* p, __mmask16 m, __m512 v) {
+#ifdef __AVX512BF16__
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
+#endif
+}
+
+// The 1×1 step in bf16: a pair of input channels a pixel (one 32-bit broadcast) times a block's pair of weight
+// rows, interleaved ([C/2, 16·NV, 2]), in one `vdpbf16ps`: two multiply-adds a lane into float32 sums. An odd
+// last channel pairs with a zero (its weight pair's second row is zero too). (Without AVX512-BF16 the bf16 entry
+// point refuses to run, so this is never reached.)
+template <int MR, int NV>
+[[gnu::always_inline]] inline void accumulate_pairs(__m512* acc, const uint16_t* const* a, const uint16_t* w,
+                                                    int64_t C) {
+#ifdef __AVX512BF16__
+  const int64_t pairs = (C + 1) / 2;
+  for (int64_t c2 = 0; c2 < pairs; ++c2) {
+    __m512bh wv[NV];
+    #pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) wv[v] = (__m512bh)_mm512_loadu_si512(w + (c2 * NV + v) * 32);
+    const bool single = 2 * c2 + 1 == C;
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      uint32_t pair = a[r][2 * c2];
+      if (!single) pair |= uint32_t(a[r][2 * c2 + 1]) << 16;
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
+      #pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_dpbf16_ps(acc[r * NV + v], xv, wv[v]);
+    }
+  }
+#endif
 }
 
 }  // namespace

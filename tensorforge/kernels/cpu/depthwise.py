@@ -281,35 +281,44 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def windowed_input(x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int]) -> torch.Tensor:
-    """The input of a kernel with a depthwise window, checked (4-D float32; `pads` (top, left) and `out_hw` two values
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bf16"}  # the activation types of our CPU kernels
+
+
+def windowed_input(
+    x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The input of a kernel with a depthwise window, checked (4-D `dtype`; `pads` (top, left) and `out_hw` two values
     each) and made channels_last unless its channels are contiguous (as in a channel slice of a channels_last
     tensor)."""
-    if x.dtype != torch.float32 or x.dim() != 4:
-        raise ValueError(f"x must be a 4-D float32 tensor, not {x.dtype} {tuple(x.shape)}")
+    if x.dtype != dtype or x.dim() != 4:
+        raise ValueError(f"x must be a 4-D {DTYPE_NAMES[dtype]} tensor, not {x.dtype} {tuple(x.shape)}")
     if len(pads) != 2 or len(out_hw) != 2:
         raise ValueError(f"pads (top, left) and out_hw (height, width) take two values each, not {pads}, {out_hw}")
     return x if x.stride(1) == 1 else x.contiguous(memory_format=torch.channels_last)
 
 
-def residual_operand(residual: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
-    """A block kernel's residual checked (float32 of the output's `shape`) and made channels_last unless its channels
+def residual_operand(
+    residual: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A block kernel's residual checked (`dtype`, the output's `shape`) and made channels_last unless its channels
     are contiguous; `ABSENT` for none."""
     if residual is None:
         return ABSENT
-    if residual.dtype != torch.float32 or tuple(residual.shape) != shape:
-        raise ValueError(f"residual must be a float32 tensor of shape {shape}, not {residual.dtype} "
+    if residual.dtype != dtype or tuple(residual.shape) != shape:
+        raise ValueError(f"residual must be a {DTYPE_NAMES[dtype]} tensor of shape {shape}, not {residual.dtype} "
                          f"{tuple(residual.shape)}")  # fmt: skip
     return residual if residual.stride(1) == 1 else residual.contiguous(memory_format=torch.channels_last)
 
 
-def output_operand(out: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
-    """A block kernel's output buffer: `out` checked (float32 of `shape`, channels contiguous: a channel slice of a
+def output_operand(
+    out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A block kernel's output buffer: `out` checked (`dtype`, `shape`, channels contiguous: a channel slice of a
     channels_last tensor will do), or a new channels_last tensor."""
     if out is None:
-        return torch.empty(shape, memory_format=torch.channels_last)
-    if out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1:
-        raise ValueError(f"out must be a float32 tensor of shape {shape} with contiguous channels, not "
+        return torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)
+    if out.dtype != dtype or tuple(out.shape) != shape or out.stride(1) != 1:
+        raise ValueError(f"out must be a {DTYPE_NAMES[dtype]} tensor of shape {shape} with contiguous channels, not "
                          f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
     return out
 
@@ -323,14 +332,15 @@ def convolution_operands(
     residual: torch.Tensor | None,
     out: torch.Tensor | None,
     kernel: str = "convolution",
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A windowed block kernel's input (`windowed_input`, checked against its `in_channels`), residual and output
-    buffer ([N, `channels`, *out_hw]) as its C++ takes them."""
-    x = windowed_input(x, pads, out_hw)
+    buffer ([N, `channels`, *out_hw]) as its C++ takes them, all of `dtype`."""
+    x = windowed_input(x, pads, out_hw, dtype)
     if x.shape[1] != in_channels:
         raise ValueError(f"x has {x.shape[1]} channels; this {kernel} takes {in_channels}")
     shape = (x.shape[0], channels, *out_hw)
-    return x, residual_operand(residual, shape), output_operand(out, shape)
+    return x, residual_operand(residual, shape, dtype), output_operand(out, shape, dtype)
 
 
 class DepthwiseConv:

@@ -20,6 +20,11 @@ activations and the residual, stored. With fewer tile blocks than twice the thre
 split between items too (each then transforms its tiles' input again: a² loads and adds a tile, against C·K·a²
 multiplications). Where it loses: few pixels and many channels (ResNet's 7×7 layers at batch 1), where U (a²·C·K
 floats, 37.7 MB for 512 → 512 at m = 4) is streamed from memory for little work; the autotuner decides.
+
+In bf16 (a bf16 weight; AVX512-BF16) the activations, V and U are bf16 and the products `vdpbf16ps` over pairs of
+input channels (`accumulate_pairs`), into float32 sums; the transforms, bias and epilogue stay float32. Only
+F(2×2, 3×3): F(4×4)'s transforms amplify the rounding of V and U to about 3e-2 of the output's range, where F(2×2)
+stays near the output's own rounding (4e-3); F(2×2) in bf16 runs about as fast as F(4×4) in float32.
 """
 
 from __future__ import annotations
@@ -90,23 +95,27 @@ template <int R, int S>
   }
 }
 
-struct Conv {
+// T: float, or uint16_t for bf16 activations, transformed inputs V and weights U (the products in float32 sums,
+// the transforms, bias and epilogue in float32 either way).
+template <typename T>
+struct ConvOf {
   int64_t C, Cp, H, W, K, Kp, ph, pw, OH, OW, TH, TW;
   int64_t xN, xH, xW, yN, yH, yW, zN, zH, zW;  // element strides (channels contiguous)
-  const float* x;
-  const float* u;  // per block of NV output vectors, a² matrices [C, 16·nv] (nv: the block's vectors)
+  const T* x;
+  const T* u;  // per block of NV output vectors, a² matrices [Cu, 16·nv] (nv: the block's vectors; bf16: in pairs)
   const float* b;  // [Kp]
-  const float* z;  // the residual, or null
-  float* y;
+  const T* z;  // the residual, or null
+  T* y;
   int64_t pre, post;
   __m512 pre0, pre1, post0, post1;
+  int64_t Cu;  // U's rows a matrix: C, or C rounded up to even in bf16
 };
 
 // Tile p's input transform, channels c0 … c0+15 (lanes past C masked): Bᵀ d B into v[ξ·stride], ξ = 0 … a²−1.
 // A row of d at a time (its a loads, then d_i B), then a column of the rows at a time (Bᵀ, then the a stores), so
 // that no more than a row and the a² products are live; a row in the padding is zeros, and so is its product.
-template <int M>
-inline void input_tile(const Conv& q, int64_t p, int64_t c0, float* v, int64_t stride) {
+template <int M, typename T>
+inline void input_tile(const ConvOf<T>& q, int64_t p, int64_t c0, T* v, int64_t stride) {
   constexpr int A = M + 2;
   const int64_t tw = p % q.TW, th = (p / q.TW) % q.TH, n = p / (q.TW * q.TH);
   const int64_t h0 = th * M - q.ph, w0 = tw * M - q.pw;
@@ -121,12 +130,11 @@ inline void input_tile(const Conv& q, int64_t p, int64_t c0, float* v, int64_t s
       for (int j = 0; j < A; ++j) t[i * A + j] = _mm512_setzero_ps();
       continue;
     }
-    const float* row = q.x + n * q.xN + h * q.xH + w0 * q.xW + c0;
+    const T* row = q.x + n * q.xN + h * q.xH + w0 * q.xW + c0;
     __m512 d[A];
     #pragma GCC unroll 8
     for (int j = 0; j < A; ++j)
-      d[j] = columns_inside || (w0 + j >= 0 && w0 + j < q.W) ? _mm512_maskz_loadu_ps(cm, row + j * q.xW)
-                                                              : _mm512_setzero_ps();
+      d[j] = columns_inside || (w0 + j >= 0 && w0 + j < q.W) ? load16(cm, row + j * q.xW) : _mm512_setzero_ps();
     combine(Transform<M>::BT, d, 1, t + i * A, 1);  // d_i B
   }
   #pragma GCC unroll 8
@@ -134,14 +142,14 @@ inline void input_tile(const Conv& q, int64_t p, int64_t c0, float* v, int64_t s
     __m512 o[A];
     combine(Transform<M>::BT, t + j, A, o, 1);  // Bᵀ (d B), column j
     #pragma GCC unroll 8
-    for (int i = 0; i < A; ++i) _mm512_mask_storeu_ps(v + (i * A + j) * stride, cm, o[i]);
+    for (int i = 0; i < A; ++i) store16(v + (i * A + j) * stride, cm, o[i]);
   }
 }
 
 // Tile p's output transform for output channels k0 … k0+15 from m[ξ·stride]: Aᵀ m A, the bias, the epilogue; a
 // row of m at a time (m_i A), then a column of output pixels at a time (Aᵀ, the epilogue, the stores).
-template <int M>
-inline void output_tile(const Conv& q, int64_t p, int64_t k0, const float* m, int64_t stride) {
+template <int M, typename T>
+inline void output_tile(const ConvOf<T>& q, int64_t p, int64_t k0, const float* m, int64_t stride) {
   constexpr int A = M + 2;
   const int64_t tw = p % q.TW, th = (p / q.TW) % q.TH, n = p / (q.TW * q.TH);
   const int64_t oh0 = th * M, ow0 = tw * M;
@@ -156,8 +164,8 @@ inline void output_tile(const Conv& q, int64_t p, int64_t k0, const float* m, in
     combine(Transform<M>::AT, s, 1, u + i * M, 1);  // m_i A
   }
   const __m512 bias = _mm512_loadu_ps(q.b + k0);
-  const float* z = q.z ? q.z + n * q.zN + oh0 * q.zH + ow0 * q.zW + k0 : nullptr;
-  float* y = q.y + n * q.yN + oh0 * q.yH + ow0 * q.yW + k0;
+  const T* z = q.z ? q.z + n * q.zN + oh0 * q.zH + ow0 * q.zW + k0 : nullptr;
+  T* y = q.y + n * q.yN + oh0 * q.yH + ow0 * q.yW + k0;
   #pragma GCC unroll 8
   for (int j = 0; j < M; ++j) {
     if (j >= cols) break;
@@ -169,41 +177,44 @@ inline void output_tile(const Conv& q, int64_t p, int64_t k0, const float* m, in
     if (z) {
       #pragma GCC unroll 8
       for (int i = 0; i < M; ++i)
-        if (i < rows) o[i] = _mm512_add_ps(o[i], _mm512_maskz_loadu_ps(km, z + i * q.zH + j * q.zW));
+        if (i < rows) o[i] = _mm512_add_ps(o[i], load16(km, z + i * q.zH + j * q.zW));
     }
     activate_tile<M>(o, rows, q.post, q.post0, q.post1);
     #pragma GCC unroll 8
     for (int i = 0; i < M; ++i)
-      if (i < rows) _mm512_mask_storeu_ps(y + i * q.yH + j * q.yW, km, o[i]);
+      if (i < rows) store16(y + i * q.yH + j * q.yW, km, o[i]);
   }
 }
 
-// The distance between V's (or M's) matrices for consecutive ξ, in floats: `floats` rounded to whole cache lines,
-// plus one line unless that makes an odd number of lines. A tile's a² values are one matrix apart, so at a distance
-// of a multiple of 4 KB they would all fall in one set of the 8-way L1 (64 sets of 64 bytes): 36 stores a tile
-// evicting each other (the input transform ran at a quarter of its speed so).
-inline int64_t skew(int64_t floats) {
-  const int64_t lines = (floats + 15) / 16;
-  return 16 * (lines % 2 ? lines : lines + 1);
+// The distance between V's (or M's) matrices for consecutive ξ, in elements of T: `count` rounded to whole cache
+// lines, plus one line unless that makes an odd number of lines. A tile's a² values are one matrix apart, so at a
+// distance of a multiple of 4 KB they would all fall in one set of the 8-way L1 (64 sets of 64 bytes): 36 stores a
+// tile evicting each other (the input transform ran at a quarter of its speed so).
+template <typename T = float>
+inline int64_t skew(int64_t count) {
+  constexpr int64_t per_line = 64 / sizeof(T);
+  const int64_t lines = (count + per_line - 1) / per_line;
+  return per_line * (lines % 2 ? lines : lines + 1);
 }
 
 // One block of NV output vectors from vector `vector` (U's block at u) for the item's `count` tiles from p0:
 // the a² products into mm (a² × tiles × 16·stride_vectors), then each tile's output transform.
-template <int M, int MR, int NV>
-void block(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const float* v, float* mm,
-           int64_t stride_vectors, const float* u, int64_t vector) {
+template <int M, int MR, int NV, typename T>
+void block(const ConvOf<T>& q, int64_t p0, int64_t count, int64_t tiles, const T* v, float* mm,
+           int64_t stride_vectors, const T* u, int64_t vector) {
   constexpr int A = M + 2;
-  const int64_t C = q.C, row = 16 * stride_vectors, v_stride = skew(tiles * q.Cp), m_stride = skew(tiles * row);
+  const int64_t C = q.C, row = 16 * stride_vectors, v_stride = skew<T>(tiles * q.Cp), m_stride = skew(tiles * row);
   for (int x = 0; x < A * A; ++x) {
-    const float* w = u + x * C * 16 * NV;
+    const T* w = u + x * q.Cu * 16 * NV;
     for (int64_t t0 = 0; t0 < count; t0 += MR) {
       __m512 acc[MR * NV];
       #pragma GCC unroll 32
       for (int i = 0; i < MR * NV; ++i) acc[i] = _mm512_setzero_ps();
-      const float* a[MR];
+      const T* a[MR];
       #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) a[r] = v + x * v_stride + std::min<int64_t>(t0 + r, count - 1) * q.Cp;
-      accumulate<MR, NV>(acc, a, w, C);
+      if constexpr (sizeof(T) == 4) accumulate<MR, NV>(acc, a, w, C);
+      else accumulate_pairs<MR, NV>(acc, a, w, C);
       #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         if (t0 + r >= count) break;
@@ -217,9 +228,9 @@ void block(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const float*
 }
 
 // The block of output vectors from `vector`, `left` of them (fewer than NV: the last block): that width's block.
-template <int M, int MR, int R>
-void narrower(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const float* v, float* mm,
-              int64_t stride_vectors, const float* u, int64_t vector, int64_t left) {
+template <int M, int MR, int R, typename T>
+void narrower(const ConvOf<T>& q, int64_t p0, int64_t count, int64_t tiles, const T* v, float* mm,
+              int64_t stride_vectors, const T* u, int64_t vector, int64_t left) {
   if constexpr (R > 0) {
     if (left == R) block<M, MR, R>(q, p0, count, tiles, v, mm, stride_vectors, u, vector);
     else narrower<M, MR, R - 1>(q, p0, count, tiles, v, mm, stride_vectors, u, vector, left);
@@ -228,28 +239,29 @@ void narrower(const Conv& q, int64_t p0, int64_t count, int64_t tiles, const flo
 
 // Items: `tiles` consecutive output tiles (over images, tile rows, tile columns) × a chunk of blocks of NV output
 // vectors; an item's V and M live in a scratch of its thread.
-template <int M, int MR, int NV>
-void run(const Conv& q, int64_t N, int64_t tiles) {
+template <int M, int MR, int NV, typename T>
+void run(const ConvOf<T>& q, int64_t N, int64_t tiles) {
   constexpr int A = M + 2;
   const int64_t P = N * q.TH * q.TW, groups = (P + tiles - 1) / tiles;
   const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
   const int64_t chunks = std::min(blocks, std::max<int64_t>(1, (2 * at::get_num_threads() + groups - 1) / groups));
   const int64_t per_chunk = (blocks + chunks - 1) / chunks;
   at::parallel_for(0, groups * chunks, 1, [&](int64_t first, int64_t last) {
-    static thread_local std::vector<float> scratch;
-    const size_t need = size_t(A * A * (skew(tiles * q.Cp) + skew(tiles * 16 * NV)));
+    static thread_local std::vector<float> scratch;  // V (of T, whole cache lines), then M (float)
+    const int64_t v_stride = skew<T>(tiles * q.Cp), v_floats = A * A * v_stride * int64_t(sizeof(T)) / 4;
+    const size_t need = size_t(v_floats + A * A * skew(tiles * 16 * NV));
     if (scratch.size() < need) scratch.resize(need);
-    float* v = scratch.data();
-    float* mm = v + A * A * skew(tiles * q.Cp);
+    T* v = reinterpret_cast<T*>(scratch.data());
+    float* mm = scratch.data() + v_floats;
     for (int64_t item = first; item < last; ++item) {
       const int64_t group = item / chunks, chunk = item % chunks;
       const int64_t p0 = group * tiles, count = std::min(tiles, P - p0);
       const int64_t b0 = chunk * per_chunk, b1 = std::min(blocks, b0 + per_chunk);
       if (b0 >= b1) continue;
       for (int64_t t = 0; t < count; ++t)
-        for (int64_t c0 = 0; c0 < q.C; c0 += 16) input_tile<M>(q, p0 + t, c0, v + t * q.Cp + c0, skew(tiles * q.Cp));
+        for (int64_t c0 = 0; c0 < q.C; c0 += 16) input_tile<M>(q, p0 + t, c0, v + t * q.Cp + c0, v_stride);
       for (int64_t b = b0; b < b1; ++b) {
-        const float* u = q.u + b * A * A * q.C * 16 * NV;
+        const T* u = q.u + b * A * A * q.Cu * 16 * NV;
         const int64_t vector = b * NV;
         if (vectors - vector >= NV) block<M, MR, NV>(q, p0, count, tiles, v, mm, NV, u, vector);
         else narrower<M, MR, NV - 1>(q, p0, count, tiles, v, mm, NV, u, vector, vectors - vector);
@@ -262,26 +274,28 @@ void run(const Conv& q, int64_t N, int64_t tiles) {
 
 ENTRY = r"""
 
-// x [N, C, H, W] and y [N, K, OH, OW] channels_last (any pixel strides, channels contiguous), z as y or empty;
-// u packed (`pack_weight`) for the output tile m, b [Kp]. Writes y.
-void winograd(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
-              int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0,
-              double post1, int64_t rows, int64_t vectors, int64_t tiles) {
+namespace {
+
+// The call on x, u, z and y of T (their data pointers as T), for `winograd` and `winograd_bf16`.
+template <typename T>
+void launch(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
+            int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1,
+            int64_t rows, int64_t vectors, int64_t tiles) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "winograd: channels must be contiguous (channels_last)");
   TORCH_CHECK(!z.numel() || z.stride(1) == 1, "winograd: the residual's channels must be contiguous");
-  const int64_t C = x.size(1), a = m + 2;
+  const int64_t C = x.size(1), a = m + 2, Cu = sizeof(T) == 2 ? C + C % 2 : C;
   TORCH_CHECK(m == 2 || m == 4, "winograd: output tiles of 2×2 or 4×4, not ", m);
-  TORCH_CHECK(u.numel() == a * a * C * b.size(0), "winograd: a weight of ", u.numel(), " values for ", C,
+  TORCH_CHECK(u.numel() == a * a * Cu * b.size(0), "winograd: a weight of ", u.numel(), " values for ", C,
               " input channels and ", a, "×", a, " input tiles");
+  const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   const int64_t OH = y.size(2), OW = y.size(3);
-  const Conv q{C, (C + 15) / 16 * 16, x.size(2), x.size(3), y.size(1), b.size(0), ph, pw, OH, OW,
-               (OH + m - 1) / m, (OW + m - 1) / m,
-               x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
-               z.numel() ? z.stride(0) : 0, z.numel() ? z.stride(2) : 0, z.numel() ? z.stride(3) : 0,
-               x.data_ptr<float>(), u.data_ptr<float>(), b.data_ptr<float>(),
-               z.numel() ? z.data_ptr<float>() : nullptr, y.data_ptr<float>(), pre, post,
-               _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
-               _mm512_set1_ps(float(post1))};
+  const ConvOf<T> q{C, (C + 15) / 16 * 16, x.size(2), x.size(3), y.size(1), b.size(0), ph, pw, OH, OW,
+                    (OH + m - 1) / m, (OW + m - 1) / m,
+                    x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
+                    z.numel() ? z.stride(0) : 0, z.numel() ? z.stride(2) : 0, z.numel() ? z.stride(3) : 0,
+                    data(x), data(u), b.data_ptr<float>(), z.numel() ? data(z) : nullptr, data(y), pre, post,
+                    _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
+                    _mm512_set1_ps(float(post1)), Cu};
   const int64_t N = x.size(0);
   TORCH_CHECK(tiles >= rows, "winograd: at least ", rows, " tiles an item, not ", tiles);
   if (m == 4 && rows == 8 && vectors == 3) run<4, 8, 3>(q, N, tiles);
@@ -289,6 +303,27 @@ void winograd(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z
   else if (m == 2 && rows == 8 && vectors == 3) run<2, 8, 3>(q, N, tiles);
   else if (m == 2 && rows == 6 && vectors == 4) run<2, 6, 4>(q, N, tiles);
   else TORCH_CHECK(false, "winograd: no tile of ", rows, " tiles by ", vectors, " vectors (8×3 or 6×4)");
+}
+
+}  // namespace
+
+// x [N, C, H, W] and y [N, K, OH, OW] channels_last (any pixel strides, channels contiguous), z as y or empty;
+// u packed (`pack_weight`) for the output tile m, b [Kp]. Writes y.
+void winograd(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
+              int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0,
+              double post1, int64_t rows, int64_t vectors, int64_t tiles) {
+  launch<float>(x, u, b, z, y, m, ph, pw, pre, pre0, pre1, post, post0, post1, rows, vectors, tiles);
+}
+
+// `winograd` in bf16: x, z and y bf16, u packed in bf16 pairs; V in bf16, the products in float32 sums.
+void winograd_bf16(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
+                   int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0,
+                   double post1, int64_t rows, int64_t vectors, int64_t tiles) {
+#ifdef __AVX512BF16__
+  launch<uint16_t>(x, u, b, z, y, m, ph, pw, pre, pre0, pre1, post, post0, post1, rows, vectors, tiles);
+#else
+  TORCH_CHECK(false, "winograd_bf16: this CPU has no AVX512-BF16 (the module was compiled without it)");
+#endif
 }
 """
 
@@ -318,14 +353,21 @@ def problem() -> str | None:
 def pack_weight(w: torch.Tensor, m: int, vectors: int) -> torch.Tensor:
     """A 3×3 convolution's weight [K, C, 3, 3] transformed, U = G g Gᵀ (in float64, then float32), as blocks of
     `vectors` × 16 output channels (the last narrower; zeros past K), each a² matrices [C, 16·vectors] (ξ = 0 …
-    a²−1) one after the other: flat, a²·C · K rounded up to 16."""
+    a²−1) one after the other: flat, a²·C · K rounded up to 16. A bf16 weight gives bf16 U (rounded once, from
+    float64), each matrix's rows interleaved in pairs ([C/2, 16·vectors, 2], a zero row after an odd C) for the bf16
+    dot product."""
     k, c = w.shape[:2]
+    half = w.dtype == torch.bfloat16
     g = torch.tensor([[float(v) for v in row] for row in TRANSFORMS[m][1]], dtype=torch.float64)
     a = g.shape[0]
     u = torch.einsum("ai,kcij,bj->abck", g, w.detach().double(), g).reshape(a * a, c, k)  # [ξ, C, K]
-    padded = torch.zeros(a * a, c, rounded(k), dtype=torch.float32)
-    padded[:, :, :k] = u
-    return torch.cat([block.reshape(-1) for block in padded.split(16 * vectors, dim=2)])
+    rows = c + c % 2 if half else c
+    padded = torch.zeros(a * a, rows, rounded(k), dtype=torch.bfloat16 if half else torch.float32)
+    padded[:, :c, :k] = u
+    blocks = padded.split(16 * vectors, dim=2)
+    if half:
+        return torch.cat([b.reshape(a * a, rows // 2, 2, -1).transpose(2, 3).reshape(-1) for b in blocks])
+    return torch.cat([block.reshape(-1) for block in blocks])
 
 
 def tiles_per_item(m: int, channels: int, vectors: int, rows: int) -> int:
@@ -342,7 +384,18 @@ class WinogradConv:
     `kernels.activations.activation_args` gives them) and register tile checked, once; calls give the input, its
     padding and the output's size."""
 
-    __slots__ = ("_bias", "_epilogue", "_module", "_tiles", "_weight", "channels", "in_channels", "kernel", "m")
+    __slots__ = (
+        "_bias",
+        "_epilogue",
+        "_module",
+        "_tiles",
+        "_weight",
+        "channels",
+        "dtype",
+        "in_channels",
+        "kernel",
+        "m",
+    )
 
     def __init__(
         self,
@@ -364,6 +417,12 @@ class WinogradConv:
             raise ValueError(f"Winograd F(m×m, 3×3) takes a 3×3 weight [K, C, 3, 3], not {tuple(weight.shape)}")
         self.channels, self.in_channels = weight.shape[:2]
         self.kernel, self.m = (3, 3), m
+        self.dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+        if self.dtype == torch.bfloat16 and m != 2:
+            raise ValueError(
+                f"F({m}×{m}, 3×3) in bf16: its transforms amplify the 8-bit rounding of V and U to about 3e-2 of the "
+                "output (F(2×2, 3×3) stays near one rounding of the output); bf16 runs m = 2 only"
+            )
         self._weight, self._bias = pack_weight(weight, m, tile[1]), pack_bias(bias, self.channels)
         self._tiles = tiles_per_item(m, self.in_channels, tile[1], tile[0])
         self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
@@ -377,16 +436,19 @@ class WinogradConv:
         residual: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """post(pre(conv(x) + bias) + residual) for x [N, C, H, W] float32 (made channels_last unless its channels
-        are contiguous), `pads` the leading (top, left) padding, `out_hw` the output's size (which fixes the trailing
-        padding) and the residual [N, K, OH, OW] or None; into `out` (contiguous channels) or a new channels_last
-        tensor, which is returned."""
-        x, z, out = convolution_operands(x, pads, out_hw, self.in_channels, self.channels, residual, out)
-        self._module.winograd(x, self._weight, self._bias, z, out, self.m, *pads, *self._epilogue, self._tiles)
+        """post(pre(conv(x) + bias) + residual) for x [N, C, H, W] of the convolution's dtype (float32, or bf16 for a
+        bf16 weight; made channels_last unless its channels are contiguous), `pads` the leading (top, left) padding,
+        `out_hw` the output's size (which fixes the trailing padding) and the residual [N, K, OH, OW] or None (of the
+        same dtype); into `out` (contiguous channels) or a new channels_last tensor, which is returned."""
+        x, z, out = convolution_operands(
+            x, pads, out_hw, self.in_channels, self.channels, residual, out, dtype=self.dtype
+        )
+        call = self._module.winograd_bf16 if self.dtype == torch.bfloat16 else self._module.winograd
+        call(x, self._weight, self._bias, z, out, self.m, *pads, *self._epilogue, self._tiles)
         return out
 
 
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("winograd", SOURCE, "Winograd convolution")
+    return load_avx512("winograd", SOURCE, "Winograd convolution", ("winograd", "winograd_bf16"))
