@@ -21,6 +21,7 @@ from .extension import host_flags, load
 ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU", "Gelu")
 LANES = 16  # float32 lanes of an AVX-512 vector
 ABSENT = torch.empty(0)  # an operand a call leaves out (the C++ reads an empty tensor as none); never written
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bf16"}  # the activation types of our CPU kernels, by name
 
 _VECTOR_MATH = r"""
 #include <torch/extension.h>

@@ -25,6 +25,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from .avx512 import (
     ABSENT,
+    DTYPE_NAMES,
     avx512_problem,
     check_activations,
     load_avx512,
@@ -279,9 +280,6 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     packed = torch.zeros(kh * kw, rounded(c), dtype=torch.float32)
     packed[:, :c] = w.detach().float().reshape(c, kh * kw).t()
     return packed
-
-
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bf16"}  # the activation types of our CPU kernels
 
 
 def windowed_input(

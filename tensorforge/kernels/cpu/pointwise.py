@@ -26,6 +26,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from .avx512 import (
     ABSENT,
+    DTYPE_NAMES,
     avx512_problem,
     check_activations,
     load_avx512,
@@ -35,7 +36,6 @@ from .avx512 import (
 )
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
-_NAMES = {torch.float32: "float32", torch.bfloat16: "bf16"}
 TILES = ((8, 3), (6, 4), (1, 8))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
 SCALED_BYTES = 4 << 20  # with input-channel scales, the most their scaled copies (weights or inputs) take at once
 
@@ -49,7 +49,8 @@ struct ProblemOf {
   int64_t P, C, K, Kp;  // pixels, input channels, output channels, K rounded up to 16
   const T* x;           // pixel p's channels at x + p·xs
   int64_t xs;
-  const T* w;           // column blocks [C, 16·NV] (bf16: [C/2 rounded up, 16·NV, 2]), block b at C·16·NV·b (C even)
+  const T* w;           // column blocks [C, 16·NV] (bf16: [C/2 rounded up, 16·NV, 2]), block b at C·16·NV·b (bf16:
+                        // C rounded up to even)
   const float* b;       // [Kp]
   const T* z;           // the residual (pixel p's at z + p·zs), or null
   int64_t zs;
@@ -375,7 +376,7 @@ class PointwiseConv:
             ys = pixel_stride(out)
             if out.dtype != self.dtype or ys is None:
                 raise ValueError(
-                    f"out must be a 4-D {_NAMES[self.dtype]} tensor of evenly spaced pixels with contiguous "
+                    f"out must be a 4-D {DTYPE_NAMES[self.dtype]} tensor of evenly spaced pixels with contiguous "
                     f"channels, not {out.dtype} {tuple(out.shape)} with strides {out.stride()}"
                 )
         z, zs = (ABSENT, 0) if residual is None else _rows("residual", residual, self.dtype)
@@ -414,7 +415,7 @@ class PointwiseConv:
 def _rows(name: str, t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
     """`t` with evenly spaced pixels (made channels_last if need be) and its pixel stride."""
     if t.dtype != dtype or t.dim() != 4:
-        raise ValueError(f"{name} must be a 4-D {_NAMES[dtype]} tensor, not {t.dtype} {tuple(t.shape)}")
+        raise ValueError(f"{name} must be a 4-D {DTYPE_NAMES[dtype]} tensor, not {t.dtype} {tuple(t.shape)}")
     stride = pixel_stride(t)
     if stride is None:
         t = t.contiguous(memory_format=torch.channels_last)
