@@ -230,6 +230,19 @@ def rounded(channels: int) -> int:
     return -(-channels // LANES) * LANES
 
 
+def kernel_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The activations' type of a kernel made for `weight`: bf16 for a bf16 weight, else float32."""
+    return torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+
+
+def paired_rows(block: torch.Tensor) -> torch.Tensor:
+    """[..., R, W] (rows: input channels) with a zero row appended to an odd R, then rows interleaved in pairs,
+    [..., R/2, W, 2]: the layout `accumulate_pairs` reads, a pair of weights for each output lane."""
+    if block.shape[-2] % 2:
+        block = torch.nn.functional.pad(block, (0, 0, 0, 1))
+    return block.unflatten(-2, (block.shape[-2] // 2, 2)).transpose(-2, -1)
+
+
 def pack_bias(b: torch.Tensor | None, channels: int) -> torch.Tensor:
     """A bias as [channels rounded up to whole vectors] float32 (zeros past it, or everywhere without one)."""
     packed = torch.zeros(rounded(channels), dtype=torch.float32)

@@ -29,9 +29,11 @@ from .avx512 import (
     DTYPE_NAMES,
     avx512_problem,
     check_activations,
+    kernel_dtype,
     load_avx512,
     module_source,
     pack_bias,
+    paired_rows,
     rounded,
 )
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
@@ -63,11 +65,6 @@ struct ProblemOf {
   int64_t budget;       // with scales: the most bytes their scaled copies take at once
 };
 using Problem = ProblemOf<float>;
-using HalfProblem = ProblemOf<uint16_t>;
-
-inline __mmask16 lanes(int64_t count) {
-  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-}
 
 // Pixels p0 .. p0+MR-1 (those past P read the last pixel and are not stored) × output vectors from k0, NV of them.
 template <int MR, int NV, typename T>
@@ -88,7 +85,7 @@ inline void tile(const ProblemOf<T>& q, int64_t p0, int64_t k0) {
   const int rows = int(std::min<int64_t>(MR, q.P - p0));
   __mmask16 m[NV];
   #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) m[v] = lanes(q.K - k0 - 16 * v);
+  for (int v = 0; v < NV; ++v) m[v] = mask_of(q.K - k0 - 16 * v);
   if (q.z) {
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
@@ -165,7 +162,7 @@ void scaled(const Problem& q) {
           const float* x = q.x + ((n0 * q.sP) + i) * q.xs;
           const float* scale = q.s + (n0 + i / q.sP) * q.C;
           for (int64_t c = 0; c < q.C; c += 16) {
-            const __mmask16 m = lanes(q.C - c);
+            const __mmask16 m = mask_of(q.C - c);
             _mm512_mask_storeu_ps(cs + i * q.C + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + c),
                                                                      _mm512_maskz_loadu_ps(m, scale + c)));
           }
@@ -227,6 +224,25 @@ void dispatch(const ProblemOf<T>& q, int64_t rows, int64_t vectors) {
   else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3, 6×4 or 1×8)");
 }
 
+// The call on x, w, z and y of T (their data pointers as T), for `pointwise` and `pointwise_bf16`.
+template <typename T>
+void launch(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
+            torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
+            int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
+            int64_t vectors) {
+  TORCH_CHECK(x.element_size() == sizeof(T) && w.element_size() == sizeof(T) && y.element_size() == sizeof(T),
+              "pointwise: x, w and y of ", sizeof(T), "-byte elements");
+  const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
+  const ProblemOf<T> q{P, x.size(1), K, b.size(0), data(x), xs, data(w), b.data_ptr<float>(),
+                       z.numel() ? data(z) : nullptr, zs, data(y), ys, pre, post, _mm512_set1_ps(float(pre0)),
+                       _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1)),
+                       s.numel() ? s.data_ptr<float>() : nullptr, sP, budget};
+  const int64_t rows_w = sizeof(T) == 2 ? q.C + q.C % 2 : q.C;  // bf16: in pairs of rows
+  TORCH_CHECK(w.numel() == rows_w * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C,
+              " input channels");
+  dispatch(q, rows, vectors);
+}
+
 }  // namespace
 
 // x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
@@ -236,12 +252,7 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
                torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
                int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
                int64_t vectors) {
-  const Problem q{P, x.size(1), K, b.size(0), x.data_ptr<float>(), xs, w.data_ptr<float>(), b.data_ptr<float>(),
-                  z.numel() ? z.data_ptr<float>() : nullptr, zs, y.data_ptr<float>(), ys, pre, post,
-                  _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
-                  _mm512_set1_ps(float(post1)), s.numel() ? s.data_ptr<float>() : nullptr, sP, budget};
-  TORCH_CHECK(w.numel() == q.C * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C, " input channels");
-  dispatch(q, rows, vectors);
+  launch<float>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows, vectors);
 }
 
 // `pointwise` in bf16: x, z and y bf16 (z empty or not), w packed in bf16 pairs (`pack_weight`), b [Kp] float32;
@@ -250,14 +261,8 @@ void pointwise_bf16(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor 
                     torch::Tensor y, int64_t ys, int64_t P, int64_t K, int64_t pre, double pre0, double pre1,
                     int64_t post, double post0, double post1, int64_t rows, int64_t vectors) {
 #ifdef __AVX512BF16__
-  const auto half = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
-  const HalfProblem q{P, x.size(1), K, b.size(0), half(x), xs, half(w), b.data_ptr<float>(),
-                      z.numel() ? half(z) : nullptr, zs, half(y), ys, pre, post, _mm512_set1_ps(float(pre0)),
-                      _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1)),
-                      nullptr, 1, 0};
-  TORCH_CHECK(w.numel() == (q.C + 1) / 2 * 2 * q.Kp, "pointwise_bf16: a weight of ", w.numel(), " values for ",
-              q.C, " input channels");
-  dispatch(q, rows, vectors);
+  launch<uint16_t>(x, xs, w, b, z, zs, y, ys, P, K, torch::empty({0}), 1, 0, pre, pre0, pre1, post, post0, post1,
+                   rows, vectors);
 #else
   TORCH_CHECK(false, "pointwise_bf16: this CPU has no AVX512-BF16 (the module was compiled without it)");
 #endif
@@ -279,7 +284,7 @@ void pooled_pointwise(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch:
   at::parallel_for(0, N * vectorsC, grain, [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
       const int64_t n = i / vectorsC, c = i % vectorsC * 16;
-      const __mmask16 m = lanes(C - c);
+      const __mmask16 m = mask_of(C - c);
       const float* px = xp + n * HW * xs + c;
       __m512 acc = _mm512_setzero_ps();
       for (int64_t p = 0; p < HW; ++p) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, px + p * xs));
@@ -303,17 +308,14 @@ def problem() -> str | None:
 def pack_weight(w: torch.Tensor, vectors: int) -> torch.Tensor:
     """A 1×1 convolution's weight [K, C, 1, 1] as float32 column blocks of `vectors` × 16 output channels, each
     [C, 16·vectors] contiguous, one after the other (the last narrower; zeros past K): flat, C · K rounded up to 16.
-    A bf16 weight stays bf16, each block's rows interleaved in pairs ([C/2, 16·vectors, 2], a zero row after an odd
-    C) for the bf16 dot product, which takes two input channels a step."""
+    A bf16 weight stays bf16, each block's rows interleaved in pairs (`paired_rows`) for the bf16 dot product, which
+    takes two input channels a step."""
     k, c = w.shape[:2]
     half = w.dtype == torch.bfloat16
-    rows = c + c % 2 if half else c
-    columns = torch.zeros(rows, rounded(k), dtype=torch.bfloat16 if half else torch.float32)
-    columns[:c, :k] = w.detach().reshape(k, c).t()
+    columns = torch.zeros(c, rounded(k), dtype=torch.bfloat16 if half else torch.float32)
+    columns[:, :k] = w.detach().reshape(k, c).t()
     blocks = columns.split(16 * vectors, dim=1)
-    if half:
-        return torch.cat([block.reshape(rows // 2, 2, -1).transpose(1, 2).reshape(-1) for block in blocks])
-    return torch.cat([block.reshape(-1) for block in blocks])
+    return torch.cat([(paired_rows(block) if half else block).reshape(-1) for block in blocks])
 
 
 def pixel_stride(t: torch.Tensor) -> int | None:
@@ -348,7 +350,7 @@ class PointwiseConv:
         if tuple(tile) not in TILES:
             raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
         self.channels, self.in_channels = weight.shape[:2]
-        self.dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+        self.dtype = kernel_dtype(weight)
         self._weight, self._bias = pack_weight(weight, tile[1]), pack_bias(bias, self.channels)
         self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
         self._module = module()

@@ -37,7 +37,16 @@ import torch
 
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
-from .avx512 import avx512_problem, check_activations, load_avx512, module_source, pack_bias, rounded
+from .avx512 import (
+    avx512_problem,
+    check_activations,
+    kernel_dtype,
+    load_avx512,
+    module_source,
+    pack_bias,
+    paired_rows,
+    rounded,
+)
 from .depthwise import convolution_operands
 
 # Bᵀ (a×a), G (a×3) and Aᵀ (m×a) for each output tile size m.
@@ -287,6 +296,8 @@ void launch(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, 
   TORCH_CHECK(m == 2 || m == 4, "winograd: output tiles of 2×2 or 4×4, not ", m);
   TORCH_CHECK(u.numel() == a * a * Cu * b.size(0), "winograd: a weight of ", u.numel(), " values for ", C,
               " input channels and ", a, "×", a, " input tiles");
+  TORCH_CHECK(x.element_size() == sizeof(T) && u.element_size() == sizeof(T) && y.element_size() == sizeof(T),
+              "winograd: x, u and y of ", sizeof(T), "-byte elements");
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   const int64_t OH = y.size(2), OW = y.size(3);
   const ConvOf<T> q{C, (C + 15) / 16 * 16, x.size(2), x.size(3), y.size(1), b.size(0), ph, pw, OH, OW,
@@ -354,20 +365,16 @@ def pack_weight(w: torch.Tensor, m: int, vectors: int) -> torch.Tensor:
     """A 3×3 convolution's weight [K, C, 3, 3] transformed, U = G g Gᵀ (in float64, then float32), as blocks of
     `vectors` × 16 output channels (the last narrower; zeros past K), each a² matrices [C, 16·vectors] (ξ = 0 …
     a²−1) one after the other: flat, a²·C · K rounded up to 16. A bf16 weight gives bf16 U (rounded once, from
-    float64), each matrix's rows interleaved in pairs ([C/2, 16·vectors, 2], a zero row after an odd C) for the bf16
-    dot product."""
+    float64), each matrix's rows interleaved in pairs (`paired_rows`) for the bf16 dot product."""
     k, c = w.shape[:2]
     half = w.dtype == torch.bfloat16
     g = torch.tensor([[float(v) for v in row] for row in TRANSFORMS[m][1]], dtype=torch.float64)
     a = g.shape[0]
     u = torch.einsum("ai,kcij,bj->abck", g, w.detach().double(), g).reshape(a * a, c, k)  # [ξ, C, K]
-    rows = c + c % 2 if half else c
-    padded = torch.zeros(a * a, rows, rounded(k), dtype=torch.bfloat16 if half else torch.float32)
-    padded[:, :c, :k] = u
+    padded = torch.zeros(a * a, c, rounded(k), dtype=torch.bfloat16 if half else torch.float32)
+    padded[:, :, :k] = u
     blocks = padded.split(16 * vectors, dim=2)
-    if half:
-        return torch.cat([b.reshape(a * a, rows // 2, 2, -1).transpose(2, 3).reshape(-1) for b in blocks])
-    return torch.cat([block.reshape(-1) for block in blocks])
+    return torch.cat([(paired_rows(block) if half else block).reshape(-1) for block in blocks])
 
 
 def tiles_per_item(m: int, channels: int, vectors: int, rows: int) -> int:
@@ -417,7 +424,7 @@ class WinogradConv:
             raise ValueError(f"Winograd F(m×m, 3×3) takes a 3×3 weight [K, C, 3, 3], not {tuple(weight.shape)}")
         self.channels, self.in_channels = weight.shape[:2]
         self.kernel, self.m = (3, 3), m
-        self.dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+        self.dtype = kernel_dtype(weight)
         if self.dtype == torch.bfloat16 and m != 2:
             raise ValueError(
                 f"F({m}×{m}, 3×3) in bf16: its transforms amplify the 8-bit rounding of V and U to about 3e-2 of the "
