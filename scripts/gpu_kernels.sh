@@ -23,8 +23,9 @@
 #             shared by the models; ZOO_MODELS, ZOO_BATCHES to choose: a depthwise net's build takes about 130 s)
 #   max       fp16 engines beside torch.compile max-autotune (MAX_S=550 shared by the models; MAX_MODELS=resnet50,
 #             MAX_BATCH=256; max-autotune compiles a depthwise net for about 5 minutes: one model a call)
-#   profile   a zoo model's engine (the suite's or int8's, when it built that one) profiled layer by layer, with `inspect`
-#             (PROFILE_MODEL=yolo, PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_PRECISION=fp16, PROFILE_S=400;
+#   profile   a zoo model's engines (the suite's or int8's, when it built them) profiled layer by layer, with `inspect`
+#             (PROFILE_MODEL=yolo, PROFILE_BATCH=64, PROFILE_SIZE=640, PROFILE_PRECISION="fp16" or a list, e.g.
+#             "int8 fp8", one engine each; PROFILE_S=400 for all; files named MODEL-bBATCH-PRECISION;
 #             PROFILE_CANDIDATES="name ..." lists every candidate timed for the layers whose names contain those)
 #   stem      bench/stem.py: ResNet-50's stem in its parts (space to depth, per tap and per row of taps, fp16 and int8)
 #             beside cuDNN (STEM_BATCH=256, STEM_S=150)
@@ -131,23 +132,30 @@ for stage in $stages; do
       ;;
     profile)
       model=${PROFILE_MODEL:-yolo}
-      precision=${PROFILE_PRECISION:-fp16}
-      engine="$out/engines/$model-b${PROFILE_BATCH:-64}-$precision.engine"  # the suite's engine when it built this one
-      build=""
-      [[ -f $engine ]] || build="
-        python3 -c \"from tensorforge import zoo; import onnx; onnx.save(zoo.export('$model', batch=${PROFILE_BATCH:-64},
-          size=${PROFILE_SIZE:-640}, dynamic_batch=False), '$out/$model.onnx')\" &&
-        python3 -m tensorforge build '$out/$model.onnx' -o '$engine' --$precision --effort 0 --device cuda > '$out/build.txt' 2>&1 &&"
+      batch=${PROFILE_BATCH:-64}
+      deadline=$(( $(date +%s) + ${PROFILE_S:-400} ))
       mkdir -p "$out/engines"
-      timeout "${PROFILE_S:-400}" bash -c "$build
-        python3 -m tensorforge profile '$engine' --runs 20 --top 40 > '$out/profile.txt' 2>&1 &&
-        python3 -m tensorforge profile '$engine' --runs 20 --json > '$out/profile.json' 2>/dev/null &&
-        python3 -m tensorforge inspect '$engine' > '$out/inspect.txt' 2>&1"
-      for name in ${PROFILE_CANDIDATES:-}; do
-        python3 -m tensorforge inspect "$engine" --candidates "$name" >> "$out/candidates.txt" 2>&1
+      for precision in ${PROFILE_PRECISION:-fp16}; do
+        name="$model-b$batch-$precision"
+        engine="$out/engines/$name.engine"  # the suite's engine when it built this one
+        build=""
+        [[ -f $engine ]] || build="
+          python3 -c \"from tensorforge import zoo; import onnx; onnx.save(zoo.export('$model', batch=$batch,
+            size=${PROFILE_SIZE:-640}, dynamic_batch=False), '$out/$model.onnx')\" &&
+          python3 -m tensorforge build '$out/$model.onnx' -o '$engine' --$precision --effort 0 --device cuda \
+            > '$out/build-$name.txt' 2>&1 &&"
+        left=$(( deadline - $(date +%s) ))
+        (( left > 0 )) || break
+        timeout "$left" bash -c "$build
+          python3 -m tensorforge profile '$engine' --runs 20 --top 40 > '$out/profile-$name.txt' 2>&1 &&
+          python3 -m tensorforge profile '$engine' --runs 20 --json > '$out/profile-$name.json' 2>/dev/null &&
+          python3 -m tensorforge inspect '$engine' > '$out/inspect-$name.txt' 2>&1"
+        for layer in ${PROFILE_CANDIDATES:-}; do
+          python3 -m tensorforge inspect "$engine" --candidates "$layer" >> "$out/candidates-$name.txt" 2>&1
+        done
+        rm -f "$out/$model.onnx"
+        head -45 "$out/profile-$name.txt"
       done
-      rm -f "$out/$model.onnx"
-      head -45 "$out/profile.txt"
       ;;
     stem)
       timeout "${STEM_S:-150}" python3 bench/stem.py --batch "${STEM_BATCH:-256}" --out "$out" > "$out/stem.txt" 2>&1
