@@ -1,30 +1,34 @@
 """Tactics of our own CPU kernels (`kernels/cpu/`, C++ built once per machine):
 
-- `cpu.squeeze-excite`: a SqueezeExcite block in one call (`kernels.cpu.squeeze_excite`), float32, where torch
-  runs it as seven ops.
-- `cpu.depthwise`: a depthwise FusedConv with its bias and activation (`kernels.cpu.depthwise`, AVX-512), float32,
+- `cpu.squeeze-excite`: a SqueezeExcite block in one call (`kernels.cpu.squeeze_excite`), where torch runs it
+  as seven ops.
+- `cpu.depthwise`: a depthwise FusedConv with its bias and activation (`kernels.cpu.depthwise`, AVX-512),
   where a oneDNN call through torch costs more to set up than the layer computes.
 - `cpu.pointwise`: a 1×1 FusedConv (stride 1, unpadded, one group) with its whole epilogue, residual included
-  (`kernels.cpu.pointwise`, AVX-512), float32.
+  (`kernels.cpu.pointwise`, AVX-512).
 - `cpu.gemm`: a FusedGemm with a constant weight, its whole epilogue inside, as the 1×1 kernel over the rows of A
-  (`kernels.cpu.pointwise`: a classifier's matrix-vector product at batch 1 spread over the threads), float32.
+  (`kernels.cpu.pointwise`: a classifier's matrix-vector product at batch 1 spread over the threads).
 - `cpu.pooled-gemm`: a PooledGemm (a classifier's head: global average pool, flatten, product; made by
-  `passes.cpu_blocks`) as one call of the 1×1 kernel, the pool into a buffer first, float32.
+  `passes.cpu_blocks`) as one call of the 1×1 kernel, the pool into a buffer first.
 - `cpu.depthwise-pointwise`: a DepthwisePointwise block (a depthwise convolution and the 1×1 after it, made by
   `passes.cpu_blocks` for CPU builds) in one pass that keeps the depthwise output in cache
-  (`kernels.cpu.depthwise_pointwise`, AVX-512), float32.
+  (`kernels.cpu.depthwise_pointwise`, AVX-512).
 - `cpu.expand-depthwise`: an ExpandDepthwise block (a 1×1 expansion, the depthwise convolution after it and
   optionally the 1×1 projection after that, made by `passes.cpu_blocks`) in one pass that keeps the expanded tensor
-  in cache (`kernels.cpu.expand_depthwise`, AVX-512), float32.
+  in cache (`kernels.cpu.expand_depthwise`, AVX-512).
 - `cpu.squeeze-excite-pointwise`: a SqueezeExcitePointwise block (squeeze-excite and the 1×1 after it, made by
   `passes.cpu_blocks`) as the gate alone (`kernels.cpu.squeeze_excite.gate`) and the 1×1 kernel with each image's
-  weight rows scaled by it, float32.
+  weight rows scaled by it.
 - `cpu.stem-conv`: a one-group FusedConv of at most four input channels (a network's stem) with its bias and
-  activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512), float32.
+  activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512).
 - `cpu.conv`: a one-group FusedConv of any window, stride, dilation and padding with its whole epilogue, residual
-  included (`kernels.cpu.conv`, AVX-512: the 1×1 kernel's tile over the window's taps), float32.
+  included (`kernels.cpu.conv`, AVX-512: the 1×1 kernel's tile over the window's taps).
 - `cpu.winograd`: a one-group 3×3 FusedConv at stride 1 with its whole epilogue by Winograd's F(2×2, 3×3) or
-  F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512: 2.25× or 4× fewer multiplications), float32.
+  F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512: 2.25× or 4× fewer multiplications).
+
+In float32, and in bf16 where the CPU has bf16 dot products (AVX512-BF16: bf16 activations and 1×1 weights, float32
+sums and epilogues) for all but `cpu.squeeze-excite`, `cpu.stem-conv` and `cpu.conv` (and `cpu.winograd` with
+F(2×2, 3×3) only).
 
 The convolutions write fresh tensors, not the memory plan's arena: on the CPU a freshly allocated buffer is one the
 allocator just freed, still in cache, and engines whose depthwise layers wrote into the arena ran 2-4% slower
@@ -203,9 +207,11 @@ def _windowed(node: Node, prepare: Callable[..., Any]) -> Kernel:
 @register_tactic
 class CpuDepthwiseTactic(_CpuConv):
     """The weight packed once as [KH·KW, C rounded up to 16] with its bias; the padding worked out once per input
-    size. Reads a channel slice of a channels_last tensor as it is."""
+    size. Reads a channel slice of a channels_last tensor as it is. In bf16 too (a CPU with bf16 dot products: bf16
+    loads and stores, float32 arithmetic)."""
 
     name = "depthwise"
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         reason = _conv_reason(node, device)
@@ -332,12 +338,13 @@ class CpuGemmTactic(Tactic):
 @register_tactic
 class CpuPooledGemmTactic(Tactic):
     """PooledGemm (a global average pool, flattened, then a product: `passes.cpu_blocks`) as one call of the 1×1
-    kernel: each image's mean pixel into a buffer, then the product with B packed once as in `cpu.gemm`."""
+    kernel: each image's mean pixel into a buffer, then the product with B packed once as in `cpu.gemm`. In bf16 too
+    (a CPU with bf16 dot products)."""
 
     family = "cpu"
     name = "pooled-gemm"
     op_types = (f"{DOMAIN}::PooledGemm",)
-    precisions = ("fp32",)
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cpu":
@@ -360,10 +367,11 @@ class CpuPooledGemmTactic(Tactic):
 @register_tactic
 class CpuDepthwisePointwiseTactic(_CpuConv):
     """Both weights and biases packed once; the depthwise padding worked out once per input size. Reads a channel
-    slice of a channels_last tensor as it is."""
+    slice of a channels_last tensor as it is. In bf16 too (a CPU with bf16 dot products)."""
 
     name = "depthwise-pointwise"
     op_types = (f"{DOMAIN}::DepthwisePointwise",)
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         reason = _conv_reason(node, device)
@@ -402,10 +410,11 @@ class CpuExpandDepthwiseTactic(_CpuConv):
     0-4% on most layers: which won changed from build to build), while in the network the one pass pays only where
     the expanded tensor outgrows a core's L2 (MobileNetV3's 112² block, EfficientNet-B0's 112² and 56² ones), so
     `space_for` picks the schedule by that size (docs/design.md). Reads a channel slice of a channels_last tensor as
-    it is."""
+    it is. In bf16 too (a CPU with bf16 dot products)."""
 
     name = "expand-depthwise"
     op_types = (f"{DOMAIN}::ExpandDepthwise",)
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         reason = _conv_reason(node, device)
@@ -458,12 +467,12 @@ class CpuExpandDepthwiseTactic(_CpuConv):
 @register_tactic
 class CpuSqueezeExcitePointwiseTactic(Tactic):
     """The gate's two matrices and the 1×1 weight packed once; the gate computed per call, then the 1×1 product
-    of the gated input without writing it."""
+    of the gated input without writing it. In bf16 too (a CPU with bf16 dot products: the gate float32)."""
 
     family = "cpu"
     name = "squeeze-excite-pointwise"
     op_types = (f"{DOMAIN}::SqueezeExcitePointwise",)
-    precisions = ("fp32",)
+    precisions = ("fp32", "bf16")
     layouts = ("NHWC",)
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:

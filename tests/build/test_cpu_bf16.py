@@ -73,6 +73,35 @@ def test_a_cpu_build_with_bf16_allowed_times_bf16_candidates_and_stays_within_to
     assert relative_error(got.numpy(), want.numpy()) <= BF16_TOLERANCE
 
 
+@native
+@pytest.mark.parametrize("name", ["mobilenetv3", "efficientnet_b0"])
+def test_the_depthwise_blocks_run_in_bf16_within_tolerance(name):
+    """The CPU block kernels' bf16 candidates (inverted residuals, depthwise + 1×1, squeeze-excite + 1×1, the
+    classifier's pooled product) pass the autotuner's check and are timed; forced to bf16 wherever one of our kernels
+    takes the layer, the network stays within bf16's tolerance and is not exact."""
+    model = import_model(zoo.export(name, batch=2, size=64, dynamic_batch=False))
+    engine = build_engine(model, BuildConfig(effort=0, precisions=("fp32", "bf16")))
+    timed = {
+        c.tactic for layer in engine.plans[0].layers for c in layer.candidates
+        if c.config.get("precision") == "bf16" and math.isfinite(c.median_ms)
+    }  # fmt: skip
+    blocks = {"cpu.expand-depthwise", "cpu.squeeze-excite-pointwise", "cpu.pooled-gemm", "cpu.pointwise"}
+    assert blocks <= timed
+    forced = []
+    for layer in engine.plans[0].layers:
+        ours = [c for c in layer.candidates if c.config.get("precision") == "bf16" and math.isfinite(c.median_ms)
+                and c.tactic.startswith("cpu.")]  # fmt: skip
+        chosen = min(ours, key=lambda c: c.median_ms) if ours else None
+        forced.append(Layer(layer.node, chosen.tactic, chosen.config, 0) if chosen else layer)
+    assert sum(layer.config.get("precision") == "bf16" for layer in forced) > len(forced) // 2
+    schedule = Schedule(engine.model, forced, torch.device("cpu"), {})
+    x = torch.randn(zoo.input_shape(name, batch=2, size=64))
+    (got,) = schedule.execute({"input": x})
+    want = Executor(model).run({"input": x})["output"]
+    assert got.dtype == torch.float32
+    assert 0 < relative_error(got.numpy(), want.numpy()) <= BF16_TOLERANCE
+
+
 def test_without_bf16_dot_products_bf16_is_dropped_and_the_report_says_why(monkeypatch):
     monkeypatch.setattr(builder, "cpu_native_precisions", lambda: ())
     model = import_model(zoo.export("inception", dynamic_batch=False))

@@ -14,6 +14,7 @@ from tensorforge.kernels.cpu import avx512
 from tensorforge.kernels.cpu import depthwise as dw
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation
+from tensorforge.ops.math_flags import cpu_native_precisions
 
 _PROBLEM = compiler_problem() or dw.problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
@@ -39,7 +40,8 @@ def _run(x, w, b, strides, pads, dilations, act, params, tile=8, out=None) -> to
         (x.shape[2 + i] + pads[i] + pads[i + 2] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in (0, 1)
     ]
     if out is None:
-        out = torch.full((x.shape[0], w.shape[0], *out_hw), math.nan).contiguous(memory_format=torch.channels_last)
+        out = torch.full((x.shape[0], w.shape[0], *out_hw), math.nan, dtype=x.dtype)
+        out = out.contiguous(memory_format=torch.channels_last)
     conv = dw.DepthwiseConv(w, b, strides, dilations, act, activation_args(act, params)[1:], tile)
     return conv(x, pads[:2], out_hw, out)
 
@@ -165,3 +167,58 @@ def test_bad_arguments_are_refused_by_name(make, message):
 def test_a_cpu_without_avx512_is_declined(monkeypatch):
     monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu sse2 avx2 fma")
     assert "AVX-512" in dw.problem()
+
+
+# -- bf16 ----------------------------------------------------------------------------------------------------------
+
+bf16 = pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no bf16 dot products")
+BF16_BOUND = 2.0**-8  # the output's one rounding to bf16 (half an ulp of 8 significant bits); float32 sums and math
+
+
+def _bf16(x, weight, b):
+    """bf16 activations and weight (the bias stays float32); the reference convolves these same values in float64."""
+    return x.bfloat16(), weight.bfloat16(), b
+
+
+@bf16
+@pytest.mark.parametrize("tile", dw.TILES)
+@pytest.mark.parametrize(("n", "c", "h", "w", "k", "strides", "pads", "dilations"), SHAPES)
+def test_bf16_shapes_against_the_float64_convolution_of_its_bf16_operands(
+    n, c, h, w, k, strides, pads, dilations, tile
+):
+    x, weight, b = _bf16(*_operands(n, c, h, w, k, seed=c + h))
+    got = _run(x, weight, b, strides, pads, dilations, "Relu", [], tile)
+    want = _reference(x, weight, b, strides, pads, dilations, "Relu", [])
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape and not got.isnan().any()
+    assert 0 < _error(got, want) <= BF16_BOUND  # (0: not rounded to bf16)
+
+
+@bf16
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_bf16_every_activation(act):
+    x, weight, b = _bf16(*_operands(1, 40, 10, 11, 3, seed=3))
+    x = x * 4
+    got = _run(x, weight, b, (1, 1), (1, 1, 1, 1), (1, 1), act, ACTIVATIONS[act])
+    assert _error(got, _reference(x, weight, b, (1, 1), (1, 1, 1, 1), (1, 1), act, ACTIVATIONS[act])) <= BF16_BOUND
+
+
+@bf16
+def test_bf16_reads_and_writes_channel_slices_and_nothing_else():
+    torch.manual_seed(5)
+    whole = torch.randn(1, 50, 9, 9).contiguous(memory_format=torch.channels_last).bfloat16()
+    weight, b = torch.randn(20, 1, 3, 3).bfloat16(), torch.randn(20)
+    host = torch.full((1, 36, 9, 9), math.nan, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    _run(whole[:, 10:30], weight, b, (1, 1), (1, 1, 1, 1), (1, 1), "HardSwish", [], out=host[:, 8:28])
+    want = _reference(whole[:, 10:30], weight, b, (1, 1), (1, 1, 1, 1), (1, 1), "HardSwish", [])
+    assert _error(host[:, 8:28], want) <= BF16_BOUND
+    assert host[:, :8].isnan().all() and host[:, 28:].isnan().all()
+
+
+@bf16
+def test_bf16_refuses_float32_operands_by_name():
+    x, weight, _ = _bf16(*_operands(1, 16, 5, 5, 3, bias=False))
+    conv = dw.DepthwiseConv(weight)
+    with pytest.raises(ValueError, match="x must be a 4-D bf16"):
+        conv(x.float(), (1, 1), (5, 5))
+    with pytest.raises(ValueError, match="out must be a 4-D bf16"):
+        conv(x, (1, 1), (5, 5), torch.empty(1, 16, 5, 5).contiguous(memory_format=torch.channels_last))

@@ -13,6 +13,7 @@ from tensorforge.kernels.activations import activation_args
 from tensorforge.kernels.cpu import depthwise_pointwise as dp
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation
+from tensorforge.ops.math_flags import cpu_native_precisions
 
 _PROBLEM = compiler_problem() or dp.problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
@@ -33,12 +34,14 @@ def _operands(n, c, k, h, w, kernel, seed=0):
 
 def _reference(x, wd, bd, wp, bp, z, strides, pads, dilations, acts):
     """Float64: the depthwise convolution (ONNX pads top, left, bottom, right) and its activation, then the 1×1
-    with its pre activation, the residual and the post activation."""
+    with its pre activation, the residual and the post activation. For bf16 operands the depthwise output is rounded
+    to bf16 between the two, as the kernel's row buffer holds it."""
     (act, act_params), (pre, pre_params), (post, post_params) = acts
     top, left, bottom, right = pads
     padded = F.pad(x.double(), (left, right, top, bottom))
     h = F.conv2d(padded, wd.double(), None if bd is None else bd.double(), strides, 0, dilations, x.shape[1])
-    y = apply_activation(F.conv2d(apply_activation(h, act, act_params), wp.double(), bp.double()), pre, pre_params)
+    h = apply_activation(h, act, act_params).to(x.dtype).double()
+    y = apply_activation(F.conv2d(h, wp.double(), bp.double()), pre, pre_params)
     return y if z is None else apply_activation(y + z.double(), post, post_params)
 
 
@@ -48,7 +51,8 @@ def _run(x, wd, bd, wp, bp, z, strides, pads, dilations, acts, tile=(8, 3), out=
         (x.shape[2 + i] + pads[i] + pads[i + 2] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in (0, 1)
     ]
     if out is None:  # poisoned: every element must be written
-        out = torch.full((x.shape[0], wp.shape[0], *out_hw), math.nan).contiguous(memory_format=torch.channels_last)
+        out = torch.full((x.shape[0], wp.shape[0], *out_hw), math.nan, dtype=x.dtype)
+        out = out.contiguous(memory_format=torch.channels_last)
     (act, act_params), (pre, pre_params), (post, post_params) = acts
     block = dp.DepthwisePointwise(
         wd, bd, strides, dilations, act, activation_args(act, act_params)[1:], wp, bp,
@@ -159,3 +163,61 @@ def test_bad_arguments_are_refused_by_name(make, message):
     x, wd, _, wp, _ = _operands(1, 16, 24, 5, 5, (3, 3))
     with pytest.raises(ValueError, match=message):
         make(wd, wp, x)
+
+
+# -- bf16 ----------------------------------------------------------------------------------------------------------
+
+bf16 = pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no bf16 dot products")
+# The output's one rounding to bf16 (half an ulp of 8 significant bits); the reference rounds the depthwise output
+# as the kernel does, so only where float32 and float64 sums fall on either side of a bf16 rounding boundary do the
+# two 1×1 products read values an ulp apart (rare, and one term of C).
+BF16_BOUND = 2.0**-8
+
+
+def _bf16(x, wd, bd, wp, bp):
+    """bf16 activations and weights (biases float32); the reference computes with these same values in float64."""
+    return x.bfloat16(), wd.bfloat16(), bd, wp.bfloat16(), bp
+
+
+@bf16
+@pytest.mark.parametrize("tile", dp.TILES)
+@pytest.mark.parametrize(("n", "c", "k", "h", "w", "kernel", "stride", "pads", "dilation"), SHAPES)
+def test_bf16_shapes_with_a_residual(n, c, k, h, w, kernel, stride, pads, dilation, tile):
+    x, wd, bd, wp, bp = _bf16(*_operands(n, c, k, h, w, kernel, seed=c + k))
+    args = ([stride] * 2, pads, [dilation] * 2, (("Clip", [0.0, 6.0]), ("", []), ("Relu", [])))
+    out_hw = [(size + pads[i] + pads[i + 2] - (kernel[i] - 1) * dilation - 1) // stride + 1 for i, size in
+              enumerate((h, w))]  # fmt: skip
+    z = torch.randn(n, k, *out_hw).contiguous(memory_format=torch.channels_last).bfloat16()
+    got = _run(x, wd, bd, wp, bp, z, *args, tile=tile)
+    assert got.dtype == torch.bfloat16 and not got.isnan().any()
+    assert 0 < _error(got, _reference(x, wd, bd, wp, bp, z, *args)) <= BF16_BOUND
+
+
+@bf16
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_bf16_every_activation_in_each_place(act):
+    x, wd, bd, wp, bp = _bf16(*_operands(1, 24, 40, 6, 7, (3, 3), seed=2))
+    x = x * 4
+    z = (torch.randn(1, 40, 6, 7).contiguous(memory_format=torch.channels_last) * 3).bfloat16()
+    params = ACTIVATIONS[act]
+    for acts in (((act, params), ("", []), ("", [])), (("Relu", []), (act, params), ("Relu", [])),
+                 (("", []), ("", []), (act, params))):  # fmt: skip
+        args = ([1, 1], (1, 1, 1, 1), [1, 1], acts)
+        assert _error(_run(x, wd, bd, wp, bp, z, *args), _reference(x, wd, bd, wp, bp, z, *args)) <= BF16_BOUND
+
+
+@bf16
+def test_bf16_channel_slices_in_and_out_and_refusals():
+    torch.manual_seed(6)
+    x = torch.randn(2, 50, 6, 7).contiguous(memory_format=torch.channels_last).bfloat16()[:, 10:30]
+    wd, wp = torch.randn(20, 1, 3, 3).bfloat16(), (torch.randn(40, 20, 1, 1) / 5).bfloat16()
+    bd, bp = torch.randn(20), torch.randn(40)
+    host = torch.full((2, 44, 6, 7), math.nan, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    args = ([1, 1], (1, 1, 1, 1), [1, 1], RELU6)
+    _run(x, wd, bd, wp, bp, None, *args, out=host[:, 2:42])
+    assert _error(host[:, 2:42], _reference(x, wd, bd, wp, bp, None, *args)) <= BF16_BOUND
+    assert host[:, :2].isnan().all() and host[:, 42:].isnan().all()
+    with pytest.raises(ValueError, match="x must be a 4-D bf16"):
+        _run(x.float(), wd, bd, wp, bp, None, *args)
+    with pytest.raises(ValueError, match="residual must be a bf16"):
+        _run(x, wd, bd, wp, bp, torch.randn(2, 40, 6, 7), *args)

@@ -236,14 +236,41 @@ def test_bf16_reads_and_writes_channel_slices_and_nothing_else():
 
 
 @bf16
-def test_bf16_refuses_float32_operands_scales_and_the_pooled_product_by_name():
+@pytest.mark.parametrize("tile", pw.TILES)
+@pytest.mark.parametrize("budget", [pw.SCALED_BYTES, 4000])
+@pytest.mark.parametrize(("n", "c", "k", "size"), [(3, 40, 56, 5), (4, 17, 200, 5), (2, 33, 80, 9), (5, 40, 9, 5)])
+def test_bf16_each_images_input_channels_scaled(tile, budget, n, c, k, size, monkeypatch):
+    """The scaled copies in bf16: of the inputs (fewer pixels than output channels), or of the weight's rows a pair
+    at a time (an odd channel count's last pair with its zero row); both rounded to bf16 once more, so the bound is
+    the output's rounding and that of the copy."""
+    monkeypatch.setattr(pw, "SCALED_BYTES", budget)
+    x, weight, b = _bf16_case(n, c, k, size, size, seed=11)
+    scale = torch.rand(n, c)
+    z = torch.randn(n, k, size, size).contiguous(memory_format=torch.channels_last).bfloat16()
+    out = torch.full((n, k, size, size), math.nan, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    got = pw.PointwiseConv(weight, b, "Relu", post="HardSwish", tile=tile)(x, z, out, scale)
+    want = _reference(x.double() * scale[:, :, None, None].double(), weight, b, z, "Relu", [], "HardSwish", [])
+    assert not got.isnan().any() and _error(got, want) <= 2 * BF16_BOUND
+
+
+@bf16
+@pytest.mark.parametrize("tile", pw.TILES)
+def test_bf16_the_product_of_each_images_mean_pixel(tile):
+    """The means rounded to bf16 (as a pool's output), then the product: the reference rounds them too."""
+    x, weight, b = _bf16_case(3, 37, 50, 5, 3, seed=12)
+    got = pw.PointwiseConv(weight, b, "HardSwish", tile=tile).pooled(x)
+    means = x.double().mean((2, 3), keepdim=True).bfloat16()
+    want = _reference(means, weight, b, None, "HardSwish", [], "", []).reshape(3, 50)
+    assert got.dtype == torch.bfloat16 and _error(got, want) <= BF16_BOUND
+
+
+@bf16
+def test_bf16_refuses_float32_operands_by_name():
     x, weight, b = _bf16_case(1, 16, 24, 4, 4, seed=1)
     conv = pw.PointwiseConv(weight, b)
     with pytest.raises(ValueError, match="x must be a 4-D bf16"):
         conv(x.float())
     with pytest.raises(ValueError, match="residual must be a 4-D bf16"):
         conv(x, torch.randn(1, 24, 4, 4))
-    with pytest.raises(ValueError, match="input-channel scales are for float32"):
-        conv(x, scale=torch.ones(1, 16))
-    with pytest.raises(ValueError, match="the pooled product is float32"):
+    with pytest.raises(ValueError, match="x must be a 4-D bf16"):
         conv.pooled(x.float())

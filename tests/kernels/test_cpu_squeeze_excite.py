@@ -135,3 +135,12 @@ def test_the_gate_alone_is_the_factor_the_block_multiplies_by(pair):
     want = _reference(x, w1, b1, w2, b2, attributes)
     got = x.double() * gate.double()[:, :, None, None]
     assert ((got - want).abs().max() / want.abs().max()).item() <= BOUND
+
+
+def test_the_gate_of_a_bf16_input_is_that_of_the_same_values_in_float32():
+    """bf16 pixels widen exactly to float32 and are summed in the same order: the same gate, bit for bit."""
+    (x, w1, b1, w2, b2), _ = _block((2, 40, 6, 5), 10, "silu-sigmoid")
+    x = x.bfloat16()
+    matrices = (w1.reshape(10, -1), b1, w2.reshape(40, -1), b2, "SiLU", (0.0, 0.0), "Sigmoid", (0.0, 0.0))
+    gate = se.gate(x, *matrices)
+    assert gate.dtype == torch.float32 and torch.equal(gate, se.gate(x.float(), *matrices))

@@ -28,6 +28,7 @@ from .avx512 import (
     DTYPE_NAMES,
     avx512_problem,
     check_activations,
+    kernel_dtype,
     load_avx512,
     module_source,
     pack_bias,
@@ -46,53 +47,73 @@ struct Geometry {
   int64_t xN, xH, xW, yN, yH, yW;  // element strides of x and y (channels are contiguous)
 };
 
-struct Block {  // one output row of one block of channels
-  const float* x;  // the block's first channel in image n
+// Elem: float, or uint16_t for bf16 activations (weights, bias, sums and epilogue in float32 either way).
+template <typename Elem>
+struct BlockOf {  // one output row of one block of channels
+  const Elem* x;   // the block's first channel in image n
   const float* w;
   const float* b;
-  float* y;        // the block's first channel in output row oh of image n
+  Elem* y;         // the block's first channel in output row oh of image n
   int64_t ih0;     // the input row of tap kh = 0
   __mmask16 mask;  // the block's channels (all 16 but in a last, partial block)
 };
+using Block = BlockOf<float>;
 
 // A Block whose taps read their input rows through pointers (the expansion kernel's ring of rows) rather than from
 // x. A type of its own, not a field tested in the tap loop: that test cost the standalone kernel about 3%.
-struct RowsBlock : Block {
-  const float* const* rows;  // each tap row's input row (its first pixel's channel 0)
-  int64_t c0;                // the block's first channel
+template <typename Elem>
+struct RowsBlockOf : BlockOf<Elem> {
+  const Elem* const* rows;  // each tap row's input row (its first pixel's channel 0)
+  int64_t c0;               // the block's first channel
 };
 
 // The input row of tap row kh (input row ih), at the block's first channel.
-inline const float* input_row(const Block& k, const Geometry& g, int64_t, int64_t ih) { return k.x + ih * g.xH; }
-inline const float* input_row(const RowsBlock& k, const Geometry&, int64_t kh, int64_t) { return k.rows[kh] + k.c0; }
+template <typename Elem>
+inline const Elem* input_row(const BlockOf<Elem>& k, const Geometry& g, int64_t, int64_t ih) {
+  return k.x + ih * g.xH;
+}
+template <typename Elem>
+inline const Elem* input_row(const RowsBlockOf<Elem>& k, const Geometry&, int64_t kh, int64_t) {
+  return k.rows[kh] + k.c0;
+}
 
 // `k` for the channels from c0 (mask m).
-inline Block shifted(const Block& k, int64_t c0, __mmask16 m) {
-  return Block{k.x + c0, k.w + c0, k.b + c0, k.y + c0, k.ih0, m};
+template <typename Elem>
+inline BlockOf<Elem> shifted(const BlockOf<Elem>& k, int64_t c0, __mmask16 m) {
+  return BlockOf<Elem>{k.x + c0, k.w + c0, k.b + c0, k.y + c0, k.ih0, m};
 }
-inline RowsBlock shifted(const RowsBlock& k, int64_t c0, __mmask16 m) {
-  return RowsBlock{shifted(static_cast<const Block&>(k), c0, m), k.rows, c0};
+template <typename Elem>
+inline RowsBlockOf<Elem> shifted(const RowsBlockOf<Elem>& k, int64_t c0, __mmask16 m) {
+  return RowsBlockOf<Elem>{shifted(static_cast<const BlockOf<Elem>&>(k), c0, m), k.rows, c0};
 }
 
 inline __m512 load(const float* p, __mmask16 m, bool full) {
   return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
 }
+inline __m512 load(const uint16_t* p, __mmask16 m, bool full) {
+  const __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 
 // Every accumulator of a tile starts at the block's bias.
-template <int T, bool FULL>
-inline void start(__m512* acc, const Block& k) {
+template <int T, bool FULL, typename B>
+inline void start(__m512* acc, const B& k) {
   const __m512 bias = load(k.b, k.mask, FULL);
   #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = bias;
 }
 
-template <int T>
-inline void store(__m512* acc, float* out, int64_t step, int count, __mmask16 m, bool full) {
+template <int T, typename Elem>
+inline void store(__m512* acc, Elem* out, int64_t step, int count, __mmask16 m, bool full) {
   #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     if (t >= count) break;
-    if (full) _mm512_storeu_ps(out + t * step, acc[t]);
-    else _mm512_mask_storeu_ps(out + t * step, m, acc[t]);
+    if constexpr (sizeof(Elem) == 4) {
+      if (full) _mm512_storeu_ps(out + t * step, acc[t]);
+      else _mm512_mask_storeu_ps(out + t * step, m, acc[t]);
+    } else {
+      store16(out + t * step, full ? __mmask16(0xFFFF) : m, acc[t]);
+    }
   }
 }
 
@@ -110,14 +131,14 @@ inline void window_tile(const B& k, const Geometry& g, int64_t ow0, int count, i
   for (int64_t kh = 0; kh < KH; ++kh) {
     const int64_t ih = k.ih0 + kh * dh;
     if (ih < 0 || ih >= H) continue;
-    const float* row = input_row(k, g, kh, ih) + col0 * xW;
+    const auto* row = input_row(k, g, kh, ih) + col0 * xW;
     const float* taps = k.w + kh * KW * Cp;
     __m512 in[L];
     #pragma GCC unroll 32
     for (int i = 0; i < L; ++i) {
       if (BORDER) {
         const bool inside = col0 + i >= 0 && col0 + i < W;
-        in[i] = _mm512_maskz_loadu_ps(inside ? k.mask : __mmask16(0), row + i * xW);
+        in[i] = load16(inside ? k.mask : __mmask16(0), row + i * xW);
       } else {
         in[i] = load(row + i * xW, k.mask, FULL);
       }
@@ -145,17 +166,17 @@ inline void any_tile(const B& k, const Geometry& g, int64_t ow0, int count, int6
   for (int64_t kh = 0; kh < KH; ++kh) {
     const int64_t ih = k.ih0 + kh * dh;
     if (ih < 0 || ih >= H) continue;
-    const float* row = input_row(k, g, kh, ih) + col0 * xW;
+    const auto* row = input_row(k, g, kh, ih) + col0 * xW;
     const float* taps = k.w + kh * KW * Cp;
     for (int64_t kw = 0; kw < KW; ++kw) {
       const __m512 wv = _mm512_loadu_ps(taps + kw * Cp);
-      const float* in = row + kw * dw * xW;
+      const auto* in = row + kw * dw * xW;
       #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) {
         if (BORDER) {
           const int64_t iw = col0 + kw * dw + t * sw;
           const bool inside = t < count && iw >= 0 && iw < W;
-          acc[t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(inside ? k.mask : __mmask16(0), in + t * step), wv, acc[t]);
+          acc[t] = _mm512_fmadd_ps(load16(inside ? k.mask : __mmask16(0), in + t * step), wv, acc[t]);
         } else {
           acc[t] = _mm512_fmadd_ps(load(in + t * step, k.mask, FULL), wv, acc[t]);
         }
@@ -203,8 +224,8 @@ inline void row(const B& k, const Geometry& g, int64_t first, int64_t last, int6
   }
 }
 
-template <int T, int KW, int S>
-void run(const float* x, const float* w, const float* b, float* y, const Geometry& g, int64_t N, int64_t act,
+template <int T, int KW, int S, typename Elem>
+void run(const Elem* x, const float* w, const float* b, Elem* y, const Geometry& g, int64_t N, int64_t act,
          float p0f, float p1f) {
   const __m512 p0 = _mm512_set1_ps(p0f), p1 = _mm512_set1_ps(p1f);
   const int64_t blocks = g.Cp / 16, rows = N * g.OH;
@@ -220,15 +241,15 @@ void run(const float* x, const float* w, const float* b, float* y, const Geometr
   at::parallel_for(0, rows * per_row, grain, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / per_row, n = r / g.OH, oh = r % g.OH, first = (item % per_row) * span;
-      const Block k{x + n * g.xN, w, b, y + n * g.yN + oh * g.yH, oh * g.sh - g.ph, __mmask16(0xFFFF)};
+      const BlockOf<Elem> k{x + n * g.xN, w, b, y + n * g.yN + oh * g.yH, oh * g.sh - g.ph, __mmask16(0xFFFF)};
       row<T, KW, S>(k, g, first, std::min(blocks, first + span), lo, hi, act, p0, p1);
     }
   });
 }
 
 // The filter widths and strides along W with a register-window kernel; the others take the generic one (KW = 0).
-template <int T>
-void dispatch(const float* x, const float* w, const float* b, float* y, const Geometry& g, int64_t N, int64_t act,
+template <int T, typename Elem>
+void dispatch(const Elem* x, const float* w, const float* b, Elem* y, const Geometry& g, int64_t N, int64_t act,
               float p0, float p1) {
   switch (g.dw == 1 ? g.KW * 10 + g.sw : 0) {
     case 31: run<T, 3, 1>(x, w, b, y, g, N, act, p0, p1); break;
@@ -247,16 +268,13 @@ SOURCE = module_source(
     CORE,
     r"""
 
-// x [N, C, H, W] and y [N, C, OH, OW] channels_last (any pixel strides, channels contiguous); w [KH·KW, Cp] and
-// b [Cp], Cp = C rounded up to 16. Writes y.
-void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor y, int64_t KH, int64_t KW,
-               int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t act, double p0,
-               double p1, int64_t tile) {
-  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "depthwise: channels must be contiguous (channels_last)");
-  const Geometry g{x.size(2), x.size(3), x.size(1), w.size(1), KH, KW, sh, sw, ph, pw, dh, dw, y.size(2),
-                   y.size(3), x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3)};
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+namespace {
+
+template <typename Elem>
+void launch(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor y, const Geometry& g, int64_t act,
+            double p0, double p1, int64_t tile) {
+  const auto* xp = reinterpret_cast<const Elem*>(x.data_ptr());
+  auto* yp = reinterpret_cast<Elem*>(y.data_ptr());
   const float* wp = w.data_ptr<float>();
   const float* bp = b.data_ptr<float>();
   switch (tile) {
@@ -264,6 +282,27 @@ void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor 
     case 8: dispatch<8>(xp, wp, bp, yp, g, x.size(0), act, p0, p1); break;
     default: TORCH_CHECK(false, "depthwise: no tile of ", tile, " pixels (4 or 8)");
   }
+}
+
+}  // namespace
+
+// x [N, C, H, W] and y [N, C, OH, OW] channels_last (any pixel strides, channels contiguous), both float32 or both
+// bf16; w [KH·KW, Cp] and b [Cp] float32, Cp = C rounded up to 16. Writes y.
+void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor y, int64_t KH, int64_t KW,
+               int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t act, double p0,
+               double p1, int64_t tile) {
+  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "depthwise: channels must be contiguous (channels_last)");
+  const auto type = x.scalar_type();
+  TORCH_CHECK(y.scalar_type() == type && (type == at::kFloat || type == at::kBFloat16),
+              "depthwise: x and y both float32 or both bf16");
+  const Geometry g{x.size(2), x.size(3), x.size(1), w.size(1), KH, KW, sh, sw, ph, pw, dh, dw, y.size(2),
+                   y.size(3), x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3)};
+  if (type == at::kFloat) return launch<float>(x, w, b, y, g, act, p0, p1, tile);
+#ifdef __AVX512BF16__
+  launch<uint16_t>(x, w, b, y, g, act, p0, p1, tile);
+#else
+  TORCH_CHECK(false, "depthwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
+#endif
 }
 """,
 )
@@ -344,9 +383,10 @@ def convolution_operands(
 class DepthwiseConv:
     """A depthwise convolution ready to run: its weight [C, 1, KH, KW] and bias packed, its strides, dilations,
     activation (by name, `ACTIVATIONS`, with its two parameters as `kernels.activations.activation_args` gives them)
-    and tile checked, once; calls give the input and its padding."""
+    and tile checked, once; calls give the input and its padding. A bf16 weight makes a bf16 convolution (bf16
+    input and output; the weight, sums and epilogue in float32), on a CPU with AVX512-BF16."""
 
-    __slots__ = ("_bias", "_epilogue", "_module", "_strides", "_weight", "channels", "kernel")
+    __slots__ = ("_bias", "_epilogue", "_module", "_strides", "_weight", "channels", "dtype", "kernel")
 
     def __init__(
         self,
@@ -362,6 +402,7 @@ class DepthwiseConv:
         if tile not in TILES:
             raise ValueError(f"the CPU depthwise kernel tiles {TILES} pixels, not {tile}")
         self.channels, self.kernel = weight.shape[0], tuple(weight.shape[2:])
+        self.dtype = kernel_dtype(weight)
         self._weight, self._bias = pack_weight(weight), pack_bias(bias, self.channels)
         self._strides = (*strides, *dilations)
         self._epilogue = (ACTIVATION_CODES[act], *act_params, tile)
@@ -370,16 +411,16 @@ class DepthwiseConv:
     def __call__(
         self, x: torch.Tensor, pads: Sequence[int], out_hw: Sequence[int], out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """act(conv(x) + bias) for x [N, C, H, W] float32 (made channels_last unless its channels are contiguous,
-        as in a channel slice of a channels_last tensor), `pads` the leading (top, left) padding and `out_hw` the
-        output's size, which fixes the trailing padding; into `out` (contiguous channels) or a new channels_last
-        tensor, which is returned."""
-        x = windowed_input(x, pads, out_hw)
+        """act(conv(x) + bias) for x [N, C, H, W] in the convolution's dtype (made channels_last unless its channels
+        are contiguous, as in a channel slice of a channels_last tensor), `pads` the leading (top, left) padding and
+        `out_hw` the output's size, which fixes the trailing padding; into `out` (contiguous channels) or a new
+        channels_last tensor, which is returned."""
+        x = windowed_input(x, pads, out_hw, self.dtype)
         if out is None:
-            out = torch.empty((x.shape[0], self.channels, *out_hw), memory_format=torch.channels_last)
-        elif out.dtype != torch.float32 or out.dim() != 4 or out.stride(1) != 1:
-            raise ValueError(f"out must be a 4-D float32 tensor with contiguous channels, not {out.dtype} "
-                             f"{tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+            out = torch.empty((x.shape[0], self.channels, *out_hw), dtype=self.dtype, memory_format=torch.channels_last)
+        elif out.dtype != self.dtype or out.dim() != 4 or out.stride(1) != 1:
+            raise ValueError(f"out must be a 4-D {DTYPE_NAMES[self.dtype]} tensor with contiguous channels, not "
+                             f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
         sh, sw, dh, dw = self._strides
         self._module.depthwise(x, self._weight, self._bias, out, *self.kernel, sh, sw, *pads, dh, dw, *self._epilogue)
         return out

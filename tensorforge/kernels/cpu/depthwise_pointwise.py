@@ -1,5 +1,5 @@
 """A depthwise convolution and the 1×1 convolution that reads it, in one pass, on the CPU in C++ with AVX-512,
-float32, channels_last:
+float32 or bf16 (a CPU with AVX512-BF16: bf16 activations and 1×1 weights, float32 sums), channels_last:
 
     h[n, oh, ow, c] = act(bd[c] + Σ_kh,kw wd[kh, kw, c] · x[n, oh·s_h − p_h + kh·d_h, ow·s_w − p_w + kw·d_w, c])
     y[n, oh, ow, k] = post(pre(bp[k] + Σ_c h[n, oh, ow, c] · wp[c, k]) + z[n, oh, ow, k])
@@ -23,7 +23,7 @@ from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
-from .avx512 import VECTOR_MATH, avx512_problem, check_activations, load_avx512, pack_bias
+from .avx512 import VECTOR_MATH, avx512_problem, check_activations, kernel_dtype, load_avx512, pack_bias
 
 # The 1×1 part's tiles (pixels, vectors of 16 output channels), those of `pointwise.TILES` that span a row of pixels;
 # the depthwise part's is 8 pixels.
@@ -39,20 +39,23 @@ SOURCE = (
     + r"""
 namespace {
 
+// Elem: float, or uint16_t for bf16 activations (x, the row buffer, z and y); the weights of the 1×1 part in Elem
+// too (bf16: in pairs), the depthwise weights, biases, sums and epilogues float32.
+template <typename Elem>
 struct Fused {
   dwk::Geometry g;       // x into one row buffer: yW = Cp, yN = yH = 0
   int64_t N;
-  const float* x;
+  const Elem* x;
   const float* wd;
   const float* bd;
   int64_t act;
   __m512 p0, p1;
-  pwk::Problem q;        // the 1×1 part, but x (the buffer) and the row's y and z
+  pwk::ProblemOf<Elem> q;  // the 1×1 part, but x (the buffer) and the row's y and z
   int64_t yN, yH, zN, zH;  // element strides of the output and the residual by image and row
 };
 
-template <int MR, int NV>
-inline void pointwise_row(const pwk::Problem& q) {
+template <int MR, int NV, typename Elem>
+inline void pointwise_row(const pwk::ProblemOf<Elem>& q) {
   const int64_t tiles = (q.P + MR - 1) / MR, vectors = q.Kp / 16;
   for (int64_t t = 0; t < tiles; ++t) {
     int64_t v = 0;
@@ -61,21 +64,21 @@ inline void pointwise_row(const pwk::Problem& q) {
   }
 }
 
-template <int KW, int S, int MR, int NV>
-void run(const Fused& f) {
+template <int KW, int S, int MR, int NV, typename Elem>
+void run(const Fused<Elem>& f) {
   const dwk::Geometry& g = f.g;
   const int64_t blocks = g.Cp / 16, rows = f.N * g.OH;
   const int64_t lo = std::min<int64_t>(g.OW, (g.pw + g.sw - 1) / g.sw);
   const int64_t reach = g.W - 1 + g.pw - (g.KW - 1) * g.dw;
   const int64_t hi = reach < 0 ? lo : std::max<int64_t>(lo, std::min<int64_t>(g.OW, reach / g.sw + 1));
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    const std::unique_ptr<float[]> buffer(new float[g.OW * g.Cp]);  // uninitialized: written before read
-    pwk::Problem q = f.q;
+    const std::unique_ptr<Elem[]> buffer(new Elem[g.OW * g.Cp]);  // uninitialized: written before read
+    pwk::ProblemOf<Elem> q = f.q;
     q.x = buffer.get();
     q.xs = g.Cp;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
-      const dwk::Block k{f.x + n * g.xN, f.wd, f.bd, buffer.get(), oh * g.sh - g.ph, __mmask16(0xFFFF)};
+      const dwk::BlockOf<Elem> k{f.x + n * g.xN, f.wd, f.bd, buffer.get(), oh * g.sh - g.ph, __mmask16(0xFFFF)};
       dwk::row<8, KW, S>(k, g, 0, blocks, lo, hi, f.act, f.p0, f.p1);
       q.y = f.q.y + n * f.yN + oh * f.yH;
       q.z = f.q.z ? f.q.z + n * f.zN + oh * f.zH : nullptr;
@@ -84,8 +87,8 @@ void run(const Fused& f) {
   });
 }
 
-template <int MR, int NV>
-void dispatch(const Fused& f) {
+template <int MR, int NV, typename Elem>
+void dispatch(const Fused<Elem>& f) {
   switch (f.g.dw == 1 ? f.g.KW * 10 + f.g.sw : 0) {
     case 31: run<3, 1, MR, NV>(f); break;
     case 32: run<3, 2, MR, NV>(f); break;
@@ -97,34 +100,30 @@ void dispatch(const Fused& f) {
   }
 }
 
-}  // namespace
-
-// x, z and y channels_last (z empty without a residual); wd packed [KH·KW, Cp], bd [Cp]; wp packed in blocks of
-// `vectors` (`pointwise.pack_weight`), bp [Kp].
-void depthwise_pointwise(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, torch::Tensor wp, torch::Tensor bp,
-                         torch::Tensor z, torch::Tensor y, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph,
-                         int64_t pw, int64_t dh, int64_t dw, int64_t act, double p0, double p1, int64_t pre,
-                         double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
-                         int64_t vectors) {
-  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
-              "depthwise_pointwise: channels must be contiguous (channels_last)");
+template <typename Elem>
+void launch(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, torch::Tensor wp, torch::Tensor bp, torch::Tensor z,
+            torch::Tensor y, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+            int64_t dw, int64_t act, double p0, double p1, int64_t pre, double pre0, double pre1, int64_t post,
+            double post0, double post1, int64_t rows, int64_t vectors) {
   const int64_t C = x.size(1), K = y.size(1), Cp = wd.size(1), Kp = bp.size(0);
-  TORCH_CHECK(wp.numel() == C * Kp, "depthwise_pointwise: a 1×1 weight of ", wp.numel(), " values for ", C,
-              " channels");
-  Fused f;
+  const int64_t rows_w = sizeof(Elem) == 2 ? C + C % 2 : C;  // bf16: in pairs of rows
+  TORCH_CHECK(wp.numel() == rows_w * Kp && wp.element_size() == sizeof(Elem), "depthwise_pointwise: a 1×1 weight of ",
+              wp.numel(), " ", wp.scalar_type(), " values for ", C, " ", x.scalar_type(), " channels");
+  const auto data = [](const torch::Tensor& t) { return reinterpret_cast<Elem*>(t.data_ptr()); };
+  Fused<Elem> f;
   f.g = dwk::Geometry{x.size(2), x.size(3), C, Cp, KH, KW, sh, sw, ph, pw, dh, dw, y.size(2), y.size(3),
                       x.stride(0), x.stride(2), x.stride(3), 0, 0, Cp};
   f.N = x.size(0);
-  f.x = x.data_ptr<float>();
+  f.x = data(x);
   f.wd = wd.data_ptr<float>();
   f.bd = bd.data_ptr<float>();
   f.act = act;
   f.p0 = _mm512_set1_ps(float(p0));
   f.p1 = _mm512_set1_ps(float(p1));
-  f.q = pwk::Problem{y.size(3), C, K, Kp, nullptr, 0, wp.data_ptr<float>(), bp.data_ptr<float>(),
-                     z.numel() ? z.data_ptr<float>() : nullptr, z.numel() ? z.stride(3) : 0, y.data_ptr<float>(),
-                     y.stride(3), pre, post, _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)),
-                     _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1))};
+  f.q = pwk::ProblemOf<Elem>{y.size(3), C, K, Kp, nullptr, 0, data(wp), bp.data_ptr<float>(),
+                             z.numel() ? data(z) : nullptr, z.numel() ? z.stride(3) : 0, data(y), y.stride(3), pre,
+                             post, _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)),
+                             _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1))};
   f.yN = y.stride(0);
   f.yH = y.stride(2);
   f.zN = z.numel() ? z.stride(0) : 0;
@@ -132,6 +131,32 @@ void depthwise_pointwise(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, to
   if (rows == 8 && vectors == 3) dispatch<8, 3>(f);
   else if (rows == 6 && vectors == 4) dispatch<6, 4>(f);
   else TORCH_CHECK(false, "depthwise_pointwise: no 1×1 tile of ", rows, " pixels by ", vectors, " vectors");
+}
+
+}  // namespace
+
+// x, z and y channels_last (z empty without a residual), all float32 or all bf16; wd packed [KH·KW, Cp] float32,
+// bd [Cp]; wp packed in blocks of `vectors` (`pointwise.pack_weight`, of x's type), bp [Kp].
+void depthwise_pointwise(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, torch::Tensor wp, torch::Tensor bp,
+                         torch::Tensor z, torch::Tensor y, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph,
+                         int64_t pw, int64_t dh, int64_t dw, int64_t act, double p0, double p1, int64_t pre,
+                         double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
+                         int64_t vectors) {
+  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
+              "depthwise_pointwise: channels must be contiguous (channels_last)");
+  const auto type = x.scalar_type();
+  TORCH_CHECK(y.scalar_type() == type && (!z.numel() || z.scalar_type() == type) &&
+              (type == at::kFloat || type == at::kBFloat16), "depthwise_pointwise: x, z and y all float32 or all bf16");
+  if (type == at::kFloat) {
+    return launch<float>(x, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, act, p0, p1, pre, pre0, pre1, post,
+                         post0, post1, rows, vectors);
+  }
+#ifdef __AVX512BF16__
+  launch<uint16_t>(x, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, act, p0, p1, pre, pre0, pre1, post,
+                   post0, post1, rows, vectors);
+#else
+  TORCH_CHECK(false, "depthwise_pointwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
+#endif
 }
 """
 )
@@ -146,9 +171,10 @@ class DepthwisePointwise:
     """A depthwise convolution and the 1×1 convolution after it, ready to run: both weights and biases packed,
     the depthwise strides, dilations and activation, the 1×1 epilogue (`pre`, `post`, activations by name,
     `ACTIVATIONS`, with their parameters as `kernels.activations.activation_args` gives them) and tile checked,
-    once; calls give the input, its padding and the residual."""
+    once; calls give the input, its padding and the residual. A bf16 1×1 weight makes a bf16 block (bf16 input,
+    residual and output; the depthwise weight, sums and epilogues in float32)."""
 
-    __slots__ = ("_dw", "_epilogue", "_module", "_pw", "_strides", "channels", "in_channels", "kernel")
+    __slots__ = ("_dw", "_epilogue", "_module", "_pw", "_strides", "channels", "dtype", "in_channels", "kernel")
 
     def __init__(
         self,
@@ -174,6 +200,7 @@ class DepthwisePointwise:
                              f"{dw_weight.shape[0]} channels")  # fmt: skip
         self.channels, self.in_channels = pw_weight.shape[0], dw_weight.shape[0]
         self.kernel = tuple(dw_weight.shape[2:])
+        self.dtype = kernel_dtype(pw_weight)
         self._dw = (dw.pack_weight(dw_weight), pack_bias(dw_bias, dw_weight.shape[0]))
         self._pw = (pw.pack_weight(pw_weight, tile[1]), pack_bias(pw_bias, self.channels))
         self._strides = (*strides, *dilations)
@@ -191,12 +218,12 @@ class DepthwisePointwise:
         residual: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The block's output for x [N, C, H, W] float32, `pads` the depthwise convolution's leading (top, left)
-        padding, `out_hw` its output size, and the residual [N, K, OH, OW] float32 or None (x and the residual made
-        channels_last unless their channels are contiguous, as in a channel slice of a channels_last tensor); into
-        `out` (contiguous channels) or a new channels_last tensor, which is returned."""
+        """The block's output for x [N, C, H, W] in the block's dtype, `pads` the depthwise convolution's leading
+        (top, left) padding, `out_hw` its output size, and the residual [N, K, OH, OW] of that dtype or None (x and
+        the residual made channels_last unless their channels are contiguous, as in a channel slice of a channels_last
+        tensor); into `out` (contiguous channels) or a new channels_last tensor, which is returned."""
         x, z, out = dw.convolution_operands(
-            x, pads, out_hw, self.in_channels, self.channels, residual, out, "depthwise convolution"
+            x, pads, out_hw, self.in_channels, self.channels, residual, out, "depthwise convolution", self.dtype
         )
         sh, sw, dh, dwl = self._strides
         self._module.depthwise_pointwise(

@@ -1,5 +1,6 @@
-"""An inverted-residual block on the CPU in C++ with AVX-512, float32, channels_last: a 1×1 expansion, the
-depthwise convolution that reads it, and (optionally) the 1×1 projection after that, in one pass:
+"""An inverted-residual block on the CPU in C++ with AVX-512, float32 or bf16 (a CPU with AVX512-BF16: bf16
+activations, E included, and 1×1 weights; float32 sums), channels_last: a 1×1 expansion, the depthwise convolution
+that reads it, and (optionally) the 1×1 projection after that, in one pass:
 
     E = act_e(conv1×1(X, We) + be)                     (C → Ce channels, the block's widest tensor)
     D = act_d(depthwise(E, Wd) + bd)                   (any window, strides, padding, dilations)
@@ -29,7 +30,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
-from .avx512 import ABSENT, VECTOR_MATH, avx512_problem, check_activations, load_avx512, pack_bias
+from .avx512 import ABSENT, VECTOR_MATH, avx512_problem, check_activations, kernel_dtype, load_avx512, pack_bias
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
 TILES = ((8, 3), (6, 4))  # the 1×1 parts' tiles (pixels, vectors of 16 output channels); the depthwise's is 8 pixels
@@ -46,24 +47,27 @@ namespace {
 
 // The buffers below are left uninitialized (not zero-filled per call): every value read was written first, the
 // lanes past the channels of a last, partial vector being neither read nor stored (masked).
+// Elem: float, or uint16_t for bf16 activations (x, E, the row buffer, z and y) and 1×1 weights (in pairs); the
+// depthwise weights, biases, sums and epilogues float32.
+template <typename Elem>
 struct Fused {
   dwk::Geometry g;      // the depthwise convolution over E (its rows read through row pointers); yW = Cp
   int64_t N;
-  const float* x;       // the block's input
+  const Elem* x;        // the block's input
   int64_t xN, xH;       // its element strides by image and row (pixels xW apart: e.xs)
-  pwk::Problem e;       // the expansion of one row of x: P = W, y a ring row (ys = Cp)
+  pwk::ProblemOf<Elem> e;  // the expansion of one row of x: P = W, y a ring row (ys = Cp)
   const float* wd;
   const float* bd;
   int64_t act;
   __m512 p0, p1;
   bool project;
-  pwk::Problem q;       // the projection of one depthwise row (x the row buffer), or unused
-  float* y;             // the output (with a projection, q's) and its strides by image and row
+  pwk::ProblemOf<Elem> q;  // the projection of one depthwise row (x the row buffer), or unused
+  Elem* y;              // the output (with a projection, q's) and its strides by image and row
   int64_t yN, yH, zN, zH;
 };
 
-template <int MR, int NV>
-inline void pixels(const pwk::Problem& q) {
+template <int MR, int NV, typename Elem>
+inline void pixels(const pwk::ProblemOf<Elem>& q) {
   const int64_t tiles = (q.P + MR - 1) / MR, vectors = q.Kp / 16;
   for (int64_t t = 0; t < tiles; ++t) {
     int64_t v = 0;
@@ -73,11 +77,11 @@ inline void pixels(const pwk::Problem& q) {
 }
 
 // The depthwise row (n, oh) from the rows of E that `taps` point to, then its projection into the output row.
-template <int KW, int S, int MR, int NV>
-inline void depthwise_row(const Fused& f, int64_t n, int64_t oh, const float* const* taps, float* buffer,
-                          pwk::Problem& q, int64_t lo, int64_t hi) {
-  float* out = f.project ? buffer : f.y + n * f.yN + oh * f.yH;
-  const dwk::RowsBlock k{{taps[0], f.wd, f.bd, out, oh * f.g.sh - f.g.ph, __mmask16(0xFFFF)}, taps, 0};
+template <int KW, int S, int MR, int NV, typename Elem>
+inline void depthwise_row(const Fused<Elem>& f, int64_t n, int64_t oh, const Elem* const* taps, Elem* buffer,
+                          pwk::ProblemOf<Elem>& q, int64_t lo, int64_t hi) {
+  Elem* out = f.project ? buffer : f.y + n * f.yN + oh * f.yH;
+  const dwk::RowsBlockOf<Elem> k{{taps[0], f.wd, f.bd, out, oh * f.g.sh - f.g.ph, __mmask16(0xFFFF)}, taps, 0};
   dwk::row<8, KW, S>(k, f.g, 0, f.g.Cp / 16, lo, hi, f.act, f.p0, f.p1);
   if (f.project) {
     q.x = buffer;
@@ -88,22 +92,22 @@ inline void depthwise_row(const Fused& f, int64_t n, int64_t oh, const float* co
 }
 
 // Each thread a run of output rows, the rows of E they read in a ring (see the module).
-template <int KW, int S, int MR, int NV>
-void ring(const Fused& f, int64_t span, int64_t lo, int64_t hi) {
+template <int KW, int S, int MR, int NV, typename Elem>
+void ring(const Fused<Elem>& f, int64_t span, int64_t lo, int64_t hi) {
   const dwk::Geometry& g = f.g;
   const int64_t plane = g.W * g.Cp;
   at::parallel_for(0, f.N * g.OH, 1, [&](int64_t begin, int64_t end) {
-    const std::unique_ptr<float[]> rows(new float[span * plane]), buffer(new float[f.project ? g.OW * g.Cp : 1]);
+    const std::unique_ptr<Elem[]> rows(new Elem[span * plane]), buffer(new Elem[f.project ? g.OW * g.Cp : 1]);
     std::vector<int64_t> held(span, -1);  // the row of E (image · H + row) in each slot
-    std::vector<const float*> taps(g.KH, rows.get());
-    pwk::Problem e = f.e, q = f.q;
+    std::vector<const Elem*> taps(g.KH, rows.get());
+    pwk::ProblemOf<Elem> e = f.e, q = f.q;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
       for (int64_t kh = 0; kh < g.KH; ++kh) {
         const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
         if (ih < 0 || ih >= g.H) continue;
         const int64_t slot = ih % span;
-        float* row = rows.get() + slot * plane;
+        Elem* row = rows.get() + slot * plane;
         if (held[slot] != n * g.H + ih) {
           e.x = f.x + n * f.xN + ih * f.xH;
           e.y = row;
@@ -119,21 +123,21 @@ void ring(const Fused& f, int64_t span, int64_t lo, int64_t hi) {
 
 // An image at a time: all of its E (the 1×1 kernel's own parallel tiles, into one buffer), then its output rows in
 // parallel. For maps of few rows, where a ring per thread would compute many rows of E twice.
-template <int KW, int S, int MR, int NV>
-void whole(const Fused& f, int64_t lo, int64_t hi) {
+template <int KW, int S, int MR, int NV, typename Elem>
+void whole(const Fused<Elem>& f, int64_t lo, int64_t hi) {
   const dwk::Geometry& g = f.g;
   const int64_t plane = g.W * g.Cp;
-  const std::unique_ptr<float[]> expanded(new float[g.H * plane]);
+  const std::unique_ptr<Elem[]> expanded(new Elem[g.H * plane]);
   for (int64_t n = 0; n < f.N; ++n) {
-    pwk::Problem e = f.e;
+    pwk::ProblemOf<Elem> e = f.e;
     e.P = g.H * g.W;
     e.x = f.x + n * f.xN;
     e.y = expanded.get();
     pwk::run<MR, NV>(e);
     at::parallel_for(0, g.OH, 1, [&](int64_t begin, int64_t end) {
-      const std::unique_ptr<float[]> buffer(new float[f.project ? g.OW * g.Cp : 1]);
-      std::vector<const float*> taps(g.KH, expanded.get());
-      pwk::Problem q = f.q;
+      const std::unique_ptr<Elem[]> buffer(new Elem[f.project ? g.OW * g.Cp : 1]);
+      std::vector<const Elem*> taps(g.KH, expanded.get());
+      pwk::ProblemOf<Elem> q = f.q;
       for (int64_t oh = begin; oh < end; ++oh) {
         for (int64_t kh = 0; kh < g.KH; ++kh) {
           const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
@@ -145,8 +149,8 @@ void whole(const Fused& f, int64_t lo, int64_t hi) {
   }
 }
 
-template <int KW, int S, int MR, int NV>
-void run(const Fused& f) {
+template <int KW, int S, int MR, int NV, typename Elem>
+void run(const Fused<Elem>& f) {
   const dwk::Geometry& g = f.g;
   const int64_t span = (g.KH - 1) * g.dh + 1;
   const int64_t lo = std::min<int64_t>(g.OW, (g.pw + g.sw - 1) / g.sw);
@@ -160,8 +164,8 @@ void run(const Fused& f) {
   else whole<KW, S, MR, NV>(f, lo, hi);
 }
 
-template <int MR, int NV>
-void dispatch(const Fused& f) {
+template <int MR, int NV, typename Elem>
+void dispatch(const Fused<Elem>& f) {
   switch (f.g.dw == 1 ? f.g.KW * 10 + f.g.sw : 0) {
     case 31: run<3, 1, MR, NV>(f); break;
     case 32: run<3, 2, MR, NV>(f); break;
@@ -173,37 +177,34 @@ void dispatch(const Fused& f) {
   }
 }
 
-pwk::Problem problem(int64_t P, int64_t C, torch::Tensor w, torch::Tensor b, int64_t act, double a0, double a1,
-                     int64_t post, double b0, double b1) {
-  return pwk::Problem{P, C, 0, b.size(0), nullptr, 0, w.data_ptr<float>(), b.data_ptr<float>(), nullptr, 0,
-                      nullptr, 0, act, post, _mm512_set1_ps(float(a0)), _mm512_set1_ps(float(a1)),
-                      _mm512_set1_ps(float(b0)), _mm512_set1_ps(float(b1))};
+template <typename Elem>
+pwk::ProblemOf<Elem> problem(int64_t P, int64_t C, torch::Tensor w, torch::Tensor b, int64_t act, double a0,
+                             double a1, int64_t post, double b0, double b1) {
+  return pwk::ProblemOf<Elem>{P, C, 0, b.size(0), nullptr, 0, reinterpret_cast<const Elem*>(w.data_ptr()),
+                              b.data_ptr<float>(), nullptr, 0, nullptr, 0, act, post, _mm512_set1_ps(float(a0)),
+                              _mm512_set1_ps(float(a1)), _mm512_set1_ps(float(b0)), _mm512_set1_ps(float(b1))};
 }
 
-}  // namespace
-
-// x [N, C, H, W], z and y channels_last (channels contiguous; z empty without a residual); we packed in blocks of
-// `vectors` (`pointwise.pack_weight`), be [Cep]; wd [KH·KW, Cep], bd [Cep]; wp packed likewise, bp [Kp], or both
-// empty: no projection (y is the depthwise output, Ce channels).
-void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64_t Ce, torch::Tensor wd,
-                      torch::Tensor bd, torch::Tensor wp, torch::Tensor bp, torch::Tensor z, torch::Tensor y,
-                      int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
-                      int64_t expand_act, double e0, double e1, int64_t act, double p0, double p1, int64_t pre,
-                      double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
-                      int64_t vectors) {
-  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
-              "expand_depthwise: channels must be contiguous (channels_last)");
+template <typename Elem>
+void launch(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64_t Ce, torch::Tensor wd, torch::Tensor bd,
+            torch::Tensor wp, torch::Tensor bp, torch::Tensor z, torch::Tensor y, int64_t KH, int64_t KW, int64_t sh,
+            int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t expand_act, double e0, double e1,
+            int64_t act, double p0, double p1, int64_t pre, double pre0, double pre1, int64_t post, double post0,
+            double post1, int64_t rows, int64_t vectors) {
   const int64_t C = x.size(1), Cp = wd.size(1);
-  TORCH_CHECK(we.numel() == C * be.size(0) && be.size(0) == Cp, "expand_depthwise: an expansion weight of ",
-              we.numel(), " values for ", C, " channels into ", Ce);
-  Fused f;
+  const auto pairs = [](int64_t c) { return sizeof(Elem) == 2 ? c + c % 2 : c; };  // bf16 1×1 weights: row pairs
+  TORCH_CHECK(we.numel() == pairs(C) * be.size(0) && be.size(0) == Cp && we.element_size() == sizeof(Elem),
+              "expand_depthwise: an expansion weight of ", we.numel(), " ", we.scalar_type(), " values for ", C,
+              " ", x.scalar_type(), " channels into ", Ce);
+  const auto data = [](const torch::Tensor& t) { return reinterpret_cast<Elem*>(t.data_ptr()); };
+  Fused<Elem> f;
   f.g = dwk::Geometry{x.size(2), x.size(3), Ce, Cp, KH, KW, sh, sw, ph, pw, dh, dw, y.size(2), y.size(3),
                       0, 0, Cp, 0, 0, Cp};
   f.N = x.size(0);
-  f.x = x.data_ptr<float>();
+  f.x = data(x);
   f.xN = x.stride(0);
   f.xH = x.stride(2);
-  f.e = problem(x.size(3), C, we, be, expand_act, e0, e1, 0, 0., 0.);
+  f.e = problem<Elem>(x.size(3), C, we, be, expand_act, e0, e1, 0, 0., 0.);
   f.e.K = Ce;
   f.e.xs = x.stride(3);
   f.e.ys = Cp;
@@ -213,17 +214,18 @@ void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64
   f.p0 = _mm512_set1_ps(float(p0));
   f.p1 = _mm512_set1_ps(float(p1));
   f.project = wp.numel() > 0;
-  f.y = y.data_ptr<float>();
+  f.y = data(y);
   f.yN = y.stride(0);
   f.yH = y.stride(2);
   if (f.project) {
-    TORCH_CHECK(wp.numel() == Ce * bp.size(0), "expand_depthwise: a projection weight of ", wp.numel(),
-                " values for ", Ce, " channels");
-    f.q = problem(y.size(3), Ce, wp, bp, pre, pre0, pre1, post, post0, post1);
+    TORCH_CHECK(wp.numel() == pairs(Ce) * bp.size(0) && wp.element_size() == sizeof(Elem),
+                "expand_depthwise: a projection weight of ", wp.numel(), " ", wp.scalar_type(), " values for ", Ce,
+                " channels");
+    f.q = problem<Elem>(y.size(3), Ce, wp, bp, pre, pre0, pre1, post, post0, post1);
     f.q.K = y.size(1);
     f.q.xs = Cp;
     f.q.ys = y.stride(3);
-    f.q.z = z.numel() ? z.data_ptr<float>() : nullptr;
+    f.q.z = z.numel() ? data(z) : nullptr;
     f.q.zs = z.numel() ? z.stride(3) : 0;
     f.zN = z.numel() ? z.stride(0) : 0;
     f.zH = z.numel() ? z.stride(2) : 0;
@@ -233,6 +235,34 @@ void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64
   if (rows == 8 && vectors == 3) dispatch<8, 3>(f);
   else if (rows == 6 && vectors == 4) dispatch<6, 4>(f);
   else TORCH_CHECK(false, "expand_depthwise: no 1×1 tile of ", rows, " pixels by ", vectors, " vectors");
+}
+
+}  // namespace
+
+// x [N, C, H, W], z and y channels_last (channels contiguous; z empty without a residual), all float32 or all bf16;
+// we packed in blocks of `vectors` (`pointwise.pack_weight`, of x's type), be [Cep]; wd [KH·KW, Cep], bd [Cep]
+// float32; wp packed likewise, bp [Kp], or both empty: no projection (y is the depthwise output, Ce channels).
+void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64_t Ce, torch::Tensor wd,
+                      torch::Tensor bd, torch::Tensor wp, torch::Tensor bp, torch::Tensor z, torch::Tensor y,
+                      int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                      int64_t expand_act, double e0, double e1, int64_t act, double p0, double p1, int64_t pre,
+                      double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
+                      int64_t vectors) {
+  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
+              "expand_depthwise: channels must be contiguous (channels_last)");
+  const auto type = x.scalar_type();
+  TORCH_CHECK(y.scalar_type() == type && (!z.numel() || z.scalar_type() == type) &&
+              (type == at::kFloat || type == at::kBFloat16), "expand_depthwise: x, z and y all float32 or all bf16");
+  if (type == at::kFloat) {
+    return launch<float>(x, we, be, Ce, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, expand_act, e0, e1, act,
+                         p0, p1, pre, pre0, pre1, post, post0, post1, rows, vectors);
+  }
+#ifdef __AVX512BF16__
+  launch<uint16_t>(x, we, be, Ce, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, expand_act, e0, e1, act, p0,
+                   p1, pre, pre0, pre1, post, post0, post1, rows, vectors);
+#else
+  TORCH_CHECK(false, "expand_depthwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
+#endif
 }
 """
 )
@@ -260,9 +290,13 @@ class ExpandDepthwise:
     """An inverted-residual block ready to run: the expansion's, the depthwise convolution's and (optionally) the
     projection's weights and biases packed, the depthwise strides and dilations, the activations (by name,
     `ACTIVATIONS`, with their parameters as `kernels.activations.activation_args` gives them) and tile checked, once;
-    calls give the input, the depthwise padding and the residual."""
+    calls give the input, the depthwise padding and the residual. A bf16 expansion weight makes a bf16 block (bf16
+    input, expanded tensor, residual and output, the projection's weight bf16 too; the depthwise weight, sums and
+    epilogues float32)."""
 
-    __slots__ = ("_dw", "_epilogue", "_expand", "_module", "_project", "_strides", "channels", "in_channels", "kernel")
+    __slots__ = (
+        "_dw", "_epilogue", "_expand", "_module", "_project", "_strides", "channels", "dtype", "in_channels", "kernel",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -297,6 +331,9 @@ class ExpandDepthwise:
         self.in_channels = expand_weight.shape[1]
         self.channels = expanded if pw_weight is None else pw_weight.shape[0]
         self.kernel = tuple(dw_weight.shape[2:])
+        self.dtype = kernel_dtype(expand_weight)
+        if pw_weight is not None and kernel_dtype(pw_weight) != self.dtype:
+            raise ValueError(f"the projection weight is {pw_weight.dtype}, the expansion's {expand_weight.dtype}")
         self._expand = (pw.pack_weight(expand_weight, tile[1]), pack_bias(expand_bias, expanded), expanded)
         self._dw = (dw.pack_weight(dw_weight), pack_bias(dw_bias, expanded))
         self._project = (
@@ -317,18 +354,18 @@ class ExpandDepthwise:
         out_hw: Sequence[int],
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The block's output for x [N, C, H, W] float32, `pads` the depthwise convolution's leading (top, left)
-        padding, `out_hw` its output size, and the residual [N, K, OH, OW] float32 or None (with a projection only;
-        x and the residual made channels_last unless their channels are contiguous, as in a channel slice of a
-        channels_last tensor); a new channels_last tensor."""
-        x = dw.windowed_input(x, pads, out_hw)
+        """The block's output for x [N, C, H, W] in the block's dtype, `pads` the depthwise convolution's leading
+        (top, left) padding, `out_hw` its output size, and the residual [N, K, OH, OW] of that dtype or None (with a
+        projection only; x and the residual made channels_last unless their channels are contiguous, as in a channel
+        slice of a channels_last tensor); a new channels_last tensor."""
+        x = dw.windowed_input(x, pads, out_hw, self.dtype)
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} channels; this 1×1 convolution takes {self.in_channels}")
         if residual is not None and not self._project[0].numel():
             raise ValueError("a residual needs the projection")
         shape = (x.shape[0], self.channels, *out_hw)
-        z = dw.residual_operand(residual, shape)
-        out = torch.empty(shape, memory_format=torch.channels_last)
+        z = dw.residual_operand(residual, shape, self.dtype)
+        out = torch.empty(shape, dtype=self.dtype, memory_format=torch.channels_last)
         sh, sw, dh, dwl = self._strides
         self._module.expand_depthwise(
             x, *self._expand, *self._dw, *self._project, z, out, *self.kernel, sh, sw, *pads, dh, dwl, *self._epilogue

@@ -144,40 +144,49 @@ void plain(const ProblemOf<T>& q) {
 // operand, x·diag(s_n)·w = (x·diag(s_n))·w = x·(diag(s_n)·w), whichever is smaller: its pixels' inputs (sP·C
 // values, maps of fewer pixels than output channels) or the weight (C·Kp, row c of every block times s[n, c]). The
 // copies are made for a group of images at a time (within q.budget bytes), then that group's tiles run, each within
-// one image. (Scaling each broadcast input value inside the tile instead cost 1.2-1.45× the plain product.)
-template <int MR, int NV>
-void scaled(const Problem& q) {
+// one image. (Scaling each broadcast input value inside the tile instead cost 1.2-1.45× the plain product.) In bf16
+// the copies are bf16 too (rounded once more, as the gated input of the layers apart would be), the weight's rows
+// scaled a pair at a time (its blocks interleave rows in pairs).
+template <int MR, int NV, typename T>
+void scaled(const ProblemOf<T>& q) {
+  constexpr int64_t step = sizeof(T) == 2 ? 2 : 1;  // weight rows scaled together: bf16 interleaves pairs
   const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
   const int64_t images = q.P / q.sP, tiles = (q.sP + MR - 1) / MR;
+  const int64_t rows = (q.C + step - 1) / step * step;  // the weight's rows, bf16: C rounded up to even
   const bool inputs = q.sP < q.Kp;
-  const int64_t size = inputs ? q.sP * q.C : q.C * q.Kp;
-  const int64_t group = std::clamp<int64_t>(q.budget / (4 * size), 1, images);
-  const auto copies = torch::empty({group, size}, torch::kFloat32);
-  float* const cs = copies.data_ptr<float>();
+  const int64_t size = inputs ? q.sP * q.C : rows * q.Kp;
+  const int64_t group = std::clamp<int64_t>(q.budget / (int64_t(sizeof(T)) * size), 1, images);
+  const auto copies = torch::empty({group, size}, sizeof(T) == 2 ? torch::kBFloat16 : torch::kFloat32);
+  T* const cs = reinterpret_cast<T*>(copies.data_ptr());
   for (int64_t n0 = 0; n0 < images; n0 += group) {
     const int64_t count = std::min(group, images - n0);
     if (inputs) {  // items: pixels, each its C channels times its image's scales
       at::parallel_for(0, count * q.sP, std::max<int64_t>(1, 4096 / q.C), [&](int64_t first, int64_t last) {
         for (int64_t i = first; i < last; ++i) {
-          const float* x = q.x + ((n0 * q.sP) + i) * q.xs;
+          const T* x = q.x + ((n0 * q.sP) + i) * q.xs;
           const float* scale = q.s + (n0 + i / q.sP) * q.C;
           for (int64_t c = 0; c < q.C; c += 16) {
             const __mmask16 m = mask_of(q.C - c);
-            _mm512_mask_storeu_ps(cs + i * q.C + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + c),
-                                                                     _mm512_maskz_loadu_ps(m, scale + c)));
+            store16(cs + i * q.C + c, m, _mm512_mul_ps(load16(m, x + c), _mm512_maskz_loadu_ps(m, scale + c)));
           }
         }
       });
-    } else {  // items: weight rows, each times its image's scale for that input channel
-      at::parallel_for(0, count * q.C, std::max<int64_t>(1, 4096 / q.Kp), [&](int64_t first, int64_t last) {
+    } else {  // items: a step of weight rows, each times its image's scale for that input channel
+      const int64_t steps = rows / step;
+      at::parallel_for(0, count * steps, std::max<int64_t>(1, 4096 / q.Kp), [&](int64_t first, int64_t last) {
         for (int64_t i = first; i < last; ++i) {
-          const int64_t n = i / q.C, c = i % q.C;
-          const __m512 scale = _mm512_set1_ps(q.s[(n0 + n) * q.C + c]);
+          const int64_t n = i / steps, c = i % steps * step;
+          const float* sn = q.s + (n0 + n) * q.C;
+          __m512 scale = _mm512_set1_ps(sn[c]);
+          if constexpr (step == 2) {  // lanes alternate the pair's two scales (an odd C's last pair: a zero row)
+            const float second = c + 1 < q.C ? sn[c + 1] : 0.f;
+            scale = _mm512_mask_mov_ps(scale, __mmask16(0xAAAA), _mm512_set1_ps(second));
+          }
           for (int64_t b = 0; b < blocks; ++b) {
             const int64_t width = 16 * std::min<int64_t>(NV, vectors - b * NV);
-            const int64_t at = q.C * 16 * NV * b + c * width;
-            for (int64_t j = 0; j < width; j += 16)
-              _mm512_storeu_ps(cs + n * size + at + j, _mm512_mul_ps(scale, _mm512_loadu_ps(q.w + at + j)));
+            const int64_t at = rows * 16 * NV * b + c * width;
+            for (int64_t j = 0; j < step * width; j += 16)
+              store16(cs + n * size + at + j, __mmask16(0xFFFF), _mm512_mul_ps(scale, load16(0xFFFF, q.w + at + j)));
           }
         }
       });
@@ -185,7 +194,7 @@ void scaled(const Problem& q) {
     at::parallel_for(0, count * tiles * blocks, grain<MR, NV>(q), [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) {
         const int64_t n = i / (tiles * blocks);
-        Problem image = q;  // image n0 + n alone, with its scaled copy
+        ProblemOf<T> image = q;  // image n0 + n alone, with its scaled copy
         const int64_t start = (n0 + n) * q.sP;
         image.P = q.sP;
         image.x = inputs ? cs + n * size : q.x + start * q.xs;
@@ -202,9 +211,7 @@ void scaled(const Problem& q) {
 template <int MR, int NV, typename T>
 void run(const ProblemOf<T>& q) {
   if (q.P == 0) return;
-  if constexpr (sizeof(T) == 4) {
-    if (q.s) return scaled<MR, NV>(q);
-  }
+  if (q.s) return scaled<MR, NV>(q);
   plain<MR, NV>(q);
 }
 
@@ -224,14 +231,15 @@ void dispatch(const ProblemOf<T>& q, int64_t rows, int64_t vectors) {
   else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3, 6×4 or 1×8)");
 }
 
-// The call on x, w, z and y of T (their data pointers as T), for `pointwise` and `pointwise_bf16`.
+// The call on x, w, z and y of T (their data pointers as T).
 template <typename T>
 void launch(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
             torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
             int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
             int64_t vectors) {
-  TORCH_CHECK(x.element_size() == sizeof(T) && w.element_size() == sizeof(T) && y.element_size() == sizeof(T),
-              "pointwise: x, w and y of ", sizeof(T), "-byte elements");
+  TORCH_CHECK(x.element_size() == sizeof(T) && w.element_size() == sizeof(T) && y.element_size() == sizeof(T) &&
+              (!z.numel() || z.element_size() == sizeof(T)), "pointwise: x, w, z and y of ", sizeof(T),
+              "-byte elements");
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   const ProblemOf<T> q{P, x.size(1), K, b.size(0), data(x), xs, data(w), b.data_ptr<float>(),
                        z.numel() ? data(z) : nullptr, zs, data(y), ys, pre, post, _mm512_set1_ps(float(pre0)),
@@ -246,55 +254,76 @@ void launch(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch
 }  // namespace
 
 // x [P, C] and y [P, K] rows of pixels (row strides xs, ys), w packed in blocks of `vectors` (`pack_weight`), b [Kp],
-// z [P, K] (stride zs) or empty, s [N, C] input-channel scales of each image of sP pixels, or empty (their scaled
-// copies within `budget` bytes at once).
+// z [P, K] (stride zs) or empty, s [N, C] float32 input-channel scales of each image of sP pixels, or empty (their
+// scaled copies within `budget` bytes at once). x, w, z and y all float32, or all bf16 (w in pairs of rows).
 void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
                torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
                int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
                int64_t vectors) {
-  launch<float>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows, vectors);
-}
-
-// `pointwise` in bf16: x, z and y bf16 (z empty or not), w packed in bf16 pairs (`pack_weight`), b [Kp] float32;
-// no input-channel scales.
-void pointwise_bf16(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch::Tensor z, int64_t zs,
-                    torch::Tensor y, int64_t ys, int64_t P, int64_t K, int64_t pre, double pre0, double pre1,
-                    int64_t post, double post0, double post1, int64_t rows, int64_t vectors) {
+  if (x.scalar_type() == at::kFloat) {
+    return launch<float>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows,
+                         vectors);
+  }
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "pointwise: float32 or bf16 operands, not ", x.scalar_type());
 #ifdef __AVX512BF16__
-  launch<uint16_t>(x, xs, w, b, z, zs, y, ys, P, K, torch::empty({0}), 1, 0, pre, pre0, pre1, post, post0, post1,
-                   rows, vectors);
+  launch<uint16_t>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows,
+                   vectors);
 #else
-  TORCH_CHECK(false, "pointwise_bf16: this CPU has no AVX512-BF16 (the module was compiled without it)");
+  TORCH_CHECK(false, "pointwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
 #endif
 }
 
-// y [N, K] (contiguous) = the product of each image's mean pixel: x holds N images of HW pixels, pixel p's C
-// channels at x + p·xs. The means go to a [N, C] buffer (a parallel item: 16 channels of one image, its pixels
-// added in order), then the rows of the buffer are multiplied as `pointwise` does.
-void pooled_pointwise(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w, torch::Tensor b,
-                      torch::Tensor y, int64_t K, int64_t pre, double pre0, double pre1, int64_t post, double post0,
-                      double post1, int64_t rows, int64_t vectors) {
+namespace {
+
+template <typename T>
+void pooled(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w, torch::Tensor b, torch::Tensor y,
+            int64_t K, int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
+            int64_t vectors) {
   const int64_t C = x.size(1), Kp = b.size(0), vectorsC = (C + 15) / 16;
-  TORCH_CHECK(w.numel() == C * Kp, "pooled_pointwise: a weight of ", w.numel(), " values for ", C, " input channels");
-  auto pooled = torch::empty({N, C}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* sp = pooled.data_ptr<float>();
+  const int64_t rows_w = sizeof(T) == 2 ? C + C % 2 : C;  // bf16: in pairs of rows
+  TORCH_CHECK(w.numel() == rows_w * Kp && w.element_size() == sizeof(T) && y.element_size() == sizeof(T),
+              "pooled_pointwise: a weight of ", w.numel(), " ", w.scalar_type(), " values for ", C, " ",
+              x.scalar_type(), " input channels");
+  auto means = torch::empty({N, C}, x.options());
+  const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
+  const T* xp = data(x);
+  T* sp = data(means);
   const __m512 inv = _mm512_set1_ps(1.f / float(HW));
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, 16 * HW));
   at::parallel_for(0, N * vectorsC, grain, [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
       const int64_t n = i / vectorsC, c = i % vectorsC * 16;
       const __mmask16 m = mask_of(C - c);
-      const float* px = xp + n * HW * xs + c;
+      const T* px = xp + n * HW * xs + c;
       __m512 acc = _mm512_setzero_ps();
-      for (int64_t p = 0; p < HW; ++p) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, px + p * xs));
-      _mm512_mask_storeu_ps(sp + n * C + c, m, _mm512_mul_ps(acc, inv));
+      for (int64_t p = 0; p < HW; ++p) acc = _mm512_add_ps(acc, load16(m, px + p * xs));
+      store16(sp + n * C + c, m, _mm512_mul_ps(acc, inv));
     }
   });
-  const Problem q{N, C, K, Kp, sp, C, w.data_ptr<float>(), b.data_ptr<float>(), nullptr, 0, y.data_ptr<float>(), K,
-                  pre, post, _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
-                  _mm512_set1_ps(float(post1)), nullptr, 1};
+  const ProblemOf<T> q{N, C, K, Kp, sp, C, data(w), b.data_ptr<float>(), nullptr, 0, data(y), K, pre, post,
+                       _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
+                       _mm512_set1_ps(float(post1)), nullptr, 1};
   dispatch(q, rows, vectors);
+}
+
+}  // namespace
+
+// y [N, K] (contiguous) = the product of each image's mean pixel: x holds N images of HW pixels, pixel p's C
+// channels at x + p·xs. The means go to a [N, C] buffer of x's type (a parallel item: 16 channels of one image, its
+// pixels added in order in float32), then the rows of the buffer are multiplied as `pointwise` does. x, w and y all
+// float32 or all bf16.
+void pooled_pointwise(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w, torch::Tensor b,
+                      torch::Tensor y, int64_t K, int64_t pre, double pre0, double pre1, int64_t post, double post0,
+                      double post1, int64_t rows, int64_t vectors) {
+  if (x.scalar_type() == at::kFloat) {
+    return pooled<float>(x, xs, N, HW, w, b, y, K, pre, pre0, pre1, post, post0, post1, rows, vectors);
+  }
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "pooled_pointwise: float32 or bf16 operands, not ", x.scalar_type());
+#ifdef __AVX512BF16__
+  pooled<uint16_t>(x, xs, N, HW, w, b, y, K, pre, pre0, pre1, post, post0, post1, rows, vectors);
+#else
+  TORCH_CHECK(false, "pooled_pointwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
+#endif
 }
 """,
 )
@@ -364,9 +393,8 @@ class PointwiseConv:
     ) -> torch.Tensor:
         """post(pre(conv(x · scale) + bias) + residual) for x [N, C, H, W] and the residual [N, K, H, W] in the
         convolution's dtype (each made channels_last unless its pixels are evenly spaced rows of contiguous channels,
-        `pixel_stride`), `scale` [N, C] float32 (each image's input channels scaled, a squeeze-excite gate; float32
-        convolutions only) or None; into `out` (evenly spaced pixels too) or a new channels_last tensor, which is
-        returned."""
+        `pixel_stride`), `scale` [N, C] float32 (each image's input channels scaled, a squeeze-excite gate) or None;
+        into `out` (evenly spaced pixels too) or a new channels_last tensor, which is returned."""
         x, xs = _rows("x", x, self.dtype)
         n, c, h, w = x.shape
         if c != self.in_channels:
@@ -382,12 +410,6 @@ class PointwiseConv:
                     f"channels, not {out.dtype} {tuple(out.shape)} with strides {out.stride()}"
                 )
         z, zs = (ABSENT, 0) if residual is None else _rows("residual", residual, self.dtype)
-        if self.dtype == torch.bfloat16:
-            if scale is not None:
-                raise ValueError("input-channel scales are for float32 1×1 convolutions; this one is bf16")
-            self._module.pointwise_bf16(x, xs, self._weight, self._bias, z, zs, out, ys, n * h * w, self.channels,
-                                        *self._epilogue)  # fmt: skip
-            return out
         if scale is None:
             scale = ABSENT
         elif scale.dtype != torch.float32 or tuple(scale.shape) != (n, c):
@@ -400,16 +422,15 @@ class PointwiseConv:
         return out
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
-        """post(pre(mean(x) · w + bias)) [N, K] for x [N, C, H, W] float32, the mean over each image's pixels (a
-        global average pool, then this product: a classifier's head in one call), made channels_last unless its
-        pixels are evenly spaced rows of contiguous channels."""
-        if self.dtype != torch.float32:
-            raise ValueError("the pooled product is float32; this 1×1 convolution is bf16")
-        x, xs = _rows("x", x, torch.float32)
+        """post(pre(mean(x) · w + bias)) [N, K] for x [N, C, H, W] in the convolution's dtype, the mean over each
+        image's pixels (a global average pool, then this product: a classifier's head in one call; in bf16 the means
+        are rounded to bf16, as the pool's output would be), x made channels_last unless its pixels are evenly spaced
+        rows of contiguous channels."""
+        x, xs = _rows("x", x, self.dtype)
         n, c, h, w = x.shape
         if c != self.in_channels:
             raise ValueError(f"x has {c} channels; this 1×1 convolution takes {self.in_channels}")
-        out = torch.empty((n, self.channels))
+        out = torch.empty((n, self.channels), dtype=self.dtype)
         self._module.pooled_pointwise(x, xs, n, h * w, self._weight, self._bias, out, self.channels, *self._epilogue)
         return out
 
@@ -428,4 +449,4 @@ def _rows(name: str, t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor,
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("pointwise", SOURCE, "1×1 convolution", ("pointwise", "pointwise_bf16", "pooled_pointwise"))
+    return load_avx512("pointwise", SOURCE, "1×1 convolution", ("pointwise", "pooled_pointwise"))

@@ -24,6 +24,7 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 // `kernels.activations` codes; comparisons written so that a NaN passes through, as in the reference.
 static inline float activate(float v, int64_t code, float p0, float p1) {
@@ -60,15 +61,36 @@ static void matvec(const float* w, const float* b, const float* in, float* out, 
   });
 }
 
-// The gate [N, C] of x: [N, C, H, W] channels_last; w1 [R, C]; w2 [C, R]; b1 [R] and b2 [C] or empty.
+static inline float value(float v) { return v; }
+static inline float value(uint16_t v) {  // a bf16 value: the upper half of a float32
+  float f;
+  const uint32_t bits = uint32_t(v) << 16;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The sums of x's pixels [first, last) (C channels each, contiguous) added to acc.
+template <typename T>
+static void add_pixels(const T* __restrict x, float* __restrict acc, int64_t first, int64_t last, int64_t C) {
+  for (int64_t p = first; p < last; ++p) {
+    const T* row = x + p * C;
+    #pragma omp simd
+    for (int64_t c = 0; c < C; ++c) acc[c] += value(row[c]);
+  }
+}
+
+// The gate [N, C] float32 of x: [N, C, H, W] channels_last, float32 or bf16; w1 [R, C]; w2 [C, R]; b1 [R] and b2
+// [C] or empty, float32.
 torch::Tensor squeeze_excite_gate(torch::Tensor x, torch::Tensor w1, torch::Tensor b1, torch::Tensor w2,
                                   torch::Tensor b2, int64_t act1, double p10, double p11, int64_t act2, double p20,
                                   double p21) {
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3), R = w1.size(0);
-  auto pooled = torch::empty({N, C}, x.options());
-  auto hidden = torch::empty({N, R}, x.options());
-  auto gate = torch::empty({N, C}, x.options());
-  const float* xp = x.data_ptr<float>();
+  const auto options = x.options().dtype(torch::kFloat32);
+  auto pooled = torch::empty({N, C}, options);
+  auto hidden = torch::empty({N, R}, options);
+  auto gate = torch::empty({N, C}, options);
+  const bool half = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(half || x.scalar_type() == at::kFloat, "squeeze_excite_gate: x float32 or bf16, not ", x.scalar_type());
   float* sp = pooled.data_ptr<float>();
   float* hp = hidden.data_ptr<float>();
   float* gp = gate.data_ptr<float>();
@@ -79,20 +101,17 @@ torch::Tensor squeeze_excite_gate(torch::Tensor x, torch::Tensor w1, torch::Tens
   const float inv = 1.f / static_cast<float>(HW);
   // the mean: pixel chunks summed in parallel (one a thread), then the chunks' sums added in order
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(HW / 16, at::get_num_threads()));
-  auto partial = torch::zeros({chunks, C}, x.options());
+  auto partial = torch::zeros({chunks, C}, options);
   float* pp = partial.data_ptr<float>();
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = xp + n * HW * C;
     float* sn = sp + n * C;
     if (n > 0) partial.zero_();
     at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
       for (int64_t chunk = first; chunk < last; ++chunk) {
+        const int64_t begin = chunk * HW / chunks, end = (chunk + 1) * HW / chunks;
         float* acc = pp + chunk * C;
-        for (int64_t p = chunk * HW / chunks; p < (chunk + 1) * HW / chunks; ++p) {
-          const float* row = xn + p * C;
-          #pragma omp simd
-          for (int64_t c = 0; c < C; ++c) acc[c] += row[c];
-        }
+        if (half) add_pixels(reinterpret_cast<const uint16_t*>(x.data_ptr()) + n * HW * C, acc, begin, end, C);
+        else add_pixels(x.data_ptr<float>() + n * HW * C, acc, begin, end, C);
       }
     });
     for (int64_t c = 0; c < C; ++c) {
@@ -162,8 +181,8 @@ def gate(
     act2: str = "",
     act2_params: tuple[float, float] = (0.0, 0.0),
 ) -> torch.Tensor:
-    """The gate act2(W2 · act1(W1 · mean_hw(x) + b1) + b2) alone, [N, C] float32 (arguments as `squeeze_excite`):
-    for a layer that applies it itself (`pointwise.PointwiseConv`'s scale)."""
+    """The gate act2(W2 · act1(W1 · mean_hw(x) + b1) + b2) alone, [N, C] float32 (arguments as `squeeze_excite`, x
+    float32 or bf16): for a layer that applies it itself (`pointwise.PointwiseConv`'s scale)."""
     return module().squeeze_excite_gate(*_arguments(x, w1, b1, w2, b2, act1, act1_params, act2, act2_params))
 
 
