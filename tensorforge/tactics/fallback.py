@@ -6,8 +6,9 @@ quantizing their input than they save. `fallback.float-conv` lets the autotuner 
 TensorRT does with precisions that are allowed rather than required: the weight dequantized once (`Wq · Ws`), the
 activation left unquantized, then a float FusedConv kernel (oneDNN's or cuDNN's fused convolution, our CPU 1×1,
 depthwise, stem, direct and Winograd kernels, our Triton one or torch's convolution: the configurations of this
-tactic). Its results are those of the float layer, not of the int8 one, so the autotuner checks it against that layer
-(`Tactic.semantics`): it is at least as accurate as the quantized layer it replaces.
+tactic), or a float FusedGemm one (oneDNN's linear, our CPU GEMM, cuBLAS, our warp-specialized Gluon or Triton GEMM,
+torch's product). Its results are those of the float layer, not of the int8 one, so the autotuner checks it against
+that layer (`Tactic.semantics`): it is at least as accurate as the quantized layer it replaces.
 
 Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
 dequantized (`X · x_scale`, rounded once to the variant's float type; a quantized residual likewise,
@@ -50,7 +51,14 @@ _INNER = {
         "triton.conv-s2d",
         "vendor.torch-direct",
     ),
-    "QuantizedGemm": ("vendor.onednn-linear", "cpu.gemm", "triton.gemm", "reference.registry"),
+    "QuantizedGemm": (
+        "vendor.onednn-linear",
+        "cpu.gemm",
+        "vendor.cublas-gemm",
+        "gluon.gemm-ws",
+        "triton.gemm",
+        "reference.registry",
+    ),
 }
 
 

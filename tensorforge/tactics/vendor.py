@@ -466,7 +466,7 @@ class CublasGemmTactic(Tactic):
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
-            return "cuBLAS runs on CUDA"
+            return "needs CUDA (cuBLAS)"
         a = node.attributes
         weight = node.inputs[1]
         if not weight.is_const or weight.rank != 2:

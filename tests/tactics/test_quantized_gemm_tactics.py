@@ -84,3 +84,8 @@ def test_the_cublas_int8_product_matches_the_reference_on_cuda():
     choice = autotune(layer, 1, [feeds[0]], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == "vendor.cublas-int8"]
     assert ours and all(c.median_ms < float("inf") for c in ours), [(c.config, c.note) for c in ours]
+    # the float fallback through cuBLAS's float product (the fp16 engines' GEMM) passes the check too
+    fallback = [
+        c for c in choice.candidates if c.tactic == "fallback.float-gemm" and c.config["inner"] == "vendor.cublas-gemm"
+    ]
+    assert fallback and all(c.median_ms < float("inf") for c in fallback), [(c.config, c.note) for c in fallback]

@@ -32,7 +32,7 @@ def test_the_kernel_matches_the_reference(x_shape, activation, trans_b, residual
 def test_it_runs_on_cuda_only_and_needs_a_constant_weight():
     tactic = tactic_by_key(TACTIC)
     node, _ = fused_gemm([4, 16], "Relu")
-    assert tactic.supports(node, 1, CPU) == "cuBLAS runs on CUDA"
+    assert tactic.supports(node, 1, CPU) == "needs CUDA (cuBLAS)"
     assert tactic.supports(node, 1, torch.device("cuda")) is None
 
 
