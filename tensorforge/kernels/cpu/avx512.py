@@ -6,8 +6,8 @@ exact one, with erf) is `max(x, 0) − a·Φ(−a)`, a = |x|, the Gaussian tail 
 (`kernels.activations.GELU_TAIL`: one reciprocal, one exponential, a degree-9 polynomial, no branch). An
 activation is a template on its `kernels.activations` code, applied to a tile of accumulators by one switch a tile.
 `accumulate` is the 1×1 kernel's step over the input channels, which the direct convolution repeats for each tap;
-`accumulate_pairs` the same in bf16 (`vdpbf16ps`, two channels a step), and `load16` / `store16` move 16 float32
-or bf16 values as float32 vectors.
+`accumulate_pairs` the same in bf16 (`vdpbf16ps`, two channels a step), `load16` / `store16` move 16 float32
+or bf16 values as float32 vectors, and `by_type` calls a kernel's float32 or bf16 form by its operands' type.
 """
 
 from __future__ import annotations
@@ -139,6 +139,24 @@ template <int MR, int NV>
       for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_fmadd_ps(xv, wv[v], acc[r * NV + v]);
     }
   }
+}
+
+// `f(Elem{})` for the element type of the kernel's operands: float for float32, uint16_t for bf16 (the module
+// compiled with AVX512-BF16), checked: x's type, every other non-empty operand's the same. `kernel` names the caller
+// in the errors.
+template <typename F>
+void by_type(const char* kernel, const torch::Tensor& x, std::initializer_list<torch::Tensor> others, F&& f) {
+  const auto type = x.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kBFloat16, kernel, ": float32 or bf16 operands, not ", type);
+  for (const auto& t : others)
+    TORCH_CHECK(!t.numel() || t.scalar_type() == type, kernel, ": operands all float32 or all bf16, not ", type,
+                " and ", t.scalar_type());
+  if (type == at::kFloat) return f(float{});
+#ifdef __AVX512BF16__
+  f(uint16_t{});
+#else
+  TORCH_CHECK(false, kernel, ": this CPU has no AVX512-BF16 (the module was compiled without it)");
+#endif
 }
 
 // 16 values (those of mask m) as float32, and back: bf16 is the upper half of a float32.

@@ -292,17 +292,9 @@ void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor 
                int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t act, double p0,
                double p1, int64_t tile) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "depthwise: channels must be contiguous (channels_last)");
-  const auto type = x.scalar_type();
-  TORCH_CHECK(y.scalar_type() == type && (type == at::kFloat || type == at::kBFloat16),
-              "depthwise: x and y both float32 or both bf16");
   const Geometry g{x.size(2), x.size(3), x.size(1), w.size(1), KH, KW, sh, sw, ph, pw, dh, dw, y.size(2),
                    y.size(3), x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3)};
-  if (type == at::kFloat) return launch<float>(x, w, b, y, g, act, p0, p1, tile);
-#ifdef __AVX512BF16__
-  launch<uint16_t>(x, w, b, y, g, act, p0, p1, tile);
-#else
-  TORCH_CHECK(false, "depthwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
-#endif
+  by_type("depthwise", x, {y}, [&](auto e) { launch<decltype(e)>(x, w, b, y, g, act, p0, p1, tile); });
 }
 """,
 )

@@ -144,19 +144,10 @@ void depthwise_pointwise(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, to
                          int64_t vectors) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
               "depthwise_pointwise: channels must be contiguous (channels_last)");
-  const auto type = x.scalar_type();
-  TORCH_CHECK(y.scalar_type() == type && (!z.numel() || z.scalar_type() == type) &&
-              (type == at::kFloat || type == at::kBFloat16), "depthwise_pointwise: x, z and y all float32 or all bf16");
-  if (type == at::kFloat) {
-    return launch<float>(x, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, act, p0, p1, pre, pre0, pre1, post,
-                         post0, post1, rows, vectors);
-  }
-#ifdef __AVX512BF16__
-  launch<uint16_t>(x, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, act, p0, p1, pre, pre0, pre1, post,
-                   post0, post1, rows, vectors);
-#else
-  TORCH_CHECK(false, "depthwise_pointwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
-#endif
+  by_type("depthwise_pointwise", x, {y, z}, [&](auto e) {
+    launch<decltype(e)>(x, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, act, p0, p1, pre, pre0, pre1, post,
+                        post0, post1, rows, vectors);
+  });
 }
 """
 )

@@ -250,19 +250,10 @@ void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64
                       int64_t vectors) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
               "expand_depthwise: channels must be contiguous (channels_last)");
-  const auto type = x.scalar_type();
-  TORCH_CHECK(y.scalar_type() == type && (!z.numel() || z.scalar_type() == type) &&
-              (type == at::kFloat || type == at::kBFloat16), "expand_depthwise: x, z and y all float32 or all bf16");
-  if (type == at::kFloat) {
-    return launch<float>(x, we, be, Ce, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, expand_act, e0, e1, act,
-                         p0, p1, pre, pre0, pre1, post, post0, post1, rows, vectors);
-  }
-#ifdef __AVX512BF16__
-  launch<uint16_t>(x, we, be, Ce, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, expand_act, e0, e1, act, p0,
-                   p1, pre, pre0, pre1, post, post0, post1, rows, vectors);
-#else
-  TORCH_CHECK(false, "expand_depthwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
-#endif
+  by_type("expand_depthwise", x, {y, z}, [&](auto e) {
+    launch<decltype(e)>(x, we, be, Ce, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, expand_act, e0, e1, act,
+                        p0, p1, pre, pre0, pre1, post, post0, post1, rows, vectors);
+  });
 }
 """
 )

@@ -260,17 +260,10 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
                torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
                int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
                int64_t vectors) {
-  if (x.scalar_type() == at::kFloat) {
-    return launch<float>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows,
-                         vectors);
-  }
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "pointwise: float32 or bf16 operands, not ", x.scalar_type());
-#ifdef __AVX512BF16__
-  launch<uint16_t>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows,
-                   vectors);
-#else
-  TORCH_CHECK(false, "pointwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
-#endif
+  by_type("pointwise", x, {y, z}, [&](auto e) {
+    launch<decltype(e)>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows,
+                        vectors);
+  });
 }
 
 namespace {
@@ -315,15 +308,9 @@ void pooled(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w,
 void pooled_pointwise(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w, torch::Tensor b,
                       torch::Tensor y, int64_t K, int64_t pre, double pre0, double pre1, int64_t post, double post0,
                       double post1, int64_t rows, int64_t vectors) {
-  if (x.scalar_type() == at::kFloat) {
-    return pooled<float>(x, xs, N, HW, w, b, y, K, pre, pre0, pre1, post, post0, post1, rows, vectors);
-  }
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "pooled_pointwise: float32 or bf16 operands, not ", x.scalar_type());
-#ifdef __AVX512BF16__
-  pooled<uint16_t>(x, xs, N, HW, w, b, y, K, pre, pre0, pre1, post, post0, post1, rows, vectors);
-#else
-  TORCH_CHECK(false, "pooled_pointwise: this CPU has no AVX512-BF16 (the module was compiled without it)");
-#endif
+  by_type("pooled_pointwise", x, {y}, [&](auto e) {
+    pooled<decltype(e)>(x, xs, N, HW, w, b, y, K, pre, pre0, pre1, post, post0, post1, rows, vectors);
+  });
 }
 """,
 )

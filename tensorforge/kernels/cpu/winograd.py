@@ -285,7 +285,7 @@ ENTRY = r"""
 
 namespace {
 
-// The call on x, u, z and y of T (their data pointers as T), for `winograd` and `winograd_bf16`.
+// The call on x, u, z and y of T (their data pointers as T).
 template <typename T>
 void launch(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
             int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1,
@@ -319,22 +319,14 @@ void launch(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, 
 }  // namespace
 
 // x [N, C, H, W] and y [N, K, OH, OW] channels_last (any pixel strides, channels contiguous), z as y or empty;
-// u packed (`pack_weight`) for the output tile m, b [Kp]. Writes y.
+// u packed (`pack_weight`) for the output tile m, b [Kp]. x, u, z and y all float32, or all bf16 (u in bf16 pairs;
+// V in bf16, the products in float32 sums). Writes y.
 void winograd(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
               int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0,
               double post1, int64_t rows, int64_t vectors, int64_t tiles) {
-  launch<float>(x, u, b, z, y, m, ph, pw, pre, pre0, pre1, post, post0, post1, rows, vectors, tiles);
-}
-
-// `winograd` in bf16: x, z and y bf16, u packed in bf16 pairs; V in bf16, the products in float32 sums.
-void winograd_bf16(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, torch::Tensor y, int64_t m,
-                   int64_t ph, int64_t pw, int64_t pre, double pre0, double pre1, int64_t post, double post0,
-                   double post1, int64_t rows, int64_t vectors, int64_t tiles) {
-#ifdef __AVX512BF16__
-  launch<uint16_t>(x, u, b, z, y, m, ph, pw, pre, pre0, pre1, post, post0, post1, rows, vectors, tiles);
-#else
-  TORCH_CHECK(false, "winograd_bf16: this CPU has no AVX512-BF16 (the module was compiled without it)");
-#endif
+  by_type("winograd", x, {u, y, z}, [&](auto e) {
+    launch<decltype(e)>(x, u, b, z, y, m, ph, pw, pre, pre0, pre1, post, post0, post1, rows, vectors, tiles);
+  });
 }
 """
 
@@ -450,12 +442,11 @@ class WinogradConv:
         x, z, out = convolution_operands(
             x, pads, out_hw, self.in_channels, self.channels, residual, out, dtype=self.dtype
         )
-        call = self._module.winograd_bf16 if self.dtype == torch.bfloat16 else self._module.winograd
-        call(x, self._weight, self._bias, z, out, self.m, *pads, *self._epilogue, self._tiles)
+        self._module.winograd(x, self._weight, self._bias, z, out, self.m, *pads, *self._epilogue, self._tiles)
         return out
 
 
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("winograd", SOURCE, "Winograd convolution", ("winograd", "winograd_bf16"))
+    return load_avx512("winograd", SOURCE, "Winograd convolution")
