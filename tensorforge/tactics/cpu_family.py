@@ -27,8 +27,8 @@
   F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512: 2.25× or 4× fewer multiplications).
 
 In float32, and in bf16 where the CPU has bf16 dot products (AVX512-BF16: bf16 activations and 1×1 weights, float32
-sums and epilogues) for all but `cpu.squeeze-excite`, `cpu.stem-conv` and `cpu.conv` (and `cpu.winograd` with
-F(2×2, 3×3) only).
+sums and epilogues) for all but `cpu.squeeze-excite` and `cpu.stem-conv` (and `cpu.winograd` with F(2×2, 3×3)
+only).
 
 The convolutions write fresh tensors, not the memory plan's arena: on the CPU a freshly allocated buffer is one the
 allocator just freed, still in cache, and engines whose depthwise layers wrote into the arena ran 2-4% slower
@@ -500,10 +500,12 @@ class CpuSqueezeExcitePointwiseTactic(Tactic):
 class CpuConvTactic(_CpuConv):
     """The weight packed once in column blocks of the tile's width (`kernels.cpu.conv.pack_weight`) with its bias;
     the padding worked out once per input size. Reads a channel slice of a channels_last tensor as it is. Leaves
-    1×1 layers at stride 1 without padding to `cpu.pointwise` and stems to `cpu.stem-conv`."""
+    1×1 layers at stride 1 without padding to `cpu.pointwise` and stems to `cpu.stem-conv`. In bf16 too (a CPU with
+    bf16 dot products)."""
 
     writes_into = strided_outputs = arena_for_concatenations = True  # a concatenation's channel slice
     name = "conv"
+    precisions = ("fp32", "bf16")
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         reason = _conv_reason(node, device)

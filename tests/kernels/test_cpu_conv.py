@@ -13,6 +13,7 @@ from tensorforge.kernels.activations import activation_args
 from tensorforge.kernels.cpu import conv as cv
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation
+from tensorforge.ops.math_flags import cpu_native_precisions
 
 _PROBLEM = compiler_problem() or cv.problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
@@ -128,3 +129,42 @@ def test_it_writes_into_a_channel_slice_and_nowhere_else():
     want = _reference(x, weight, bias, (1, 1, 1, 0), (2, 2), (1, 1), None, "Relu", "")
     assert _error(host[:, 8:45], want) <= BOUND
     assert host[:, :8].isnan().all() and host[:, 45:].isnan().all()
+
+
+# -- bf16 ----------------------------------------------------------------------------------------------------------
+
+bf16 = pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no bf16 dot products")
+BF16_BOUND = 2.0**-8  # the output's one rounding to bf16 (half an ulp of 8 significant bits); float32 sums
+
+
+@bf16
+@pytest.mark.parametrize("tile", cv.TILES)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_bf16_matches_the_float64_convolution_of_its_bf16_operands(tile, case, residual):
+    """Odd channel counts (17) pair their last channel with a zero in every tap; padding taps read bf16 zeros; the
+    4.2 MB weight case (2.1 MB in bf16) walks tiles outermost now."""
+    n, c, k, h, w, window, strides, dilations, pads = case
+    torch.manual_seed(c + k)
+    x = torch.randn(n, c, h, w).contiguous(memory_format=torch.channels_last).bfloat16()
+    weight, bias = (torch.randn(k, c, *window) / (c * window[0] * window[1]) ** 0.5).bfloat16(), torch.randn(k)
+    out_hw = [(size + pads[i] + pads[i + 2] - dilations[i] * (window[i] - 1) - 1) // strides[i] + 1
+              for i, size in enumerate((h, w))]  # fmt: skip
+    z = torch.randn(n, k, *out_hw).contiguous(memory_format=torch.channels_last).bfloat16() if residual else None
+    post = "HardSwish" if residual else ""
+    out = torch.full((n, k, *out_hw), math.nan, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    got = cv.DirectConv(weight, bias, strides, dilations, "Relu", post=post, tile=tile)(x, pads[:2], out_hw, z, out)
+    assert got is out and got.dtype == torch.bfloat16 and not got.isnan().any()
+    want = _reference(x, weight, bias, pads, strides, dilations, z, "Relu", post)
+    assert 0 < _error(got, want) <= BF16_BOUND  # (0: not rounded to bf16)
+
+
+@bf16
+def test_bf16_refuses_float32_operands_by_name():
+    weight = torch.randn(24, 16, 3, 3).bfloat16()
+    x = torch.randn(1, 16, 6, 6).contiguous(memory_format=torch.channels_last)
+    conv = cv.DirectConv(weight)
+    with pytest.raises(ValueError, match="x must be a 4-D bf16"):
+        conv(x, (1, 1), (6, 6))
+    with pytest.raises(ValueError, match="residual must be a bf16"):
+        conv(x.bfloat16(), (1, 1), (6, 6), torch.randn(1, 24, 6, 6))
