@@ -170,7 +170,11 @@ def plan_selection_line(report: dict[str, Any], index: int) -> str | None:
     selection = report.get("plan_selection", [])
     if index >= len(selection):
         return None
-    timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in selection[index]["ms"].items())
+    confirmed = selection[index].get("confirmed", [])
+    timed = ", ".join(
+        f"{name} {ms:.3f} ms{' (interleaved)' if name in confirmed else ''}"
+        for name, ms in selection[index]["ms"].items()
+    )
     line = f"whole plans timed at opt: {timed}; chosen: {selection[index]['chosen']}"
     for kind in ("cuda", "cpu"):
         graph = selection[index].get(f"{kind}_graph")
