@@ -423,7 +423,7 @@ class Builder:
         """On the CPU, the plans within `CONTENDER_RATIO` of the fastest (up to `CONFIRM_TOP`, one of them timed in
         this build) timed again against one another in `CONFIRM_ROUNDS` interleaved rounds; their times in
         `timings` and the cache replaced by those. Timed one after another, the plans of a build on a shared CPU see
-        its load change between them: two builds of the detector in bf16 chose plans 1.27× apart. Returns the
+        its load change between them (the layers' own candidates are confirmed likewise, `autotune`). Returns the
         names confirmed."""
         if self.device.type != "cpu":
             return []
