@@ -397,7 +397,13 @@ class Builder:
         }
         budget = TimingBudget.for_effort(self.config.effort)
         graph_digest = hashlib.sha256(json.dumps(model_to_dict(model)[0], sort_keys=True).encode()).hexdigest()
-        timings, keys, fresh = {}, {}, set()
+        timings, keys, fresh, schedules = {}, {}, set(), {}
+
+        def schedule_of(name: str) -> Schedule:  # each plan's kernels built once, whoever times or records it
+            if name not in schedules:
+                schedules[name] = Schedule(model, options[name], self.device, constants)
+            return schedules[name]
+
         for signature_items, name in distinct.items():
             keys[name] = signature(
                 device_key(self.device), software_versions(), "tensorforge::Plan",
@@ -406,20 +412,20 @@ class Builder:
             )  # fmt: skip
             cached = cache.get(keys[name], "plan", {})
             if cached is None:
-                schedule = Schedule(model, options[name], self.device, constants)
-                cached = cache.record(keys[name], "plan", {}, _time_schedule(schedule, feeds, self.device, budget))
+                timing = _time_schedule(schedule_of(name), feeds, self.device, budget)
+                cached = cache.record(keys[name], "plan", {}, timing)
                 fresh.add(name)
             timings[name] = cached.median_ms
-        confirmed = self._confirm_plans(model, options, timings, keys, fresh, feeds, budget, cache, constants)
+        confirmed = self._confirm_plans(schedule_of, timings, keys, fresh, feeds, budget, cache)
         best = min(timings, key=timings.get)
         selection = {"chosen": best, "ms": {name: round(ms, 5) for name, ms in timings.items()}}
         if confirmed:
             selection["confirmed"] = confirmed
-        _, problem = _recorded(Schedule(model, options[best], self.device, constants), feeds, self.device)
+        _, problem = _recorded(schedule_of(best), feeds, self.device)
         selection["cuda_graph" if self.device.type == "cuda" else "cpu_graph"] = problem or "captured"
         return options[best], selection
 
-    def _confirm_plans(self, model, options, timings, keys, fresh, feeds, budget, cache, constants) -> list[str]:
+    def _confirm_plans(self, schedule_of, timings, keys, fresh, feeds, budget, cache) -> list[str]:
         """On the CPU, the plans within `CONTENDER_RATIO` of the fastest (up to `CONFIRM_TOP`, one of them timed in
         this build) timed again against one another in `CONFIRM_ROUNDS` interleaved rounds; their times in
         `timings` and the cache replaced by those. Timed one after another, the plans of a build on a shared CPU see
@@ -433,7 +439,7 @@ class Builder:
             return []
         calls = []
         for name in top:
-            schedule = Schedule(model, options[name], self.device, constants)
+            schedule = schedule_of(name)
             replay, _ = _recorded(schedule, feeds, self.device)
             calls.append(replay or functools.partial(schedule.execute, feeds))
         confirmed = []

@@ -6,8 +6,9 @@ exact one, with erf) is `max(x, 0) − a·Φ(−a)`, a = |x|, the Gaussian tail 
 (`kernels.activations.GELU_TAIL`: one reciprocal, one exponential, a degree-9 polynomial, no branch). An
 activation is a template on its `kernels.activations` code, applied to a tile of accumulators by one switch a tile.
 `accumulate` is the 1×1 kernel's step over the input channels, which the direct convolution repeats for each tap;
-`accumulate_pairs` the same in bf16 (`vdpbf16ps`, two channels a step), `load16` / `store16` move 16 float32
-or bf16 values as float32 vectors, and `by_type` calls a kernel's float32 or bf16 form by its operands' type.
+`accumulate_pairs` the same in bf16 (`vdpbf16ps`, two channels a step, over `weight_rows` rows), `load16` /
+`store16` move 16 float32 or bf16 values as float32 vectors, and `by_type` calls a kernel's float32 or bf16 form by
+its operands' type.
 """
 
 from __future__ import annotations
@@ -157,6 +158,12 @@ void by_type(const char* kernel, const torch::Tensor& x, std::initializer_list<t
 #else
   TORCH_CHECK(false, kernel, ": this CPU has no AVX512-BF16 (the module was compiled without it)");
 #endif
+}
+
+// The rows of a 1×1 weight block for C input channels: C, or in bf16 C rounded up to even (rows in pairs).
+template <typename T>
+constexpr int64_t weight_rows(int64_t C) {
+  return sizeof(T) == 2 ? C + C % 2 : C;
 }
 
 // 16 values (those of mask m) as float32, and back: bf16 is the upper half of a float32.

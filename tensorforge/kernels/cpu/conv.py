@@ -69,7 +69,7 @@ inline void tile(const ConvOf<T>& q, int64_t n, int64_t oh, int64_t ow0, int cou
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r * NV + v] = bias;
   }
-  const int64_t C = q.C, rows = sizeof(T) == 2 ? C + C % 2 : C;  // a tap's weight rows (bf16: in pairs)
+  const int64_t C = q.C, rows = weight_rows<T>(C);  // a tap's weight rows
   const T* block = q.w + k0 * q.KH * q.KW * rows;
   for (int64_t kh = 0; kh < q.KH; ++kh) {
     const int64_t ih = oh * q.sh - q.ph + kh * q.dh;
@@ -159,8 +159,8 @@ void launch(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor z, 
             double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows, int64_t vectors) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "conv: channels must be contiguous (channels_last)");
   TORCH_CHECK(!z.numel() || z.stride(1) == 1, "conv: the residual's channels must be contiguous");
-  const int64_t C = x.size(1), Cw = sizeof(T) == 2 ? C + C % 2 : C;
-  TORCH_CHECK(w.numel() == KH * KW * Cw * b.size(0), "conv: a weight of ", w.numel(), " values for ", C,
+  const int64_t C = x.size(1);
+  TORCH_CHECK(w.numel() == KH * KW * weight_rows<T>(C) * b.size(0), "conv: a weight of ", w.numel(), " values for ", C,
               " input channels and a ", KH, "×", KW, " window");
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   const auto zeros = torch::zeros({C}, x.options());

@@ -90,10 +90,7 @@ inline RowsBlockOf<Elem> shifted(const RowsBlockOf<Elem>& k, int64_t c0, __mmask
 inline __m512 load(const float* p, __mmask16 m, bool full) {
   return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
 }
-inline __m512 load(const uint16_t* p, __mmask16 m, bool full) {
-  const __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+inline __m512 load(const uint16_t* p, __mmask16 m, bool full) { return load16(full ? __mmask16(0xFFFF) : m, p); }
 
 // Every accumulator of a tile starts at the block's bias.
 template <int T, bool FULL, typename B>

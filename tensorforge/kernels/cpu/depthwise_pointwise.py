@@ -106,9 +106,8 @@ void launch(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, torch::Tensor w
             int64_t dw, int64_t act, double p0, double p1, int64_t pre, double pre0, double pre1, int64_t post,
             double post0, double post1, int64_t rows, int64_t vectors) {
   const int64_t C = x.size(1), K = y.size(1), Cp = wd.size(1), Kp = bp.size(0);
-  const int64_t rows_w = sizeof(Elem) == 2 ? C + C % 2 : C;  // bf16: in pairs of rows
-  TORCH_CHECK(wp.numel() == rows_w * Kp && wp.element_size() == sizeof(Elem), "depthwise_pointwise: a 1×1 weight of ",
-              wp.numel(), " ", wp.scalar_type(), " values for ", C, " ", x.scalar_type(), " channels");
+  TORCH_CHECK(wp.numel() == weight_rows<Elem>(C) * Kp, "depthwise_pointwise: a 1×1 weight of ", wp.numel(),
+              " values for ", C, " channels");
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<Elem*>(t.data_ptr()); };
   Fused<Elem> f;
   f.g = dwk::Geometry{x.size(2), x.size(3), C, Cp, KH, KW, sh, sw, ph, pw, dh, dw, y.size(2), y.size(3),
@@ -144,7 +143,7 @@ void depthwise_pointwise(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, to
                          int64_t vectors) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
               "depthwise_pointwise: channels must be contiguous (channels_last)");
-  by_type("depthwise_pointwise", x, {y, z}, [&](auto e) {
+  by_type("depthwise_pointwise", x, {wp, y, z}, [&](auto e) {
     launch<decltype(e)>(x, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, act, p0, p1, pre, pre0, pre1, post,
                         post0, post1, rows, vectors);
   });

@@ -192,10 +192,8 @@ void launch(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64_t Ce, tor
             int64_t act, double p0, double p1, int64_t pre, double pre0, double pre1, int64_t post, double post0,
             double post1, int64_t rows, int64_t vectors) {
   const int64_t C = x.size(1), Cp = wd.size(1);
-  const auto pairs = [](int64_t c) { return sizeof(Elem) == 2 ? c + c % 2 : c; };  // bf16 1×1 weights: row pairs
-  TORCH_CHECK(we.numel() == pairs(C) * be.size(0) && be.size(0) == Cp && we.element_size() == sizeof(Elem),
-              "expand_depthwise: an expansion weight of ", we.numel(), " ", we.scalar_type(), " values for ", C,
-              " ", x.scalar_type(), " channels into ", Ce);
+  TORCH_CHECK(we.numel() == weight_rows<Elem>(C) * be.size(0) && be.size(0) == Cp,
+              "expand_depthwise: an expansion weight of ", we.numel(), " values for ", C, " channels into ", Ce);
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<Elem*>(t.data_ptr()); };
   Fused<Elem> f;
   f.g = dwk::Geometry{x.size(2), x.size(3), Ce, Cp, KH, KW, sh, sw, ph, pw, dh, dw, y.size(2), y.size(3),
@@ -218,9 +216,8 @@ void launch(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64_t Ce, tor
   f.yN = y.stride(0);
   f.yH = y.stride(2);
   if (f.project) {
-    TORCH_CHECK(wp.numel() == pairs(Ce) * bp.size(0) && wp.element_size() == sizeof(Elem),
-                "expand_depthwise: a projection weight of ", wp.numel(), " ", wp.scalar_type(), " values for ", Ce,
-                " channels");
+    TORCH_CHECK(wp.numel() == weight_rows<Elem>(Ce) * bp.size(0), "expand_depthwise: a projection weight of ",
+                wp.numel(), " values for ", Ce, " channels");
     f.q = problem<Elem>(y.size(3), Ce, wp, bp, pre, pre0, pre1, post, post0, post1);
     f.q.K = y.size(1);
     f.q.xs = Cp;
@@ -250,7 +247,7 @@ void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64
                       int64_t vectors) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && (!z.numel() || z.stride(1) == 1),
               "expand_depthwise: channels must be contiguous (channels_last)");
-  by_type("expand_depthwise", x, {y, z}, [&](auto e) {
+  by_type("expand_depthwise", x, {we, wp, y, z}, [&](auto e) {
     launch<decltype(e)>(x, we, be, Ce, wd, bd, wp, bp, z, y, KH, KW, sh, sw, ph, pw, dh, dw, expand_act, e0, e1, act,
                         p0, p1, pre, pre0, pre1, post, post0, post1, rows, vectors);
   });

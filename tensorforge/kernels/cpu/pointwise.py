@@ -80,7 +80,7 @@ inline void tile(const ProblemOf<T>& q, int64_t p0, int64_t k0) {
     for (int r = 0; r < MR; ++r) acc[r * NV + v] = bias;
   }
   if constexpr (sizeof(T) == 4) accumulate<MR, NV>(acc, a, q.w + k0 * q.C, q.C);  // this tile's weight block
-  else accumulate_pairs<MR, NV>(acc, a, q.w + k0 * (q.C + q.C % 2), q.C);
+  else accumulate_pairs<MR, NV>(acc, a, q.w + k0 * weight_rows<T>(q.C), q.C);
   activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
   const int rows = int(std::min<int64_t>(MR, q.P - p0));
   __mmask16 m[NV];
@@ -152,7 +152,7 @@ void scaled(const ProblemOf<T>& q) {
   constexpr int64_t step = sizeof(T) == 2 ? 2 : 1;  // weight rows scaled together: bf16 interleaves pairs
   const int64_t vectors = q.Kp / 16, blocks = (vectors + NV - 1) / NV;
   const int64_t images = q.P / q.sP, tiles = (q.sP + MR - 1) / MR;
-  const int64_t rows = (q.C + step - 1) / step * step;  // the weight's rows, bf16: C rounded up to even
+  const int64_t rows = weight_rows<T>(q.C);
   const bool inputs = q.sP < q.Kp;
   const int64_t size = inputs ? q.sP * q.C : rows * q.Kp;
   const int64_t group = std::clamp<int64_t>(q.budget / (int64_t(sizeof(T)) * size), 1, images);
@@ -237,16 +237,12 @@ void launch(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, torch
             torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
             int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
             int64_t vectors) {
-  TORCH_CHECK(x.element_size() == sizeof(T) && w.element_size() == sizeof(T) && y.element_size() == sizeof(T) &&
-              (!z.numel() || z.element_size() == sizeof(T)), "pointwise: x, w, z and y of ", sizeof(T),
-              "-byte elements");
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   const ProblemOf<T> q{P, x.size(1), K, b.size(0), data(x), xs, data(w), b.data_ptr<float>(),
                        z.numel() ? data(z) : nullptr, zs, data(y), ys, pre, post, _mm512_set1_ps(float(pre0)),
                        _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1)),
                        s.numel() ? s.data_ptr<float>() : nullptr, sP, budget};
-  const int64_t rows_w = sizeof(T) == 2 ? q.C + q.C % 2 : q.C;  // bf16: in pairs of rows
-  TORCH_CHECK(w.numel() == rows_w * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C,
+  TORCH_CHECK(w.numel() == weight_rows<T>(q.C) * q.Kp, "pointwise: a weight of ", w.numel(), " values for ", q.C,
               " input channels");
   dispatch(q, rows, vectors);
 }
@@ -260,7 +256,7 @@ void pointwise(torch::Tensor x, int64_t xs, torch::Tensor w, torch::Tensor b, to
                torch::Tensor y, int64_t ys, int64_t P, int64_t K, torch::Tensor s, int64_t sP, int64_t budget,
                int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
                int64_t vectors) {
-  by_type("pointwise", x, {y, z}, [&](auto e) {
+  by_type("pointwise", x, {w, y, z}, [&](auto e) {
     launch<decltype(e)>(x, xs, w, b, z, zs, y, ys, P, K, s, sP, budget, pre, pre0, pre1, post, post0, post1, rows,
                         vectors);
   });
@@ -273,10 +269,8 @@ void pooled(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w,
             int64_t K, int64_t pre, double pre0, double pre1, int64_t post, double post0, double post1, int64_t rows,
             int64_t vectors) {
   const int64_t C = x.size(1), Kp = b.size(0), vectorsC = (C + 15) / 16;
-  const int64_t rows_w = sizeof(T) == 2 ? C + C % 2 : C;  // bf16: in pairs of rows
-  TORCH_CHECK(w.numel() == rows_w * Kp && w.element_size() == sizeof(T) && y.element_size() == sizeof(T),
-              "pooled_pointwise: a weight of ", w.numel(), " ", w.scalar_type(), " values for ", C, " ",
-              x.scalar_type(), " input channels");
+  TORCH_CHECK(w.numel() == weight_rows<T>(C) * Kp, "pooled_pointwise: a weight of ", w.numel(), " values for ", C,
+              " input channels");
   auto means = torch::empty({N, C}, x.options());
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   const T* xp = data(x);
@@ -308,7 +302,7 @@ void pooled(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w,
 void pooled_pointwise(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch::Tensor w, torch::Tensor b,
                       torch::Tensor y, int64_t K, int64_t pre, double pre0, double pre1, int64_t post, double post0,
                       double post1, int64_t rows, int64_t vectors) {
-  by_type("pooled_pointwise", x, {y}, [&](auto e) {
+  by_type("pooled_pointwise", x, {w, y}, [&](auto e) {
     pooled<decltype(e)>(x, xs, N, HW, w, b, y, K, pre, pre0, pre1, post, post0, post1, rows, vectors);
   });
 }

@@ -111,13 +111,12 @@ struct ConvOf {
   int64_t C, Cp, H, W, K, Kp, ph, pw, OH, OW, TH, TW;
   int64_t xN, xH, xW, yN, yH, yW, zN, zH, zW;  // element strides (channels contiguous)
   const T* x;
-  const T* u;  // per block of NV output vectors, a² matrices [Cu, 16·nv] (nv: the block's vectors; bf16: in pairs)
+  const T* u;  // per block of NV output vectors, a² matrices [weight_rows<T>(C), 16·nv] (nv: the block's vectors)
   const float* b;  // [Kp]
   const T* z;  // the residual, or null
   T* y;
   int64_t pre, post;
   __m512 pre0, pre1, post0, post1;
-  int64_t Cu;  // U's rows a matrix: C, or C rounded up to even in bf16
 };
 
 // Tile p's input transform, channels c0 … c0+15 (lanes past C masked): Bᵀ d B into v[ξ·stride], ξ = 0 … a²−1.
@@ -214,7 +213,7 @@ void block(const ConvOf<T>& q, int64_t p0, int64_t count, int64_t tiles, const T
   constexpr int A = M + 2;
   const int64_t C = q.C, row = 16 * stride_vectors, v_stride = skew<T>(tiles * q.Cp), m_stride = skew(tiles * row);
   for (int x = 0; x < A * A; ++x) {
-    const T* w = u + x * q.Cu * 16 * NV;
+    const T* w = u + x * weight_rows<T>(q.C) * 16 * NV;
     for (int64_t t0 = 0; t0 < count; t0 += MR) {
       __m512 acc[MR * NV];
       #pragma GCC unroll 32
@@ -270,7 +269,7 @@ void run(const ConvOf<T>& q, int64_t N, int64_t tiles) {
       for (int64_t t = 0; t < count; ++t)
         for (int64_t c0 = 0; c0 < q.C; c0 += 16) input_tile<M>(q, p0 + t, c0, v + t * q.Cp + c0, v_stride);
       for (int64_t b = b0; b < b1; ++b) {
-        const T* u = q.u + b * A * A * q.Cu * 16 * NV;
+        const T* u = q.u + b * A * A * weight_rows<T>(q.C) * 16 * NV;
         const int64_t vector = b * NV;
         if (vectors - vector >= NV) block<M, MR, NV>(q, p0, count, tiles, v, mm, NV, u, vector);
         else narrower<M, MR, NV - 1>(q, p0, count, tiles, v, mm, NV, u, vector, vectors - vector);
@@ -292,12 +291,10 @@ void launch(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, 
             int64_t rows, int64_t vectors, int64_t tiles) {
   TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "winograd: channels must be contiguous (channels_last)");
   TORCH_CHECK(!z.numel() || z.stride(1) == 1, "winograd: the residual's channels must be contiguous");
-  const int64_t C = x.size(1), a = m + 2, Cu = sizeof(T) == 2 ? C + C % 2 : C;
+  const int64_t C = x.size(1), a = m + 2;
   TORCH_CHECK(m == 2 || m == 4, "winograd: output tiles of 2×2 or 4×4, not ", m);
-  TORCH_CHECK(u.numel() == a * a * Cu * b.size(0), "winograd: a weight of ", u.numel(), " values for ", C,
-              " input channels and ", a, "×", a, " input tiles");
-  TORCH_CHECK(x.element_size() == sizeof(T) && u.element_size() == sizeof(T) && y.element_size() == sizeof(T),
-              "winograd: x, u and y of ", sizeof(T), "-byte elements");
+  TORCH_CHECK(u.numel() == a * a * weight_rows<T>(C) * b.size(0), "winograd: a weight of ", u.numel(),
+              " values for ", C, " input channels and ", a, "×", a, " input tiles");
   const auto data = [](const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   const int64_t OH = y.size(2), OW = y.size(3);
   const ConvOf<T> q{C, (C + 15) / 16 * 16, x.size(2), x.size(3), y.size(1), b.size(0), ph, pw, OH, OW,
@@ -306,7 +303,7 @@ void launch(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, 
                     z.numel() ? z.stride(0) : 0, z.numel() ? z.stride(2) : 0, z.numel() ? z.stride(3) : 0,
                     data(x), data(u), b.data_ptr<float>(), z.numel() ? data(z) : nullptr, data(y), pre, post,
                     _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
-                    _mm512_set1_ps(float(post1)), Cu};
+                    _mm512_set1_ps(float(post1))};
   const int64_t N = x.size(0);
   TORCH_CHECK(tiles >= rows, "winograd: at least ", rows, " tiles an item, not ", tiles);
   if (m == 4 && rows == 8 && vectors == 3) run<4, 8, 3>(q, N, tiles);
