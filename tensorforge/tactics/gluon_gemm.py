@@ -3,8 +3,9 @@ TMA loads of the next tiles in flight while the consumer warpgroups multiply and
 
 - `gluon.gemm-ws`: a linear layer (FusedGemm, Gemm or MatMul by a constant 2-D weight; every batch dimension
   folds into the rows) in fp16 / bf16, bias, activations and residual in the epilogue.
-- `gluon.conv-ws`: a stride-1 FusedConv of one group over channels_last activations (`conv_ws`: an unpadded 1×1
-  as a product of pixel rows, any other in boxes of output pixels whose taps read shifted boxes of the input).
+- `gluon.conv-ws`: a FusedConv of one group, stride 1 or 2, over channels_last activations (`conv_ws`: an unpadded
+  1×1 as a product of pixel rows, any other in boxes of output pixels whose taps read shifted boxes of the input,
+  or of one of its four phases at stride 2).
 - `gluon.conv-ws-quantized`: the same for QuantizedConv whose input is already of the layer's quantized type
   (an int8 or E4M3 chain): the per-channel weight scales times x_scale, a quantized or float residual, the output
   quantized with y_scale or written in float.
@@ -107,15 +108,16 @@ def _unpadded_1x1(node: Node) -> bool:
 
 
 def _conv_problem(node: Node) -> str | None:
-    """Why `node` is not a 2-D convolution of one group by a constant weight, of stride 1 or an unpadded 1×1
-    (a strided one is a stride-1 one over every s-th input pixel, a view TMA reads through its strides)."""
+    """Why `node` is not a 2-D convolution of one group by a constant weight, of stride 1 or 2 or an unpadded 1×1
+    (a stride-2 one reads the input's four phases, a strided 1×1 every s-th input pixel: views TMA reads through
+    their strides)."""
     a, weight = node.attributes, node.inputs[1]
     if not weight.is_const or weight.rank != 4:
         return "2-D convolutions by a constant weight only"
     if a.get("group", 1) != 1:
         return "one group only"
-    if any(s != 1 for s in a.get("strides", (1, 1))) and not _unpadded_1x1(node):
-        return "stride 1 only, or an unpadded 1×1 (a box of output pixels reads a shifted box of input pixels)"
+    if tuple(a.get("strides", (1, 1))) not in ((1, 1), (2, 2)) and not _unpadded_1x1(node):
+        return "stride 1 or 2 along both axes only, or an unpadded 1×1 (a box of output pixels reads shifted boxes)"
     return _activations(node)
 
 
@@ -182,7 +184,7 @@ class GluonGemmTactic(Tactic):
 
 @register_tactic
 class GluonConvTactic(Tactic):
-    """A stride-1 FusedConv of one group through `conv_ws`; the weight packed [C_out, KH·KW·C] once."""
+    """A FusedConv of one group, stride 1 or 2, through `conv_ws`; the weight packed [C_out, KH·KW·C] once."""
 
     family = "gluon"
     name = "conv-ws"
@@ -218,13 +220,12 @@ class GluonConvTactic(Tactic):
             x = x.contiguous(memory_format=torch.channels_last)
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
             out_dtype = (w.dtype if quant_y else _float_output(x, b, z)) if quantized else x.dtype
-            if windows.strides != [1, 1]:  # an unpadded 1×1: every s-th pixel, a view
-                x = x[:, :, :: windows.strides[0], :: windows.strides[1]]
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
             quantized_z = z is not None and quantized and z.dtype == w.dtype
             conv_ws(
-                x, packed(w), out, tiles, kernel=tuple(w.shape[2:]), pads=tuple(begin), dilations=windows.dilations,
+                x, packed(w), out, tiles, kernel=tuple(w.shape[2:]), strides=tuple(windows.strides), pads=tuple(begin),
+                dilations=tuple(windows.dilations),
                 scale=column_scales(w_scale) if quantized else None, bias=b, z=z,
                 z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y,
                 y_inv_scale=1.0 / y_scale if quant_y else 1.0, **epilogue,

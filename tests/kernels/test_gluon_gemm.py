@@ -61,30 +61,33 @@ def desc(dtype, shape, block):
     return mangle_type(TensorDescriptor.from_tensor(t, block, layout))
 
 
-cases = [  # operands, output, residual, consumers, quantized output, PRE, POST, boxed (a 3×3 convolution)
-    (torch.float16, torch.float16, True, 1, 0, 8, 0, False),  # GELU
-    (torch.bfloat16, torch.bfloat16, False, 2, 0, 0, 1, False),
-    (torch.int8, torch.int8, True, 2, 1, 0, 1, False),
-    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 1, 2, 0, 1, False),
-    (torch.float16, torch.float16, True, 2, 0, 0, 1, True),
-    (torch.int8, torch.int8, True, 1, 1, 0, 1, True),
+cases = [  # operands, output, residual, consumers, quantized output, PRE, POST, stride of a 3×3 convolution or 0
+    (torch.float16, torch.float16, True, 1, 0, 8, 0, 0),  # GELU
+    (torch.bfloat16, torch.bfloat16, False, 2, 0, 0, 1, 0),
+    (torch.int8, torch.int8, True, 2, 1, 0, 1, 0),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 1, 2, 0, 1, 0),
+    (torch.float16, torch.float16, True, 2, 0, 0, 1, 1),
+    (torch.int8, torch.int8, True, 1, 1, 0, 1, 1),
+    (torch.int8, torch.int8, False, 2, 1, 0, 1, 2),
+    (torch.float16, torch.float16, False, 1, 0, 0, 1, 2),
 ]
 ints = ("num_m", "N", "k_steps", "c_steps", "C", "boxes_h", "boxes_w", "PH", "PW", "DH", "DW")
-for operands, out, residual, consumers, quant_y, pre, post, boxed in cases:
+for operands, out, residual, consumers, quant_y, pre, post, stride in cases:
     config = GemmConfig(consumers=consumers, stages=3)
     constants = dict(
         HAS_SCALE=quant_y > 0, HAS_BIAS=True, HAS_RES=residual, PRE=pre, POST=post, QUANT_Y=quant_y, STAGES=3,
-        CONSUMERS=consumers, GROUP_M=8, BOXED=boxed, KW=3 if boxed else 1, num_warps=4,
+        CONSUMERS=consumers, GROUP_M=8, BOXED=stride > 0, KW=3 if stride else 1, STRIDE=max(stride, 1), num_warps=4,
     )
     k = 64 if operands.itemsize == 2 else 128
-    if boxed:  # input [8, 56, 56, 64] in boxes of 2 × 8 × 8 pixels, output [8, 56, 56, 128]
-        a = desc(operands, (8, 56, 56, 64), [2, 8, 8, k])
-        y = desc(out, (8, 56, 56, 128), [2, 8, 8, 128])
+    if stride:  # input [8, 56, 56, 64] (a phase of it at stride 2) in boxes of 2 × 8 × 8 pixels
+        a = desc(operands, (8, 56 // stride, 56 // stride, 64), [2, 8, 8, k])
+        y = desc(out, (8, 56 // stride, 56 // stride, 128), [2, 8, 8, 128])
         b = desc(operands, (128, 9 * 64), [128, k])
     else:
         a, b, y = desc(operands, (1024, 512), [128, k]), desc(operands, (256, 512), [128, k]), None
         y = desc(out, (1024, 256), [128, 128])
     signature = {"a_desc": a, "b_desc": b, "z_desc": y, "y_desc": y, "scale": "*fp32", "bias": "*fp32"}
+    signature.update(a01_desc=a, a10_desc=a, a11_desc=a)
     for name in fn.arg_names:
         signature.setdefault(name, "constexpr" if name in constants else "i32" if name in ints else "fp32")
     kernel = triton.compile(
@@ -104,10 +107,11 @@ for operands, out, residual, consumers, quant_y, pre, post, boxed in cases:
 
 def test_the_kernel_compiles_for_hopper_warp_specialized_on_tma_and_wgmma():
     """fp16 with a residual and GELU, bf16 with two consumers, int8 and E4M3 in and out with an int8 / E4M3
-    residual, and 3×3 convolutions over boxes of pixels (fp16, int8): wgmma products, TMA loads (operands and
-    residual) and stores, registers moved between the partitions (setmaxnreg), nothing spilled to local memory."""
+    residual, and 3×3 convolutions over boxes of pixels (fp16, int8; stride 1 and 2): wgmma products, TMA loads
+    (operands and residual; at stride 2 the four phases' loads become one of a selected descriptor) and stores,
+    registers moved between the partitions (setmaxnreg), nothing spilled to local memory."""
     counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert len(counts) == 6, counts
+    assert len(counts) == 8, counts
     for wgmma, loads, stores, handed_back, local in counts:
         assert int(wgmma) > 0 and int(loads) >= 2 and int(stores) >= 1, counts
         assert int(handed_back) > 0 and int(local) == 0, counts
@@ -128,6 +132,7 @@ from tensorforge.kernels.triton.conv_tma import spatial_box
 from tensorforge.tactics.gluon_gemm import gemm_ws_configs
 
 operands = {"int8": torch.int8, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}[sys.argv[1]]
+stride = int(sys.argv[2])
 quantized = operands.itemsize == 1
 try:  # the ptxas Triton itself runs for sm_90 (newer Triton have one for Hopper and later apart)
     ptxas = nvidia.get_ptxas(90).path
@@ -142,18 +147,19 @@ def desc(shape, block):
     return mangle_type(TensorDescriptor.from_tensor(torch.empty(shape, dtype=operands), block, layout))
 
 
-for row in gemm_ws_configs(0, quantized=quantized):  # a 3×3 convolution of 128 channels at 28² over boxes
+for row in gemm_ws_configs(0, quantized=quantized):  # a 3×3 convolution of 128 channels to 28² over boxes
     config = GemmConfig(**row)
     box = spatial_box(config.block_m, (256, 28, 28))
-    a = desc((256, 28, 28, 128), [*box, config.block_k])
+    a = desc((256, 28, 28, 128), [*box, config.block_k])  # the input, or one of its phases at stride 2
     y = desc((256, 28, 28, 256), [*box, config.block_n])
     b = desc((256, 9 * 128), [config.block_n, config.block_k])
     constants = dict(
         HAS_SCALE=quantized, HAS_BIAS=True, HAS_RES=True, PRE=1, POST=0, QUANT_Y={torch.int8: 1}.get(operands, 2 if
-        quantized else 0), STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8, BOXED=True, KW=3,
+        quantized else 0), STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8, BOXED=True, KW=3, STRIDE=stride,
         num_warps=config.num_warps,
     )
     signature = {"a_desc": a, "b_desc": b, "z_desc": y, "y_desc": y, "scale": "*fp32", "bias": "*fp32"}
+    signature.update(a01_desc=a, a10_desc=a, a11_desc=a)
     for name in fn.arg_names:
         signature.setdefault(name, "constexpr" if name in constants else "i32" if name in ints else "fp32")
     kernel = triton.compile(
@@ -171,12 +177,15 @@ for row in gemm_ws_configs(0, quantized=quantized):  # a 3×3 convolution of 128
 
 
 @pytest.mark.parametrize(
-    "operands",
+    ("operands", "stride"),
     [
-        "int8",
-        "fp16",
+        ("int8", 1),
+        ("int8", 2),
+        ("fp16", 1),
+        ("fp16", 2),
         pytest.param(
             "fp8",
+            1,
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="E4M3 products promoted each K step (max_num_imprecise_acc): ptxas serializes every wgmma "
@@ -185,12 +194,14 @@ for row in gemm_ws_configs(0, quantized=quantized):  # a 3×3 convolution of 128
         ),
     ],
 )
-def test_ptxas_keeps_the_wgmma_pipeline_at_effort_0(operands):
-    """Every effort-0 tile of the 3×3 convolution form (boxes, a residual, the epilogue) compiled for sm_90 and
-    assembled by ptxas: no "wgmma.mma_async instructions are serialized" (each product would wait for the one
-    before it: the async pipeline gone). Register spills are printed, not held to zero: the int8 128×256 tile
+def test_ptxas_keeps_the_wgmma_pipeline_at_effort_0(operands, stride):
+    """Every effort-0 tile of the 3×3 convolution form (boxes, a residual, the epilogue; stride 1 and 2: the
+    producer's phase choice must not reach the consumers) compiled for sm_90 and assembled by ptxas: no
+    "wgmma.mma_async instructions are serialized" (each product would wait for the one before it: the async
+    pipeline gone). Register spills are printed, not held to zero: the int8 128×256 tile
     spills 124 bytes with a residual (its epilogue), none without."""
-    verdicts = compile_for_hopper(_PTXAS_VERDICT.replace("sys.argv[1]", repr(operands)))
+    script = _PTXAS_VERDICT.replace("sys.argv[1]", repr(operands)).replace("sys.argv[2]", repr(stride))
+    verdicts = compile_for_hopper(script)
     assert len(verdicts) == 3, verdicts
     assert all(serialized == "0" for *_, serialized, _ in verdicts), verdicts
 
@@ -292,23 +303,27 @@ def test_the_convolution_launcher_refuses_a_weight_of_the_wrong_packing():
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize(("kernel", "pads", "dilations"), [((3, 3), (1, 1), (1, 1)), ((5, 3), (2, 0), (1, 2))])
-def test_boxed_convolutions_match_the_reference(config, kernel, pads, dilations):
-    """fp16, 3×3 and an uneven 5×3 with dilation; 20×20 maps (boxes past the edges), 72 input channels (a K
-    step reaching past a tap's channels into zeros), a residual and ReLU."""
+@pytest.mark.parametrize("stride", [1, 2])
+def test_boxed_convolutions_match_the_reference(config, kernel, pads, dilations, stride):
+    """fp16, 3×3 and an uneven 5×3 with dilation, stride 1 and 2; 21×20 maps (boxes past the edges, an odd row
+    phase a row short), 72 input channels (a K step reaching past a tap's channels into zeros), a residual and
+    ReLU."""
     if config.shared_bytes(torch.float16, torch.float16, torch.float16) > gemm.SHARED_LIMIT:
         pytest.skip("the residual's tiles do not fit beside this ring")  # the launcher's refusal, tested above
     torch.manual_seed(2)
     cl = torch.channels_last
-    x = torch.randn(3, 72, 20, 20, device="cuda").half().contiguous(memory_format=cl)
+    x = torch.randn(3, 72, 21, 20, device="cuda").half().contiguous(memory_format=cl)
     w = (torch.randn(136, 72, *kernel, device="cuda") / (72 * kernel[0] * kernel[1]) ** 0.5).half()
     bias = torch.randn(136, device="cuda")
-    want = torch.nn.functional.conv2d(x.double(), w.double(), bias.double(), padding=pads, dilation=dilations)
+    want = torch.nn.functional.conv2d(
+        x.double(), w.double(), bias.double(), stride=stride, padding=pads, dilation=dilations
+    )
     z = torch.randn(want.shape, device="cuda").half().contiguous(memory_format=cl)
     want = torch.relu(want + z.double())
     y = torch.full(want.shape, float("nan"), device="cuda").half().contiguous(memory_format=cl)
     gemm.conv_ws(
-        x, gemm.pack_conv_weight(w), y, config, kernel=kernel, pads=pads, dilations=dilations, bias=bias, z=z,
-        post=activation_args("Relu", []),
+        x, gemm.pack_conv_weight(w), y, config, kernel=kernel, strides=(stride, stride), pads=pads,
+        dilations=dilations, bias=bias, z=z, post=activation_args("Relu", []),
     )  # fmt: skip
     torch.cuda.synchronize()
     assert not y.isnan().any()
@@ -317,18 +332,20 @@ def test_boxed_convolutions_match_the_reference(config, kernel, pads, dilations)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", CONFIGS[:2], ids=str)
-def test_an_int8_boxed_convolution_with_a_quantized_output(config):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_an_int8_boxed_convolution_with_a_quantized_output(config, stride):
     torch.manual_seed(3)
     cl = torch.channels_last
     x = torch.randint(-127, 128, (4, 64, 14, 14), device="cuda", dtype=torch.int8).contiguous(memory_format=cl)
     w = torch.randint(-127, 128, (128, 64, 3, 3), device="cuda", dtype=torch.int8)
     scale = torch.rand(128, device="cuda") * 1e-4 + 1e-5
-    v = torch.nn.functional.conv2d(x.double(), w.double(), padding=1) * scale.double()[None, :, None, None]
+    v = torch.nn.functional.conv2d(x.double(), w.double(), stride=stride, padding=1)
+    v = v * scale.double()[None, :, None, None]
     y_scale = 0.02
     want = torch.relu(v).div(y_scale).clamp(-128, 127).round()
     y = torch.full(want.shape, -77, device="cuda", dtype=torch.int8).contiguous(memory_format=cl)
     gemm.conv_ws(
-        x, gemm.pack_conv_weight(w), y, config, kernel=(3, 3), pads=(1, 1), scale=scale,
+        x, gemm.pack_conv_weight(w), y, config, kernel=(3, 3), strides=(stride, stride), pads=(1, 1), scale=scale,
         post=activation_args("Relu", []), quant_y=1, y_inv_scale=1 / y_scale,
     )  # fmt: skip
     torch.cuda.synchronize()
@@ -395,3 +412,86 @@ def test_an_unpadded_1x1_convolution_over_dense_tensors_is_a_product_of_pixel_ro
     ((_, args, options),) = launches.calls
     assert not options["BOXED"] and _geometry(args)[:5] == (2, 256, 1, 1, 64)  # 200 pixel rows in 2 row tiles
     assert args[3].base.data_ptr() == y.data_ptr()  # y's own storage, written in place
+
+
+def _producer_reads(args, options) -> torch.Tensor:
+    """What a recorded boxed launch computes, assembled on the CPU the way its producer loads: for each tap, the
+    box of the input (or, at stride 2, of the phase the kernel's own `_phase` picks) shifted by the tap, zeros off
+    its edges, times the tap's columns of the packed weight; the sums in float64, [N, OH, OW, C_out]."""
+    stride = options["STRIDE"]
+    phases = [args[0], *args[23:26]] if stride == 2 else [args[0]]
+    sources = [torch.as_strided(d.base, d.shape, d.strides).double() for d in phases]
+    weight = args[1].base.double()
+    _, _, k_steps, c_steps, channels, _, _, ph, pw, dh, dw = _geometry(args)
+    kw = options["KW"]
+    n, oh, ow, _ = args[3].shape
+    margin = oh + ow + 8  # past any shift: what lies there reads as zeros, as TMA reads off a tensor's edges
+    out = torch.zeros(n, oh, ow, weight.shape[0], dtype=torch.float64)
+    for tap in range(k_steps // c_steps):
+        row, column = tap // kw * dh - ph, tap % kw * dw - pw
+        if stride == 2:
+            row_phase, row = gemm._phase.fn(row, ph, stride)
+            column_phase, column = gemm._phase.fn(column, pw, stride)
+            source = sources[row_phase * 2 + column_phase]
+        else:
+            source = sources[0]
+        padded = torch.nn.functional.pad(source, (0, 0, margin, margin, margin, margin))
+        box = padded[:, margin + row : margin + row + oh, margin + column : margin + column + ow]
+        out += box @ weight[:, tap * channels : (tap + 1) * channels].T
+    return out
+
+
+@pytest.mark.parametrize(
+    ("size", "kernel", "pads", "dilations"),
+    [
+        ((20, 20), (3, 3), (1, 1), (1, 1)),
+        ((21, 15), (3, 3), (1, 1), (1, 1)),  # odd sizes: the odd phases a row and a column short
+        ((19, 22), (5, 3), (2, 0), (1, 2)),
+        ((16, 16), (7, 7), (3, 3), (1, 1)),
+        ((9, 9), (2, 2), (0, 0), (1, 1)),
+    ],
+)
+def test_a_stride_2_convolution_reads_the_input_s_four_phases(launches, size, kernel, pads, dilations):
+    """A stride-2 convolution launches the four phase views of its input (strided views of x's own storage) and
+    its producer's arithmetic (`_phase`, the kernel's own function run in Python) reads, tap by tap, exactly the
+    pixels the convolution sums: assembled on the CPU from the recorded descriptors, the result is torch's."""
+    torch.manual_seed(5)
+    cl = torch.channels_last
+    x = torch.randn(2, 16, *size).half().contiguous(memory_format=cl)
+    w = torch.randn(24, 16, *kernel).half()
+    want = torch.nn.functional.conv2d(x.double(), w.double(), stride=2, padding=pads, dilation=dilations)
+    y = torch.empty(want.shape, dtype=torch.float16).contiguous(memory_format=cl)
+    gemm.conv_ws(x, gemm.pack_conv_weight(w), y, GemmConfig(), kernel=kernel, strides=(2, 2), pads=pads,
+                 dilations=dilations)  # fmt: skip
+    ((_, args, options),) = launches.calls
+    assert options["STRIDE"] == 2 and options["BOXED"]
+    phases = [args[0], *args[23:26]]
+    row_bytes, pixel_bytes = size[1] * 16 * 2, 16 * 2
+    for (row, column), phase in zip([(0, 0), (0, 1), (1, 0), (1, 1)], phases, strict=True):
+        assert phase.base.data_ptr() == x.data_ptr() + row * row_bytes + column * pixel_bytes
+        assert list(phase.shape) == [2, (size[0] - row + 1) // 2, (size[1] - column + 1) // 2, 16]
+    got = _producer_reads(args, options).permute(0, 3, 1, 2)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-9)
+
+
+def test_a_stride_1_boxed_launch_passes_its_one_input_as_every_phase(launches):
+    cl = torch.channels_last
+    x = torch.randn(2, 16, 12, 12).half().contiguous(memory_format=cl)
+    w = torch.randn(24, 16, 3, 3).half()
+    y = torch.empty(2, 24, 12, 12, dtype=torch.float16).contiguous(memory_format=cl)
+    gemm.conv_ws(x, gemm.pack_conv_weight(w), y, GemmConfig(), kernel=(3, 3), pads=(1, 1))
+    ((_, args, options),) = launches.calls
+    assert options["STRIDE"] == 1 and all(d is args[0] for d in args[23:26])
+    want = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+    assert torch.allclose(_producer_reads(args, options).permute(0, 3, 1, 2), want, rtol=1e-12, atol=1e-9)
+
+
+def test_strides_the_kernel_cannot_take_are_refused_with_the_reason():
+    cl = torch.channels_last
+    x = torch.zeros(2, 16, 12, 12, dtype=torch.float16).contiguous(memory_format=cl)
+    w = gemm.pack_conv_weight(torch.zeros(24, 16, 3, 3, dtype=torch.float16))
+    y = torch.zeros(2, 24, 4, 4, dtype=torch.float16).contiguous(memory_format=cl)
+    with pytest.raises(ValueError, match=r"strides \(3, 3\)"):
+        gemm.conv_ws(x, w, y, GemmConfig(), kernel=(3, 3), strides=(3, 3), pads=(1, 1))
+    with pytest.raises(ValueError, match="2 rows and columns"):
+        gemm.conv_ws(x[:, :, :1], w, y[:, :, :1], GemmConfig(), kernel=(3, 3), strides=(2, 2), pads=(1, 1))

@@ -71,11 +71,13 @@ def test_the_family_is_among_every_builds_candidates():
     assert default["gluon.conv-ws"] == "needs CUDA" or "no Gluon" in default["gluon.conv-ws"]
 
 
-def test_the_convolutions_are_those_of_stride_1_and_one_group():
+def test_the_convolutions_are_those_of_stride_1_or_2_and_one_group():
     assert _conv_problem(_conv(64, 128, 1, 1, True)[0]) is None
     assert _conv_problem(_conv(64, 128, 3, 1, False)[0]) is None
     assert _conv_problem(_conv(64, 128, 1, 2, False)[0]) is None  # an unpadded strided 1×1: a view of every 2nd pixel
-    assert "stride 1" in _conv_problem(_conv(64, 128, 3, 2, False)[0])
+    assert _conv_problem(_conv(64, 128, 1, 3, False)[0]) is None
+    assert _conv_problem(_conv(64, 128, 3, 2, False)[0]) is None  # the input's four phases
+    assert "stride 1 or 2" in _conv_problem(_conv(64, 128, 3, 3, False)[0])
 
 
 def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
@@ -97,9 +99,10 @@ def _every_candidate_passes(node, opset: int, inputs, precisions: tuple[str, ...
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize(("kernel", "stride"), [(1, 1), (3, 1), (1, 2)])
+@pytest.mark.parametrize(("kernel", "stride"), [(1, 1), (3, 1), (1, 2), (3, 2)])
 def test_every_convolution_candidate_passes_the_autotuners_check(residual, kernel, stride):
-    """1×1 (a product of pixel rows), 3×3 (boxes of pixels), a strided 1×1 (boxes over every 2nd pixel)."""
+    """1×1 (a product of pixel rows), 3×3 (boxes of pixels), a strided 1×1 (boxes over every 2nd pixel), a
+    stride-2 3×3 (boxes of the input's phases; 15×15, odd phases a row and a column short)."""
     node, inputs = _conv(64, 128, kernel, stride, residual)
     _every_candidate_passes(node, 17, inputs, ("fp16", "bf16"), "gluon.conv-ws")
 
@@ -166,7 +169,8 @@ def test_the_quantized_tactic_hands_the_kernel_the_layers_scales(monkeypatch):
     assert y.dtype == torch.int8 and y.shape == (2, 64, 8, 8)
     assert options["QUANT_Y"] == 1 and options["HAS_RES"] and options["HAS_SCALE"] and options["POST"] == 1
     assert args[4].shape == (64,) and torch.allclose(args[4].double(), w_scale.double() * a["x_scale"])
-    assert args[-2] == pytest.approx(a["z_scale"]) and args[-1] == pytest.approx(1 / a["y_scale"])
+    assert args[21] == pytest.approx(a["z_scale"]) and args[22] == pytest.approx(1 / a["y_scale"])
+    assert options["STRIDE"] == 1
 
 
 def test_a_layer_with_a_residual_drops_the_configs_whose_rings_do_not_fit_in_shared_memory():

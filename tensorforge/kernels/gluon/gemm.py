@@ -62,16 +62,28 @@ def _box_origin(pid_m, boxes_h, boxes_w, BI: gl.constexpr, BH: gl.constexpr, BW:
 
 
 @gluon.jit
+def _phase(offset, pad, STRIDE: gl.constexpr):
+    """Where a tap `offset` = k·dilation − pad along one axis reads in a stride-STRIDE convolution: input pixel
+    STRIDE·o + offset of output pixel o is pixel o + shift of the input's phase `offset mod STRIDE` (its every
+    STRIDE-th pixel from there). Returns (phase, shift); the offset is made non-negative first (offset ≥ −pad),
+    so that Triton's truncating division and Python's floor division agree."""
+    lifted = offset + STRIDE * pad
+    return lifted % STRIDE, lifted // STRIDE - pad
+
+
+@gluon.jit
 def _producer(
-    a_desc, b_desc, z_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
+    a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
     num_m, num_n, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
-    HAS_RES: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr,
+    HAS_RES: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr,
 ):  # fmt: skip
     """One warp: TMA loads of every K step's A and B tiles into the ring, and of each tile's residual block.
 
     K step k is tap k // c_steps (row-major over KH × KW) and channels (k % c_steps)·BLOCK_K on; a product is one
     tap. A box of output pixels reads the same box of input pixels shifted by the tap (coordinates off the input
-    read zeros: the padding); the weight's K runs over (tap, channel), so its tile starts at tap·C + channels."""
+    read zeros: the padding); the weight's K runs over (tap, channel), so its tile starts at tap·C + channels.
+    With STRIDE = 2 the input comes as its four phases (a_desc the even rows' even columns, a01_desc their odd
+    columns, a10_desc and a11_desc the odd rows'): a tap reads a shifted box of one phase (`_phase`)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[len(a_desc.block_type.shape) - 1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
@@ -101,9 +113,25 @@ def _producer(
             mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
             mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             if BOXED:
-                h = h0 + (tap // KW) * DH - PH
-                w = w0 + (tap % KW) * DW - PW
-                _tma_load(a_desc, [n0, h, w, channel], ready.index(s), a_bufs.index(s))
+                row = (tap // KW) * DH - PH
+                column = (tap % KW) * DW - PW
+                if STRIDE == 1:
+                    _tma_load(a_desc, [n0, h0 + row, w0 + column, channel], ready.index(s), a_bufs.index(s))
+                else:
+                    row_phase, row_shift = _phase(row, PH, STRIDE)
+                    column_phase, column_shift = _phase(column, PW, STRIDE)
+                    h = h0 + row_shift
+                    w = w0 + column_shift
+                    if row_phase == 0:
+                        if column_phase == 0:
+                            _tma_load(a_desc, [n0, h, w, channel], ready.index(s), a_bufs.index(s))
+                        else:
+                            _tma_load(a01_desc, [n0, h, w, channel], ready.index(s), a_bufs.index(s))
+                    else:
+                        if column_phase == 0:
+                            _tma_load(a10_desc, [n0, h, w, channel], ready.index(s), a_bufs.index(s))
+                        else:
+                            _tma_load(a11_desc, [n0, h, w, channel], ready.index(s), a_bufs.index(s))
             else:
                 _tma_load(a_desc, [off_m, channel], ready.index(s), a_bufs.index(s))
             _tma_load(b_desc, [off_n, tap * C + channel], ready.index(s), b_bufs.index(s))
@@ -220,9 +248,9 @@ def _instr_n(block_n, dtype):
 def _second_consumer(
     y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn,
     scale, bias, num_m, num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
-    pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
+    pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
-    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr,
+    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr,
 ):  # fmt: skip
     _consumer(
         y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m, num_n, N,
@@ -235,13 +263,13 @@ def _second_consumer(
 def _producer_worker(
     y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn,
     scale, bias, num_m, num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
-    pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc,
+    pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
-    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr,
+    QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr,
 ):  # fmt: skip
     _producer(
-        a_desc, b_desc, z_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
-        num_m, num_n, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, HAS_RES, GROUP_M, BOXED, KW,
+        a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
+        num_m, num_n, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, HAS_RES, GROUP_M, BOXED, KW, STRIDE,
     )  # fmt: skip
 
 
@@ -249,19 +277,21 @@ def _producer_worker(
 def gemm_ws_kernel(
     a_desc, b_desc, z_desc, y_desc, scale, bias,
     num_m, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW,
-    pre0, pre1, post0, post1, z_scale, y_inv_scale,
+    pre0, pre1, post0, post1, z_scale, y_inv_scale, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr,
-    BOXED: gl.constexpr, KW: gl.constexpr, num_warps: gl.constexpr,
+    BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """y = epilogue(a @ bᵀ) over tiles of the descriptors' block shapes, persistent programs.
 
     A product: a [M, K], b [N, K], y and z [M, N], num_m row blocks, k_steps = c_steps K steps, C = K. A boxed
-    (stride-1) convolution: a the input [N, H, W, C] in boxes [BI, BH, BW, BLOCK_K], y and z the output
+    convolution: a the input [N, H, W, C] in boxes [BI, BH, BW, BLOCK_K], y and z the output
     [N, OH, OW, C_out] in boxes [BI, BH, BW, BLOCK_N], b the weight [C_out, KH·KW·C]; num_m = the boxes (images
-    × boxes_h × boxes_w), k_steps = KH·KW·c_steps, (PH, PW) the padding and (DH, DW) the dilation.
-    z_desc is y_desc again when there is no residual (never read). The default partition (num_warps warps) is the
-    first consumer; the workers are the producer (one warp) and, with CONSUMERS = 2, the second consumer (four).
+    × boxes_h × boxes_w), k_steps = KH·KW·c_steps, (PH, PW) the padding and (DH, DW) the dilation; of stride
+    STRIDE (1 or 2 along both axes), with a and a01 / a10 / a11 the input's four phases when it is 2 (`_phase`;
+    all a_desc otherwise, never read). z_desc is y_desc again when there is no residual (never read). The default
+    partition (num_warps warps) is the first consumer; the workers are the producer (one warp) and, with
+    CONSUMERS = 2, the second consumer (four).
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no starred lists in Gluon
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)  # noqa: RUF005 - no starred lists in Gluon
@@ -300,15 +330,15 @@ def gemm_ws_kernel(
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
-                     y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
-                     BOXED, KW),
+                     y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE),
                 ),
                 (
                     _second_consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
-                     y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
-                     BOXED, KW),
+                     y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE),
                 ),
             ],
             [1, 4],
@@ -327,8 +357,8 @@ def gemm_ws_kernel(
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
-                     y_inv_scale, a_desc, b_desc, z_desc, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M,
-                     BOXED, KW),
+                     y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE),
                 ),
             ],
             [1],
@@ -435,19 +465,21 @@ def _multiprocessors(index: int) -> int:
 
 
 def _launch(
-    a_desc, b_desc, z_desc, y_desc, y, config: GemmConfig, geometry: tuple, boxed: bool, kw: int,
+    a_descs: list, b_desc, z_desc, y_desc, y, config: GemmConfig, geometry: tuple, boxed: bool, kw: int,
     scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
 ) -> None:  # fmt: skip
     """One launch over `geometry` = (num_m, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW): a program
-    a multiprocessor, at most one a tile."""
+    a multiprocessor, at most one a tile. `a_descs`: the input's one descriptor, or its four phases' (stride 2)."""
     tiles = geometry[0] * triton.cdiv(geometry[1], config.block_n)
     grid = (min(tiles, _multiprocessors(y.device.index or 0)),)
+    phases = a_descs if len(a_descs) == 4 else a_descs * 4
     gemm_ws_kernel[grid](
-        a_desc, b_desc, z_desc, y_desc, scale if scale is not None else y, bias if bias is not None else y,
+        phases[0], b_desc, z_desc, y_desc, scale if scale is not None else y, bias if bias is not None else y,
         *geometry, float(pre[1]), float(pre[2]), float(post[1]), float(post[2]), float(z_scale), float(y_inv_scale),
-        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_RES=z_desc is not y_desc, PRE=pre[0],
-        POST=post[0], QUANT_Y=quant_y, STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8, BOXED=boxed,
-        KW=kw, num_warps=config.num_warps, maxnreg=config.maxnreg(),
+        *phases[1:], HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_RES=z_desc is not y_desc,
+        PRE=pre[0], POST=post[0], QUANT_Y=quant_y, STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8,
+        BOXED=boxed, KW=kw, STRIDE=2 if len(a_descs) == 4 else 1, num_warps=config.num_warps,
+        maxnreg=config.maxnreg(),
     )  # fmt: skip
 
 
@@ -481,7 +513,7 @@ def gemm_ws(
     steps = triton.cdiv(k, bk)
     geometry = (triton.cdiv(m, bm), n, steps, steps, k, 1, 1, 0, 0, 1, 1)
     _launch(
-        _descriptor(a, [bm, bk]), _descriptor(b, [bn, bk]), z_desc, y_desc, y, config, geometry, False, 1,
+        [_descriptor(a, [bm, bk])], _descriptor(b, [bn, bk]), z_desc, y_desc, y, config, geometry, False, 1,
         scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
     )  # fmt: skip
     return y
@@ -499,6 +531,7 @@ def conv_ws(
     config: GemmConfig,
     *,
     kernel: tuple[int, int],
+    strides: tuple[int, int] = (1, 1),
     pads: tuple[int, int] = (0, 0),
     dilations: tuple[int, int] = (1, 1),
     scale: torch.Tensor | None = None,
@@ -510,34 +543,46 @@ def conv_ws(
     quant_y: int = 0,
     y_inv_scale: float = 1.0,
 ) -> torch.Tensor:
-    """A stride-1 convolution of one group over channels_last tensors: x [N, C, H, W], w from
-    `pack_conv_weight`, y (and z) [N, C_out, OH, OW]; each tile a box of output pixels (`spatial_box`) whose
-    taps read the same box of input pixels shifted (TMA reads zeros off the input: the padding `pads`, the
-    beginning's). An unpadded 1×1 layer over dense tensors is `gemm_ws` over the pixel rows instead (no box
-    lanes past the map's edges). The epilogue as `gemm_ws`'s. Returns y."""
+    """A convolution of one group over channels_last tensors: x [N, C, H, W], w from `pack_conv_weight`, y (and
+    z) [N, C_out, OH, OW]; each tile a box of output pixels (`spatial_box`) whose taps read the same box of input
+    pixels shifted (TMA reads zeros off the input: the padding `pads`, the beginning's). Stride 1; or 2 along both
+    axes, where each tap reads a shifted box of one of the input's four phases (every other row and column from
+    (0, 0), (0, 1), (1, 0) or (1, 1): strided views, read by TMA through their strides); or any stride for an
+    unpadded 1×1 (the input's every s-th pixel, a view). An unpadded 1×1 layer over dense tensors is `gemm_ws`
+    over the pixel rows instead (no box lanes past the map's edges). The epilogue as `gemm_ws`'s. Returns y."""
     channels = x.shape[1]
-    tensors = (x, y) + ((z,) if z is not None else ())
     if w.shape[1] != kernel[0] * kernel[1] * channels:
         raise ValueError(
             f"conv_ws: the packed weight has {w.shape[1]} columns, not KH·KW·C = {kernel[0] * kernel[1] * channels}"
         )
-    if any(t.stride(1) != 1 for t in tensors):
+    if any(t.stride(1) != 1 for t in (x, y) + ((z,) if z is not None else ())):
         raise ValueError("conv_ws: channels_last tensors only")
+    unpadded_1x1 = tuple(kernel) == (1, 1) and tuple(pads) == (0, 0)
+    if unpadded_1x1 and tuple(strides) != (1, 1):  # every s-th pixel: a stride-1 convolution of a view
+        x, strides = x[:, :, :: strides[0], :: strides[1]], (1, 1)
+    if tuple(strides) not in ((1, 1), (2, 2)):
+        raise ValueError(f"conv_ws: strides {tuple(strides)}: 1 or 2 along both axes only (or an unpadded 1×1)")
+    tensors = (x, y) + ((z,) if z is not None else ())
     rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])  # noqa: E731 - the pixels as a matrix
-    if (
-        tuple(kernel) == (1, 1)
-        and tuple(pads) == (0, 0)
-        and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors)
-    ):  # a product over pixel rows, no box lanes wasted; rows(y) of a dense tensor is a view: written in place
+    if unpadded_1x1 and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):
+        # a product over pixel rows, no box lanes wasted; rows(y) of a dense tensor is a view: written in place
         gemm_ws(
             rows(x), w, rows(y), config, scale=scale, bias=bias, z=None if z is None else rows(z), z_scale=z_scale,
             pre=pre, post=post, quant_y=quant_y, y_inv_scale=y_inv_scale,
         )  # fmt: skip
         return y
-    nhwc = lambda t: t.permute(0, 2, 3, 1)  # noqa: E731 - a view; TMA takes its strides
+    nhwc = x.permute(0, 2, 3, 1)  # a view; TMA takes its strides
+    if tuple(strides) == (2, 2):
+        if min(nhwc.shape[1:3]) < 2:
+            raise ValueError(f"conv_ws: a stride-2 input needs 2 rows and columns at least, not {tuple(x.shape[2:])}")
+        sources = [nhwc[:, row::2, column::2] for row in (0, 1) for column in (0, 1)]
+    else:
+        sources = [nhwc]
+    views = {f"x phase {i}": source for i, source in enumerate(sources)}
+    outputs = {"y": y.permute(0, 2, 3, 1), "z": None if z is None else z.permute(0, 2, 3, 1)}
     reason = (
         _operands_problem(x, w)
-        or _tma_problem({"x": nhwc(x), "w": w, "y": nhwc(y), "z": None if z is None else nhwc(z)})
+        or _tma_problem({**views, "w": w, **outputs})
         or _config_problem(x.dtype, y.dtype, None if z is None else z.dtype, config)
     )
     if reason is not None:
@@ -545,8 +590,8 @@ def conv_ws(
     n, _, oh, ow = y.shape
     box = spatial_box(config.block_m, (n, oh, ow))
     bk, bn = config.block_k, config.block_n
-    y_desc = _descriptor(nhwc(y), [*box, bn])
-    z_desc = y_desc if z is None else _descriptor(nhwc(z), [*box, bn])
+    y_desc = _descriptor(y.permute(0, 2, 3, 1), [*box, bn])
+    z_desc = y_desc if z is None else _descriptor(z.permute(0, 2, 3, 1), [*box, bn])
     boxes_h, boxes_w = triton.cdiv(oh, box[1]), triton.cdiv(ow, box[2])
     c_steps = triton.cdiv(channels, bk)
     geometry = (
@@ -554,7 +599,7 @@ def conv_ws(
         boxes_h, boxes_w, pads[0], pads[1], dilations[0], dilations[1],
     )  # fmt: skip
     _launch(
-        _descriptor(nhwc(x), [*box, bk]), _descriptor(w, [bn, bk]), z_desc, y_desc, y, config, geometry, True,
-        kernel[1], scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
+        [_descriptor(source, [*box, bk]) for source in sources], _descriptor(w, [bn, bk]), z_desc, y_desc, y,
+        config, geometry, True, kernel[1], scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
     )  # fmt: skip
     return y
