@@ -62,7 +62,9 @@ from tensorforge.tactics.autotune import relative_error
 SYSTEMS = ("tensorforge", "tensorforge-eager", "eager", "eager+graph", "compile", "compile-ro", "compile-max", "ort")
 DEFAULT_SYSTEMS = ("tensorforge", "eager", "eager+graph", "compile", "ort")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
-QUANTIZED = ("int8", "fp8")  # tensorforge only: engines with quantized convolutions and fp16 elsewhere
+# tensorforge only: engines with quantized layers and, elsewhere, the device's fast float type (fp16 on CUDA, bf16
+# on a CPU that multiplies it in hardware, else fp32), as one would build them with `--int8 --fp16`
+QUANTIZED = ("int8", "fp8")
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Image side or sequence length each model is benchmarked at (others: the zoo's default size).
 BENCH_SIZES = {
@@ -258,7 +260,8 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
     precisions = ("fp32",) if precision == "fp32" else ("fp32", precision)
     calibration = None
     if precision in QUANTIZED:  # scales from the benchmark's own random inputs: a speed measurement
-        precisions = ("fp32", "fp16", precision)
+        half = ("fp16",) if case.device.type == "cuda" else cpu_native_precisions()
+        precisions = ("fp32", *half, precision)
         calibration = [{k: v.numpy() for k, v in case.feeds.items()}]
     with tempfile.TemporaryDirectory() as scratch:
         config = BuildConfig(
