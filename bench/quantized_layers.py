@@ -54,6 +54,10 @@ def layer_rows(engine) -> list[dict[str, Any]]:
             {f"{c.tactic}: {c.note[:200]}" for c in layer.candidates if c.note and not c.note.startswith("cached")}
         )
         float_ms, fallback = _best(layer, fallback=True)
+        by_tactic: dict[str, float] = {}
+        for c in layer.candidates:
+            if math.isfinite(c.median_ms):
+                by_tactic[c.tactic] = min(c.median_ms, by_tactic.get(c.tactic, math.inf))
         rows.append(
             {
                 "layer": node.name,
@@ -71,18 +75,23 @@ def layer_rows(engine) -> list[dict[str, Any]]:
                 "float": fallback,
                 "ratio": quantized_ms / float_ms if float_ms > 0 and math.isfinite(float_ms) else math.inf,
                 "failures": failures,
+                "tactics": dict(sorted(by_tactic.items(), key=lambda item: item[1])),
             }
         )
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'layer':<34} {'weight':<18} {'reads':<8} {'writes':<8} {'quant ms':>9} {'float ms':>9} {'q/f':>6}"]
+    lines = [
+        f"{'layer':<34} {'weight':<18} {'reads':<8} {'writes':<8} {'quant ms':>9} {'float ms':>9} {'q/f':>6}  "
+        "each tactic's best ms"
+    ]
     for row in rows:
         weight = "x".join(str(d) for d in row["weight"])
+        tactics = " ".join(f"{tactic} {ms:.4f}" for tactic, ms in list(row["tactics"].items())[:3])
         lines.append(
             f"{row['layer'][-34:]:<34} {weight:<18} {row['reads'][:8]:<8} {row['writes'][:8]:<8} "
-            f"{row['quantized_ms']:>9.4f} {row['float_ms']:>9.4f} {row['ratio']:>6.2f}"
+            f"{row['quantized_ms']:>9.4f} {row['float_ms']:>9.4f} {row['ratio']:>6.2f}  {tactics}"
         )
     finite = [row["ratio"] for row in rows if math.isfinite(row["ratio"]) and row["ratio"] > 0]
     wins = sum(ratio < 1 for ratio in finite)

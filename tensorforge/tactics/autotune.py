@@ -35,6 +35,7 @@ from ..ops.math_flags import full_float32
 from . import (  # noqa: F401 - registers the tactic families
     concat,
     cpu_family,
+    cpu_quantized,
     cuda_family,
     fallback,
     gluon_gemm,

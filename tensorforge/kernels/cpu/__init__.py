@@ -2,7 +2,7 @@
 layers where the vendor path through torch pays a fixed cost per op that outweighs the work, or runs below the
 cores' peak (1×1, depthwise, stem, direct and Winograd convolutions with their epilogues, a depthwise convolution
 and the 1×1 after it in one pass, an expansion, depthwise and projection in one pass, squeeze-and-excitation as one
-call instead of seven)."""
+call instead of seven; an int8 1×1 convolution and linear layer on VNNI's byte dot products)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,21 @@ def compile_all() -> None:
     fresh two-core machine the first four took about 54 s together against 110 one after another. A kernel that
     cannot be built here is left to its tactic, which declines or reports it (`extension.load` remembers the
     error)."""
-    from . import conv, depthwise, depthwise_pointwise, expand_depthwise, pointwise, squeeze_excite, stem_conv, winograd
+    from . import (
+        conv,
+        depthwise,
+        depthwise_pointwise,
+        expand_depthwise,
+        pointwise,
+        quantized_pointwise,
+        squeeze_excite,
+        stem_conv,
+        winograd,
+    )
 
     loaders = (
         conv.module, depthwise.module, depthwise_pointwise.module, expand_depthwise.module, pointwise.module,
-        squeeze_excite.module, stem_conv.module, winograd.module,
+        quantized_pointwise.module, squeeze_excite.module, stem_conv.module, winograd.module,
     )  # fmt: skip
     with ThreadPoolExecutor(len(loaders)) as pool:
         wait([pool.submit(loader) for loader in loaders])
