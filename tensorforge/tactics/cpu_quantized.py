@@ -5,6 +5,8 @@
   quantized by the kernel, an int8 one from the layer before as it is), a float32 or int8 residual, a float32 or
   int8 output.
 - `cpu.gemm-int8`: an int8 QuantizedGemm, the same kernel over A's rows, a residual of the output's shape.
+- `cpu.conv-int8`: an int8 QuantizedConv of one group and any other window, stride, dilation and padding (ResNet's
+  3×3 layers, a stem) as a direct convolution (`kernels.cpu.quantized_conv`), the same epilogue.
 
 Both decline off the CPU, on a CPU without AVX-512 VNNI, where no C++ compiler or ninja is found, for per-channel
 input scales (the depthwise layers') and for activations the kernel lacks.
@@ -17,11 +19,12 @@ from typing import Any
 import torch
 
 from ..ir import Node
+from ..kernels.cpu import quantized_conv as qc
 from ..kernels.cpu import quantized_pointwise as qp
 from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
 from .base import Kernel, PerWeight, Tactic, register_tactic
-from .cpu_family import _activation, _activations_reason
+from .cpu_family import _activation, _activations_reason, _window
 from .vendor import _linear_operands_problem
 
 
@@ -128,5 +131,48 @@ class CpuQuantizedGemmTactic(_CpuQuantized):
             residual = None if z is None else z.reshape(-1, product.channels)[:, :, None, None]
             y = product(rows, residual, z_scale, y_scale)
             return (y.reshape(*a.shape[:-1], product.channels),)
+
+        return kernel
+
+
+@register_tactic
+class CpuQuantizedConvTactic(_CpuQuantized):
+    """The int8 weight [K, C, KH, KW] packed once with its dequantizing factors and bias; the padding and output
+    size worked out once per input size. Not for an unpadded 1×1 layer (`cpu.pointwise-int8`'s)."""
+
+    name = "conv-int8"
+    op_types = (f"{DOMAIN}::QuantizedConv",)
+    layouts = ("NHWC",)
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _quantized_reason(node, device)
+        if reason:
+            return reason
+        weight, a = node.inputs[1], node.attributes
+        if weight.rank != 4:
+            return f"2-D convolutions only; the weight has rank {weight.rank}"
+        if a.get("group", 1) != 1:
+            return f"one group only, not {a['group']}"
+        if list(weight.shape[2:]) == [1, 1] and not any(a.get("pads") or ()):
+            return "an unpadded 1×1 layer is the int8 1×1 kernel's"
+        return qp.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in qc.TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
+        tile = tuple(config["tile"])
+        x_scale, z_scale, y_scale = _scales(node)
+        a = node.attributes
+        strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
+        convs = PerWeight(lambda w, s, b: qc.QuantizedConv(w, s, x_scale, b, strides, dilations, *epilogue, tile=tile))
+        window = _window(node)
+
+        def kernel(inputs):
+            x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            conv = convs(w, w_scale, b)
+            pads, out_hw = window(tuple(x.shape[2:]), conv.kernel)
+            return (conv(x, pads, out_hw, z, z_scale, y_scale),)
 
         return kernel

@@ -21,10 +21,11 @@ from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.fallback import with_float_output
 from tests.helpers import make_model, tensor_info
-from tests.quant.chain_support import lowered
+from tests.quant.chain_support import lowered, skip_proto
+from tests.tactics.test_triton_quantized_conv_tactic import _quantized_layer
 
 CPU = torch.device("cpu")
-CONV, GEMM = "cpu.pointwise-int8", "cpu.gemm-int8"
+CONV, GEMM, DIRECT = "cpu.pointwise-int8", "cpu.gemm-int8", "cpu.conv-int8"
 _PROBLEM = compiler_problem() or qp.problem()
 needs_vnni = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 
@@ -42,15 +43,16 @@ def _inputs(node, generator) -> list:
     return inputs
 
 
-def _check(node, tactic: str, seed: int = 0) -> None:
+def _check(node, tactic: str, seed: int = 0, feeds: list | None = None) -> None:
     """Every config through the autotuner's check (finite), and the first against the reference layer."""
     generator = torch.Generator().manual_seed(seed)
-    feeds = _inputs(node, generator)
+    feeds = feeds if feeds is not None else _inputs(node, generator)
     slots = iter(feeds)
     inputs = [None if value is None or value.is_const else next(slots) for value in node.inputs]
     choice = autotune(node, 1, inputs, "cpu", effort=0, families=["cpu"], exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == tactic]
-    assert len(ours) == len(qp.TILES) and all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]
+    assert len(ours) == len(tactic_by_key(tactic).space(0)), [c.tactic for c in choice.candidates]
+    assert all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]
     got = build_layer_kernel(tactic_by_key(tactic), node, 1, CPU, ours[0].config, {})(feeds)[0]
     want = build_layer_kernel(tactic_by_key("reference.registry"), with_float_output(node), 1, CPU, {}, {})(feeds)[0]
     y_scale = float(node.attributes.get("y_scale", 0.0))
@@ -95,12 +97,31 @@ def test_a_strided_layer_with_a_float_input_reads_every_second_pixel():
     _check(node, CONV, seed=1)
 
 
+@needs_vnni
+@pytest.mark.parametrize("layer", ["conv1", "conv2", "conv4"])
+def test_a_chains_3x3_layers_run_as_the_int8_direct_convolution(layer):
+    """Quantized in and out (conv1), with a quantized residual (conv2), quantized in and float out (conv4)."""
+    model, _ = chain_quantized(lowered(proto=skip_proto(width=32)))
+    node = next(n for n in model.graph.nodes if n.name == layer)
+    assert list(node.inputs[1].shape[2:]) == [3, 3]
+    _check(node, DIRECT)
+
+
+@needs_vnni
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_float_layer_with_a_residual_runs_as_the_int8_direct_convolution(residual):
+    """A 16-channel 3×3 QuantizedConv with a float input (quantized by the kernel), float residual and output."""
+    node, feeds = _quantized_layer(residual=residual, size=9)
+    _check(node, DIRECT, feeds=feeds)
+
+
 def test_the_tactics_decline_with_the_reason():
     model, _ = chain_quantized(lowered(width=32))
     conv1, conv3 = (next(n for n in model.graph.nodes if n.name == name) for name in ("conv1", "conv3"))
     conv_tactic, gemm_tactic = tactic_by_key(CONV), tactic_by_key(GEMM)
     assert conv_tactic.supports(conv3, 1, torch.device("cuda")) == "a CPU kernel"
     assert "1×1" in conv_tactic.supports(conv1, 1, CPU)
+    assert "int8 1×1 kernel" in tactic_by_key(DIRECT).supports(conv3, 1, CPU)
     fp8 = lowered("fp8e4m3", width=32)
     fc1 = next(n for n in fp8.graph.nodes if n.name == "fc1")
     assert "int8 only" in gemm_tactic.supports(fc1, 1, CPU)

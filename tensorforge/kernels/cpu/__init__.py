@@ -2,7 +2,7 @@
 layers where the vendor path through torch pays a fixed cost per op that outweighs the work, or runs below the
 cores' peak (1×1, depthwise, stem, direct and Winograd convolutions with their epilogues, a depthwise convolution
 and the 1×1 after it in one pass, an expansion, depthwise and projection in one pass, squeeze-and-excitation as one
-call instead of seven; an int8 1×1 convolution and linear layer on VNNI's byte dot products)."""
+call instead of seven; int8 1×1, linear and direct convolutions on VNNI's byte dot products)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def compile_all() -> None:
         depthwise_pointwise,
         expand_depthwise,
         pointwise,
+        quantized_conv,
         quantized_pointwise,
         squeeze_excite,
         stem_conv,
@@ -28,7 +29,7 @@ def compile_all() -> None:
 
     loaders = (
         conv.module, depthwise.module, depthwise_pointwise.module, expand_depthwise.module, pointwise.module,
-        quantized_pointwise.module, squeeze_excite.module, stem_conv.module, winograd.module,
+        quantized_conv.module, quantized_pointwise.module, squeeze_excite.module, stem_conv.module, winograd.module,
     )  # fmt: skip
     with ThreadPoolExecutor(len(loaders)) as pool:
         wait([pool.submit(loader) for loader in loaders])

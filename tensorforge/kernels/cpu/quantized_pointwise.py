@@ -57,11 +57,12 @@ inline __m128i quantize16(__m512 v, __m512 inverse) {
   return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inverse)));
 }
 
-// acc += the products of x's unsigned bytes and w's signed ones, four a lane. In assembly: through the intrinsic GCC
-// copied every accumulator of an 8 × 3 tile to the stack and back each step (its pattern does not keep the sum in
-// place), which made that tile slower than the 1 × 8 one.
-[[gnu::always_inline]] inline void dpbusd(__m512i& acc, __m512i x, __m512i w) {
+// acc + the products of x's unsigned bytes and w's signed ones, four a lane. In assembly, on values: through the
+// intrinsic GCC copied every accumulator of an 8 × 3 tile to the stack and back each step (its pattern does not keep
+// the sum in place), and so it did through an assembly operand that was an element of the tile's array.
+[[gnu::always_inline]] inline __m512i dpbusd(__m512i acc, __m512i x, __m512i w) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+  return acc;
 }
 
 // The step over the input channels, four a step: each pixel's quad of offset bytes (one 32-bit broadcast) times a
@@ -79,25 +80,25 @@ template <int MR, int NV>
       std::memcpy(&quad, a[r] + 4 * c4, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) dpbusd(acc[r * NV + v], xv, wv[v]);
+      for (int v = 0; v < NV; ++v) acc[r * NV + v] = dpbusd(acc[r * NV + v], xv, wv[v]);
     }
   }
 }
 
-// Pixels p0 .. p0+MR-1 (those past P read the last pixel and are not stored) × output vectors from k0, NV of them.
+// The sums of a tile of MR pixels × output vectors from k0, NV of them, at their start.
 template <int MR, int NV>
-inline void tile(const Problem& q, int64_t p0, int64_t k0) {
-  const uint8_t* a[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) a[r] = q.x + std::min(p0 + r, q.P - 1) * q.Cq;
-  __m512i acc[MR * NV];
+[[gnu::always_inline]] inline void start_sums(const Problem& q, __m512i* acc, int64_t k0) {
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
     const __m512i start = _mm512_loadu_si512(q.start + k0 + 16 * v);
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r * NV + v] = start;
   }
-  accumulate_quads<MR, NV>(acc, a, q.w + k0 * q.Cq, q.Cq / 4);  // this tile's weight block
+}
+
+// The epilogue of a tile's sums into output pixels p0 .. p0+rows-1 (rows apart by q.ys; the residual's by q.zs).
+template <int MR, int NV>
+[[gnu::always_inline]] inline void finish(const Problem& q, const __m512i* acc, int64_t p0, int rows, int64_t k0) {
   __m512 f[MR * NV];
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
@@ -106,7 +107,6 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
     for (int r = 0; r < MR; ++r) f[r * NV + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * NV + v]), scale, bias);
   }
   activate_tile<MR * NV>(f, MR * NV, q.pre, q.pre0, q.pre1);
-  const int rows = int(std::min<int64_t>(MR, q.P - p0));
   __mmask16 m[NV];
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) m[v] = mask_of(q.K - k0 - 16 * v);
@@ -137,6 +137,18 @@ inline void tile(const Problem& q, int64_t p0, int64_t k0) {
       else _mm512_mask_storeu_ps(static_cast<float*>(q.y) + at, m[v], f[r * NV + v]);
     }
   }
+}
+
+// Pixels p0 .. p0+MR-1 (those past P read the last pixel and are not stored) × output vectors from k0, NV of them.
+template <int MR, int NV>
+inline void tile(const Problem& q, int64_t p0, int64_t k0) {
+  const uint8_t* a[MR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) a[r] = q.x + std::min(p0 + r, q.P - 1) * q.Cq;
+  __m512i acc[MR * NV];
+  start_sums<MR, NV>(q, acc, k0);
+  accumulate_quads<MR, NV>(acc, a, q.w + k0 * q.Cq, q.Cq / 4);  // this tile's weight block
+  finish<MR, NV>(q, acc, p0, int(std::min<int64_t>(MR, q.P - p0)), k0);
 }
 
 template <int MR, int R>
@@ -333,22 +345,29 @@ class QuantizedPointwise:
         ):
             raise ValueError(f"out must be a channels_last {dtype} tensor of shape {shape}, not {out.dtype} "
                              f"{tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
-        if residual is None:
-            z, z_scale = ABSENT, 0.0
-        else:
-            if tuple(residual.shape) != shape or residual.dtype not in (torch.float32, torch.int8):
-                raise ValueError(f"the residual must be float32 or int8 of shape {shape}, not {residual.dtype} "
-                                 f"{tuple(residual.shape)}")  # fmt: skip
-            if (residual.dtype == torch.int8) != (z_scale > 0):
-                raise ValueError("an int8 residual takes a positive z_scale, a float32 one none")
-            z = residual.contiguous(memory_format=torch.channels_last)
-            z_scale = z_scale if residual.dtype == torch.int8 else 1.0
+        z, z_scale = residual_operand(residual, z_scale, shape)
         self._module.quantized_pointwise(
             x, x.stride(0), x.stride(2), x.stride(3), 1.0 / self.x_scale, self._weight, self._start, self._scale,
             self._bias, z, self.channels, z_scale, out, self.channels, 1.0 / y_scale if y_scale > 0 else 1.0,
             self.channels, *self._epilogue,
         )  # fmt: skip
         return out
+
+
+def residual_operand(
+    residual: torch.Tensor | None, z_scale: float, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, float]:
+    """The residual as the kernels take it (channels_last, or empty) with its scale: an int8 residual takes a positive
+    z_scale, a float32 one none; ValueError for another type or shape."""
+    if residual is None:
+        return ABSENT, 0.0
+    if tuple(residual.shape) != shape or residual.dtype not in (torch.float32, torch.int8):
+        raise ValueError(
+            f"the residual must be float32 or int8 of shape {shape}, not {residual.dtype} {tuple(residual.shape)}"
+        )
+    if (residual.dtype == torch.int8) != (z_scale > 0):
+        raise ValueError("an int8 residual takes a positive z_scale, a float32 one none")
+    return residual.contiguous(memory_format=torch.channels_last), z_scale if residual.dtype == torch.int8 else 1.0
 
 
 @functools.cache
