@@ -7,9 +7,10 @@ int8 engine) on the CPU in C++ with AVX-512 VNNI, with QuantizedConv's arithmeti
 The int8 1×1 kernel's tile (`kernels.cpu.quantized_pointwise`: offset uint8 inputs, `vpdpbusd`, sums started at
 −128·ΣWq, the same epilogue) over the window's taps, as the float direct convolution (`kernels.cpu.conv`) repeats
 the float 1×1 step: `rows` output pixels of one output row × `vectors` vectors of 16 output channels in registers,
-each tap adding its quads of input channels. A tap in the padding reads a row of 128s — a quantized zero, offset —
-so that the start of the sums holds for every output pixel. The weight is packed once in column blocks [KH·KW,
-C/4, 16·vectors, 4].
+each tap adding its quads of input channels. The offset inputs are written inside a frame of padding that holds 128s
+— quantized zeros, offset — so that the start of the sums holds at the edges and no tap needs a bounds check; at
+dilation 1 a window row's taps are contiguous bytes, one run of steps. The weight is packed once in column blocks
+[KH·KW, C/4, 16·vectors, 4].
 """
 
 from __future__ import annotations
@@ -29,29 +30,34 @@ TILES = ((8, 3), (6, 4))  # (output pixels of a row, vectors of 16 output channe
 CORE = r"""
 
 struct Window {
-  int64_t N, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw;
-  const uint8_t* pad;  // Cq bytes of 128: a tap's input in the padding
+  int64_t N, H, W, OH, OW, KH, KW, sh, sw, dh, dw;
+  int64_t Hp, Wp;  // the offset inputs' image in its frame of padding (q.x: [N, Hp, Wp, Cq])
 };
 
 // Output pixels ow0 .. ow0+count-1 of row oh of image n (the tile's other rows repeat the last pixel and are not
-// stored) × output vectors from k0, NV of them. q.x: the offset inputs [N·H·W, Cq]; the outputs dense rows.
+// stored) × output vectors from k0, NV of them; the outputs dense rows. The inputs sit in a frame of padding, so no
+// tap needs a bounds check, and at dilation 1 a window row's KW taps are KW·Cq contiguous bytes, the weight's
+// quads for them consecutive too: one run of KW·Cq/4 steps a row.
 template <int MR, int NV>
 inline void conv_tile(const Problem& q, const Window& g, int64_t n, int64_t oh, int64_t ow0, int count, int64_t k0) {
   __m512i acc[MR * NV];
   start_sums<MR, NV>(q, acc, k0);
-  const int64_t quads = q.Cq / 4;
+  const int64_t quads = q.Cq / 4, tap = q.Cq * 16 * NV;  // a tap's steps and its weight's bytes
   const int8_t* block = q.w + k0 * g.KH * g.KW * q.Cq;
   for (int64_t kh = 0; kh < g.KH; ++kh) {
-    const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
-    const bool inside = ih >= 0 && ih < g.H;
+    const uint8_t* row = q.x + (n * g.Hp + oh * g.sh + kh * g.dh) * g.Wp * q.Cq;
+    const uint8_t* a[MR];
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) a[r] = row + (ow0 + std::min(r, count - 1)) * g.sw * q.Cq;
+    if (g.dw == 1) {
+      accumulate_quads<MR, NV>(acc, a, block + kh * g.KW * tap, g.KW * quads);
+      continue;
+    }
     for (int64_t kw = 0; kw < g.KW; ++kw) {
-      const uint8_t* a[MR];
+      const uint8_t* shifted[MR];
       #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const int64_t iw = (ow0 + std::min(r, count - 1)) * g.sw - g.pw + kw * g.dw;
-        a[r] = inside && iw >= 0 && iw < g.W ? q.x + ((n * g.H + ih) * g.W + iw) * q.Cq : g.pad;
-      }
-      accumulate_quads<MR, NV>(acc, a, block + (kh * g.KW + kw) * q.Cq * 16 * NV, quads);
+      for (int r = 0; r < MR; ++r) shifted[r] = a[r] + kw * g.dw * q.Cq;
+      accumulate_quads<MR, NV>(acc, shifted, block + (kh * g.KW + kw) * tap, quads);
     }
   }
   finish<MR, NV>(q, acc, (n * g.OH + oh) * g.OW + ow0, count, k0);
@@ -107,13 +113,16 @@ void quantized_conv(torch::Tensor x, int64_t sn, int64_t sh, int64_t sw, double 
               "quantized_conv: an int8 weight of ", window[0] * window[1] * Cq * Kp, " values expected, not ",
               w.numel());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kChar, "quantized_conv: float32 or int8 x");
+  const int64_t KH = window[0], KW = window[1], ph = window[4], pw = window[5];
+  // the frame: the leading padding, and after the input as far as the last output's window reaches
+  const int64_t Hp = std::max(ph + H, (OH - 1) * window[2] + (KH - 1) * window[6] + 1);
+  const int64_t Wp = std::max(pw + W, (OW - 1) * window[3] + (KW - 1) * window[7] + 1);
   torch::Tensor fresh;
-  uint8_t* offset = scratch((N * H * W + 1) * Cq, fresh);  // the rows, then the padding's row
+  uint8_t* offset = scratch(N * Hp * Wp * Cq, fresh);
   if (x.scalar_type() == at::kFloat)
-    offset_rows(x.data_ptr<float>(), N, H, W, sn, sh, sw, C, Cq, float(x_inverse), offset);
+    offset_rows(x.data_ptr<float>(), N, H, W, sn, sh, sw, C, Cq, float(x_inverse), offset, ph, pw, Hp, Wp);
   else
-    offset_rows(x.data_ptr<int8_t>(), N, H, W, sn, sh, sw, C, Cq, 1.f, offset);
-  std::fill(offset + N * H * W * Cq, offset + (N * H * W + 1) * Cq, uint8_t(128));
+    offset_rows(x.data_ptr<int8_t>(), N, H, W, sn, sh, sw, C, Cq, 1.f, offset, ph, pw, Hp, Wp);
   const bool z8 = z.numel() && z.scalar_type() == at::kChar, y8 = y.scalar_type() == at::kChar;
   TORCH_CHECK(!z.numel() || z8 || z.scalar_type() == at::kFloat, "quantized_conv: a float32 or int8 residual");
   TORCH_CHECK(y8 || y.scalar_type() == at::kFloat, "quantized_conv: a float32 or int8 output");
@@ -121,8 +130,7 @@ void quantized_conv(torch::Tensor x, int64_t sn, int64_t sh, int64_t sw, double 
                   scale.data_ptr<float>(), b.data_ptr<float>(), z.numel() ? z.data_ptr() : nullptr, K, z8,
                   float(z_scale), y.data_ptr(), K, y8, float(y_inverse), pre, post, _mm512_set1_ps(float(pre0)),
                   _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1))};
-  const Window g{N, H, W, OH, OW, window[0], window[1], window[2], window[3], window[4], window[5], window[6],
-                 window[7], offset + N * H * W * Cq};
+  const Window g{N, H, W, OH, OW, KH, KW, window[2], window[3], window[6], window[7], Hp, Wp};
   if (rows == 8 && vectors == 3) conv_run<8, 3>(q, g);
   else if (rows == 6 && vectors == 4) conv_run<6, 4>(q, g);
   else TORCH_CHECK(false, "quantized_conv: no tile of ", rows, " pixels by ", vectors, " vectors (8×3 or 6×4)");

@@ -15,8 +15,8 @@ output channels a 64-byte vector); the tiles of pixels × output vectors, the bl
 float 1×1 kernel's (`kernels.cpu.pointwise`). The epilogue runs in float32.
 
 Why our own: oneDNN's int8 convolution and linear layer through torch take the input as uint8 made by a pass of
-their own and cost a call's set-up each; at batch 1 on a 2-core Zen 4 they ran ResNet-50's 1×1 shapes at 250-340
-GMAC/s and BERT-base's linear layers at 130-160, ours 320-400 and 420-440 (`bench/quantized_cpu.py`).
+their own and cost a call's set-up each; at batch 1 on a 2-core Zen 4 they ran ResNet-50's 1×1 shapes at 240-320
+GMAC/s and BERT-base's linear layers at 130-160, ours 310-400 and 370-420 (`bench/quantized_cpu.py`).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ inline void narrower(const Problem& q, int64_t p0, int64_t k0, int64_t left) {
 // Work items: a tile of pixels × a block of NV output vectors. Where the inputs outweigh the weight (wide maps, as
 // the float 1×1 kernel's items go) a tile's blocks come in turn, so that its input rows stay in cache; where the
 // weight outweighs them (deep layers of few pixels, linear layers at batch 1), a block's tiles, so that each block is
-// read from memory once rather than once a tile (ResNet-50's layer4 1×1s: 1.2-1.5× faster).
+// read from memory once rather than once a tile.
 template <int MR, int NV>
 void run(const Problem& q) {
   if (q.P == 0) return;
@@ -179,8 +179,7 @@ void run(const Problem& q) {
 }
 
 // The offset inputs' buffer of `bytes`: up to 4 MB a calling thread's own, kept between calls (a fresh buffer of
-// more than glibc's 128 KB mmap threshold is new pages each call, whose faults cost ResNet-50's 56² 1×1 layers more
-// than their products), larger ones fresh. Each calling thread has its own, so contexts running at once do not share.
+// more than glibc's 128 KB mmap threshold is new pages, faulted in, each call), larger ones fresh. Each calling thread has its own, so contexts running at once do not share.
 inline uint8_t* scratch(int64_t bytes, torch::Tensor& fresh) {
   constexpr int64_t KEPT = 4 << 20;
   if (bytes > KEPT) {
@@ -194,16 +193,36 @@ inline uint8_t* scratch(int64_t bytes, torch::Tensor& fresh) {
 
 // The inputs of pixel p = (n, h, w) at x + n·sn + h·sh + w·sw (channels contiguous), float32 or int8, as rows of
 // Cq uint8 values: Q(x) + 128, the channels past C 128 (their weights are zero).
+// With a frame (`top` rows and `left` columns before, the rows and columns up to Hp × Wp after), the rows go inside
+// it at their place in an [N, Hp, Wp, Cq] image whose frame holds 128s (quantized zeros, offset): a convolution's
+// padding.
 template <typename T>
 void offset_rows(const T* x, int64_t N, int64_t H, int64_t W, int64_t sn, int64_t sh, int64_t sw, int64_t C,
-                 int64_t Cq, float inverse_scale, uint8_t* rows) {
+                 int64_t Cq, float inverse_scale, uint8_t* rows, int64_t top = 0, int64_t left = 0, int64_t Hp = 0,
+                 int64_t Wp = 0) {
   const __m512 inverse = _mm512_set1_ps(inverse_scale);
   const __m128i flip = _mm_set1_epi8(char(0x80));
   const int64_t P = N * H * W;
+  if (!Hp) Hp = H, Wp = W;
+  if (Hp != H || Wp != W) {  // the frame: whole rows above and below, columns left and right of each image row
+    at::parallel_for(0, N * Hp, 64, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        uint8_t* row = rows + i * Wp * Cq;
+        const int64_t h = i % Hp - top;
+        if (h < 0 || h >= H) {
+          std::fill(row, row + Wp * Cq, uint8_t(128));
+        } else {
+          std::fill(row, row + left * Cq, uint8_t(128));
+          std::fill(row + (left + W) * Cq, row + Wp * Cq, uint8_t(128));
+        }
+      }
+    });
+  }
   at::parallel_for(0, P, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C)), [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
-      const T* px = x + p / (H * W) * sn + p / W % H * sh + p % W * sw;
-      uint8_t* out = rows + p * Cq;
+      const int64_t n = p / (H * W), h = p / W % H, w = p % W;
+      const T* px = x + n * sn + h * sh + w * sw;
+      uint8_t* out = rows + ((n * Hp + h + top) * Wp + w + left) * Cq;
       for (int64_t c = 0; c < Cq; c += 16) {
         const __mmask16 m = mask_of(C - c), stored = mask_of(Cq - c);
         __m128i q8;
