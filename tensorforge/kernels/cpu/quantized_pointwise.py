@@ -179,7 +179,8 @@ void run(const Problem& q) {
 }
 
 // The offset inputs' buffer of `bytes`: up to 4 MB a calling thread's own, kept between calls (a fresh buffer of
-// more than glibc's 128 KB mmap threshold is new pages, faulted in, each call), larger ones fresh. Each calling thread has its own, so contexts running at once do not share.
+// more than glibc's 128 KB mmap threshold is new pages, faulted in, each call), larger ones fresh. Each calling
+// thread has its own, so contexts running at once do not share.
 inline uint8_t* scratch(int64_t bytes, torch::Tensor& fresh) {
   constexpr int64_t KEPT = 4 << 20;
   if (bytes > KEPT) {
