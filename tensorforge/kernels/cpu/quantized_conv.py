@@ -23,7 +23,7 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import quantized_pointwise as qp
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
-from .avx512 import check_activations, load_avx512, module_source, pack_bias, rounded
+from .avx512 import check_activations, load_avx512, module_source, rounded
 
 TILES = ((8, 3), (6, 4))  # (output pixels of a row, vectors of 16 output channels); the C++ instantiates these
 
@@ -184,8 +184,7 @@ class QuantizedConv:
         self.x_scale = float(x_scale)
         self._strides, self._dilations = [int(s) for s in strides], [int(d) for d in dilations]
         self._weight, self._start = pack_weight(wq, tile[1])
-        self._scale = pack_bias(w_scale.detach().float().reshape(-1) * torch.tensor(self.x_scale), self.channels)
-        self._bias = pack_bias(bias, self.channels)
+        self._scale, self._bias = qp.pack_factors(w_scale, self.x_scale, bias, self.channels)
         self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
         self._module = module()
 

@@ -331,9 +331,7 @@ class QuantizedPointwise:
         self.channels, self.in_channels = wq.shape
         self.x_scale = float(x_scale)
         self._weight, self._start = pack_weight(wq, tile[1])
-        scales = w_scale.detach().float().reshape(-1) * torch.tensor(self.x_scale, dtype=torch.float32)
-        self._scale = pack_bias(scales, self.channels)
-        self._bias = pack_bias(bias, self.channels)
+        self._scale, self._bias = pack_factors(w_scale, self.x_scale, bias, self.channels)
         self._epilogue = (ACTIVATION_CODES[pre], *pre_params, ACTIVATION_CODES[post], *post_params, *tile)
         self._module = module()
 
@@ -372,6 +370,15 @@ class QuantizedPointwise:
             self.channels, *self._epilogue,
         )  # fmt: skip
         return out
+
+
+def pack_factors(
+    w_scale: torch.Tensor, x_scale: float, bias: torch.Tensor | None, channels: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sums' dequantizing factors x_scale · Ws[k] (in float32, as QuantizedConv's reference) and the bias, each
+    packed as [channels rounded up to whole vectors] float32."""
+    factors = w_scale.detach().float().reshape(-1) * torch.tensor(x_scale, dtype=torch.float32)
+    return pack_bias(factors, channels), pack_bias(bias, channels)
 
 
 def residual_operand(
