@@ -183,6 +183,7 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
                     "precision": f"int8 engine ({_method(section, params)}{searched}, {_float_layers(section)})",
                     "top1": float((int8 == labels).mean()),
                     "agreement": float((int8 == fp32).mean()),
+                    "quantized_tactics": quantized_tactics(engine),
                 }
             )
     return {
@@ -254,6 +255,7 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
                     "precision": f"int8 engine ({_method(section)}{searched}, {_float_layers(section)})",
                     "cer": character_error_rate(text, evaluation_lines),
                     "lines_exact": exact(text, evaluation_lines),
+                    "quantized_tactics": quantized_tactics(engine),
                 }
             )
     return {
@@ -276,13 +278,22 @@ def int8_engine(path, calibration, profile: Profile, device: str, method="entrop
     quantization = QuantizationConfig(
         method=method, percentile=(params or {}).get("percentile"), target=None if target is None else ("top1", target)
     )
-    families = None if target is not None else ("reference", "vendor", "triton", "cuda")  # all but "fallback"
+    families = None if target is not None else ("reference", "vendor", "triton", "cuda", "cpu")  # not "fallback"
     config = BuildConfig(
         device=device, precisions=("fp32", "int8"), profiles=(profile,), effort=0, quantization=quantization,
         tactic_families=families,
     )  # fmt: skip
     engine = Builder(config, calibration_data=calibration).build(path)
     return engine, engine.report["quantization"]
+
+
+def quantized_tactics(engine) -> dict[str, int]:
+    """How many of the engine's quantized layers each tactic runs (its first profile's plan)."""
+    counts: dict[str, int] = {}
+    for layer in engine.plans[0].layers:
+        if engine.model.graph.nodes[layer.node].op_type in ("QuantizedConv", "QuantizedGemm"):
+            counts[layer.tactic] = counts.get(layer.tactic, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def _float_layers(section: dict[str, Any]) -> str:
