@@ -180,7 +180,7 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             searched = ", accuracy target" if target is not None else ""
             rows.append(
                 {
-                    "precision": f"int8 engine ({_method(section, params)}{searched}, {_float_layers(section)})",
+                    "precision": f"int8 engine ({_method(section, params)}{searched}, {_float_layers(section, engine)})",
                     "top1": float((int8 == labels).mean()),
                     "agreement": float((int8 == fp32).mean()),
                     "quantized_tactics": quantized_tactics(engine),
@@ -252,7 +252,7 @@ def recognition_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             searched = ", accuracy target" if target is not None else ""
             rows.append(
                 {
-                    "precision": f"int8 engine ({_method(section)}{searched}, {_float_layers(section)})",
+                    "precision": f"int8 engine ({_method(section)}{searched}, {_float_layers(section, engine)})",
                     "cer": character_error_rate(text, evaluation_lines),
                     "lines_exact": exact(text, evaluation_lines),
                     "quantized_tactics": quantized_tactics(engine),
@@ -296,11 +296,13 @@ def quantized_tactics(engine) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
-def _float_layers(section: dict[str, Any]) -> str:
+def _float_layers(section: dict[str, Any], engine) -> str:
     """How many layers an engine runs in float: returned by the accuracy search, and timed faster as float (none
-    without the float-fallback tactics)."""
+    without the float-fallback tactics); and how many it runs quantized in the end (a build may restore whole
+    stretches to float where their fused float plans time faster)."""
     timed = len((section.get("timed_to_float") or [[]])[0])
-    return f"{len(section['float'])} float layers, {timed} more timed faster as float"
+    quantized = sum(quantized_tactics(engine).values())
+    return f"{len(section['float'])} float layers, {timed} more timed faster as float, {quantized} run quantized"
 
 
 def _method(section: dict[str, Any], params: dict[str, Any] | None = None) -> str:
