@@ -180,7 +180,8 @@ def orientation_bench(args: argparse.Namespace, device: str) -> dict[str, Any]:
             searched = ", accuracy target" if target is not None else ""
             rows.append(
                 {
-                    "precision": f"int8 engine ({_method(section, params)}{searched}, {_float_layers(section, engine)})",
+                    "precision": f"int8 engine ({_method(section, params)}{searched}, "
+                    f"{_float_layers(section, engine)})",
                     "top1": float((int8 == labels).mean()),
                     "agreement": float((int8 == fp32).mean()),
                     "quantized_tactics": quantized_tactics(engine),
