@@ -106,16 +106,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench/results/quantized-cpu"))
+    parser.add_argument("--layers", nargs="+", metavar="TEXT", help="only the layers whose names contain one of these")
     args = parser.parse_args(argv)
     if qp.problem():
         raise SystemExit(qp.problem())
+    shapes = [s for s in SHAPES if not args.layers or any(text in s[0] for text in args.layers)]
     rows = []
     lines = [
         "| layer | C → K, window / stride, input pixels | oneDNN ms | ours ms (tile) | ours / oneDNN "
         "| GMAC/s oneDNN, ours |",
         "|---|---|---|---|---|---|",
     ]
-    for name, c, k, n, h, w, window, stride, pad in SHAPES:
+    for name, c, k, n, h, w, window, stride, pad in shapes:
         row = {"layer": name, **compare(c, k, n, h, w, window, stride, pad, args.runs, args.rounds)}
         rows.append(row)
         ms, best = row["ms"], row["best"]
