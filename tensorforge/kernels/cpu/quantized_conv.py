@@ -112,24 +112,14 @@ void quantized_conv(torch::Tensor x, int64_t sn, int64_t sh, int64_t sw, double 
   TORCH_CHECK(w.scalar_type() == at::kChar && w.numel() == window[0] * window[1] * Cq * Kp,
               "quantized_conv: an int8 weight of ", window[0] * window[1] * Cq * Kp, " values expected, not ",
               w.numel());
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kChar, "quantized_conv: float32 or int8 x");
   const int64_t KH = window[0], KW = window[1], ph = window[4], pw = window[5];
   // the frame: the leading padding, and after the input as far as the last output's window reaches
   const int64_t Hp = std::max(ph + H, (OH - 1) * window[2] + (KH - 1) * window[6] + 1);
   const int64_t Wp = std::max(pw + W, (OW - 1) * window[3] + (KW - 1) * window[7] + 1);
   torch::Tensor fresh;
-  uint8_t* offset = scratch(N * Hp * Wp * Cq, fresh);
-  if (x.scalar_type() == at::kFloat)
-    offset_rows(x.data_ptr<float>(), N, H, W, sn, sh, sw, C, Cq, float(x_inverse), offset, ph, pw, Hp, Wp);
-  else
-    offset_rows(x.data_ptr<int8_t>(), N, H, W, sn, sh, sw, C, Cq, 1.f, offset, ph, pw, Hp, Wp);
-  const bool z8 = z.numel() && z.scalar_type() == at::kChar, y8 = y.scalar_type() == at::kChar;
-  TORCH_CHECK(!z.numel() || z8 || z.scalar_type() == at::kFloat, "quantized_conv: a float32 or int8 residual");
-  TORCH_CHECK(y8 || y.scalar_type() == at::kFloat, "quantized_conv: a float32 or int8 output");
-  const Problem q{N * OH * OW, C, K, Kp, Cq, offset, w.data_ptr<int8_t>(), start.data_ptr<int32_t>(),
-                  scale.data_ptr<float>(), b.data_ptr<float>(), z.numel() ? z.data_ptr() : nullptr, K, z8,
-                  float(z_scale), y.data_ptr(), K, y8, float(y_inverse), pre, post, _mm512_set1_ps(float(pre0)),
-                  _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1))};
+  const uint8_t* offset = offset_input("quantized_conv", x, sn, sh, sw, Cq, x_inverse, ph, pw, Hp, Wp, fresh);
+  const Problem q = problem_of("quantized_conv", N * OH * OW, C, K, Cq, offset, w, start, scale, b, z, K, z_scale, y,
+                               K, y_inverse, pre, pre0, pre1, post, post0, post1);
   const Window g{N, H, W, OH, OW, KH, KW, window[2], window[3], window[6], window[7], Hp, Wp};
   if (rows == 8 && vectors == 3) conv_run<8, 3>(q, g);
   else if (rows == 6 && vectors == 4) conv_run<6, 4>(q, g);
@@ -201,19 +191,15 @@ class QuantizedConv:
         contiguous, any pixel strides) with leading padding `pads` (h, w) into `out_hw` output pixels, a residual
         [N, K, OH, OW] (float32, or int8 times `z_scale`); float32 out, or int8 quantized with `y_scale` when it is
         positive: a new channels_last tensor."""
-        if x.dim() != 4 or x.dtype not in (torch.float32, torch.int8):
-            raise ValueError(f"x must be a 4-D float32 or int8 tensor, not {x.dtype} {tuple(x.shape)}")
-        if x.shape[1] != self.in_channels:
-            raise ValueError(f"x has {x.shape[1]} channels; this convolution takes {self.in_channels}")
-        if x.stride(1) != 1 and x.shape[1] > 1:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = qp.input_operand(x, self.in_channels, "convolution")
         shape = (x.shape[0], self.channels, *out_hw)
-        out = torch.empty(shape, dtype=torch.int8 if y_scale > 0 else torch.float32, memory_format=torch.channels_last)
+        dtype, y_inverse = qp.output_type(y_scale)
+        out = torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)
         z, z_scale = qp.residual_operand(residual, z_scale, shape)
         window = [*self.kernel, *self._strides, *pads, *self._dilations]
         self._module.quantized_conv(
             x, x.stride(0), x.stride(2), x.stride(3), 1.0 / self.x_scale, self._weight, self._start, self._scale,
-            self._bias, z, z_scale, out, 1.0 / y_scale if y_scale > 0 else 1.0, window, *self._epilogue,
+            self._bias, z, z_scale, out, y_inverse, window, *self._epilogue,
         )  # fmt: skip
         return out
 

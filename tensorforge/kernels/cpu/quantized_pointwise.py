@@ -199,12 +199,10 @@ inline uint8_t* scratch(int64_t bytes, torch::Tensor& fresh) {
 // padding.
 template <typename T>
 void offset_rows(const T* x, int64_t N, int64_t H, int64_t W, int64_t sn, int64_t sh, int64_t sw, int64_t C,
-                 int64_t Cq, float inverse_scale, uint8_t* rows, int64_t top = 0, int64_t left = 0, int64_t Hp = 0,
-                 int64_t Wp = 0) {
+                 int64_t Cq, float inverse_scale, uint8_t* rows, int64_t top, int64_t left, int64_t Hp, int64_t Wp) {
   const __m512 inverse = _mm512_set1_ps(inverse_scale);
   const __m128i flip = _mm_set1_epi8(char(0x80));
   const int64_t P = N * H * W;
-  if (!Hp) Hp = H, Wp = W;
   if (Hp != H || Wp != W) {  // the frame: whole rows above and below, columns left and right of each image row
     at::parallel_for(0, N * Hp, 64, [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) {
@@ -233,6 +231,38 @@ void offset_rows(const T* x, int64_t N, int64_t H, int64_t W, int64_t sn, int64_
       }
     }
   });
+}
+
+// The offset inputs of x [N, C, H, W] (float32, quantized with x_inverse, or int8; pixel (n, h, w) at n·sn + h·sh +
+// w·sw) in `scratch` (kept alive by `fresh` when it is not the thread's own), inside an Hp × Wp frame from (top,
+// left): `offset_rows` for x's type.
+inline uint8_t* offset_input(const char* kernel, const torch::Tensor& x, int64_t sn, int64_t sh, int64_t sw,
+                             int64_t Cq, double x_inverse, int64_t top, int64_t left, int64_t Hp, int64_t Wp,
+                             torch::Tensor& fresh) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kChar, kernel, ": float32 or int8 x");
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  uint8_t* offset = scratch(N * Hp * Wp * Cq, fresh);
+  if (x.scalar_type() == at::kFloat)
+    offset_rows(x.data_ptr<float>(), N, H, W, sn, sh, sw, C, Cq, float(x_inverse), offset, top, left, Hp, Wp);
+  else
+    offset_rows(x.data_ptr<int8_t>(), N, H, W, sn, sh, sw, C, Cq, 1.f, offset, top, left, Hp, Wp);
+  return offset;
+}
+
+// A Problem of P output pixels over the offset inputs x, its residual z (float32 or int8, or empty) and output y
+// (float32 or int8) checked.
+inline Problem problem_of(const char* kernel, int64_t P, int64_t C, int64_t K, int64_t Cq, const uint8_t* x,
+                          const torch::Tensor& w, const torch::Tensor& start, const torch::Tensor& scale,
+                          const torch::Tensor& b, const torch::Tensor& z, int64_t zs, double z_scale,
+                          const torch::Tensor& y, int64_t ys, double y_inverse, int64_t pre, double pre0,
+                          double pre1, int64_t post, double post0, double post1) {
+  const bool z8 = z.numel() && z.scalar_type() == at::kChar, y8 = y.scalar_type() == at::kChar;
+  TORCH_CHECK(!z.numel() || z8 || z.scalar_type() == at::kFloat, kernel, ": a float32 or int8 residual");
+  TORCH_CHECK(y8 || y.scalar_type() == at::kFloat, kernel, ": a float32 or int8 output");
+  return Problem{P, C, K, start.size(0), Cq, x, w.data_ptr<int8_t>(), start.data_ptr<int32_t>(),
+                 scale.data_ptr<float>(), b.data_ptr<float>(), z.numel() ? z.data_ptr() : nullptr, zs, z8,
+                 float(z_scale), y.data_ptr(), ys, y8, float(y_inverse), pre, post, _mm512_set1_ps(float(pre0)),
+                 _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1))};
 }
 
 """
@@ -265,21 +295,11 @@ void quantized_pointwise(torch::Tensor x, int64_t sn, int64_t sh, int64_t sw, do
   const int64_t Kp = start.size(0);
   TORCH_CHECK(w.scalar_type() == at::kChar && w.numel() == Cq * Kp, "quantized_pointwise: an int8 weight of ",
               Cq * Kp, " values expected, not ", w.numel(), " ", w.scalar_type());
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kChar, "quantized_pointwise: float32 or int8 x");
   torch::Tensor fresh;
-  uint8_t* offset = scratch(N * H * W * Cq, fresh);
-  if (x.scalar_type() == at::kFloat)
-    offset_rows(x.data_ptr<float>(), N, H, W, sn, sh, sw, C, Cq, float(x_inverse), offset);
-  else
-    offset_rows(x.data_ptr<int8_t>(), N, H, W, sn, sh, sw, C, Cq, 1.f, offset);
-  const bool z8 = z.numel() && z.scalar_type() == at::kChar, y8 = y.scalar_type() == at::kChar;
-  TORCH_CHECK(!z.numel() || z8 || z.scalar_type() == at::kFloat, "quantized_pointwise: a float32 or int8 residual");
-  TORCH_CHECK(y8 || y.scalar_type() == at::kFloat, "quantized_pointwise: a float32 or int8 output");
-  const Problem q{N * H * W, C, K, Kp, Cq, offset, w.data_ptr<int8_t>(), start.data_ptr<int32_t>(),
-                  scale.data_ptr<float>(), b.data_ptr<float>(), z.numel() ? z.data_ptr() : nullptr, zs, z8,
-                  float(z_scale), y.data_ptr(), ys, y8, float(y_inverse), pre, post, _mm512_set1_ps(float(pre0)),
-                  _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1))};
-  dispatch(q, rows, vectors);
+  const uint8_t* offset = offset_input("quantized_pointwise", x, sn, sh, sw, Cq, x_inverse, 0, 0, H, W, fresh);
+  dispatch(problem_of("quantized_pointwise", N * H * W, C, K, Cq, offset, w, start, scale, b, z, zs, z_scale, y, ys,
+                      y_inverse, pre, pre0, pre1, post, post0, post1),
+           rows, vectors);
 }
 """,
 )
@@ -347,14 +367,9 @@ class QuantizedPointwise:
         contiguous, any pixel strides), with a residual [N, K, H, W] (float32, or int8 times `z_scale`); float32
         out, or int8 quantized with `y_scale` when it is positive. Into `out` ([N, K, H, W] of that type whose
         pixels are rows K apart: channels_last) or a new channels_last tensor, which is returned."""
-        if x.dim() != 4 or x.dtype not in (torch.float32, torch.int8):
-            raise ValueError(f"x must be a 4-D float32 or int8 tensor, not {x.dtype} {tuple(x.shape)}")
-        n, c, h, w = x.shape
-        if c != self.in_channels:
-            raise ValueError(f"x has {c} channels; this 1×1 convolution takes {self.in_channels}")
-        if x.stride(1) != 1 and c > 1:
-            x = x.contiguous(memory_format=torch.channels_last)
-        dtype = torch.int8 if y_scale > 0 else torch.float32
+        x = input_operand(x, self.in_channels, "1×1 convolution")
+        n, _, h, w = x.shape
+        dtype, y_inverse = output_type(y_scale)
         shape = (n, self.channels, h, w)
         if out is None:
             out = torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)
@@ -366,8 +381,7 @@ class QuantizedPointwise:
         z, z_scale = residual_operand(residual, z_scale, shape)
         self._module.quantized_pointwise(
             x, x.stride(0), x.stride(2), x.stride(3), 1.0 / self.x_scale, self._weight, self._start, self._scale,
-            self._bias, z, self.channels, z_scale, out, self.channels, 1.0 / y_scale if y_scale > 0 else 1.0,
-            self.channels, *self._epilogue,
+            self._bias, z, self.channels, z_scale, out, self.channels, y_inverse, self.channels, *self._epilogue,
         )  # fmt: skip
         return out
 
@@ -379,6 +393,24 @@ def pack_factors(
     packed as [channels rounded up to whole vectors] float32."""
     factors = w_scale.detach().float().reshape(-1) * torch.tensor(x_scale, dtype=torch.float32)
     return pack_bias(factors, channels), pack_bias(bias, channels)
+
+
+def input_operand(x: torch.Tensor, channels: int, kernel: str) -> torch.Tensor:
+    """x [N, C, H, W] float32 or int8 with `channels` channels, made channels_last unless its channels are
+    contiguous; ValueError otherwise."""
+    if x.dim() != 4 or x.dtype not in (torch.float32, torch.int8):
+        raise ValueError(f"x must be a 4-D float32 or int8 tensor, not {x.dtype} {tuple(x.shape)}")
+    if x.shape[1] != channels:
+        raise ValueError(f"x has {x.shape[1]} channels; this {kernel} takes {channels}")
+    if x.stride(1) != 1 and channels > 1:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def output_type(y_scale: float) -> tuple[torch.dtype, float]:
+    """The output's type and the factor it is quantized with: int8 and 1 / y_scale for a positive y_scale, else
+    float32 (and 1, unused)."""
+    return (torch.int8, 1.0 / y_scale) if y_scale > 0 else (torch.float32, 1.0)
 
 
 def residual_operand(

@@ -555,16 +555,16 @@ def conv_ws(
         raise ValueError(
             f"conv_ws: the packed weight has {w.shape[1]} columns, not KH·KW·C = {kernel[0] * kernel[1] * channels}"
         )
-    if any(t.stride(1) != 1 for t in (x, y) + ((z,) if z is not None else ())):
+    outputs = (y,) + ((z,) if z is not None else ())
+    if any(t.stride(1) != 1 for t in (x, *outputs)):
         raise ValueError("conv_ws: channels_last tensors only")
     unpadded_1x1 = tuple(kernel) == (1, 1) and tuple(pads) == (0, 0)
     if unpadded_1x1 and tuple(strides) != (1, 1):  # every s-th pixel: a stride-1 convolution of a view
         x, strides = x[:, :, :: strides[0], :: strides[1]], (1, 1)
     if tuple(strides) not in ((1, 1), (2, 2)):
         raise ValueError(f"conv_ws: strides {tuple(strides)}: 1 or 2 along both axes only (or an unpadded 1×1)")
-    tensors = (x, y) + ((z,) if z is not None else ())
     rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])  # noqa: E731 - the pixels as a matrix
-    if unpadded_1x1 and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):
+    if unpadded_1x1 and all(t.is_contiguous(memory_format=torch.channels_last) for t in (x, *outputs)):
         # a product over pixel rows, no box lanes wasted; rows(y) of a dense tensor is a view: written in place
         gemm_ws(
             rows(x), w, rows(y), config, scale=scale, bias=bias, z=None if z is None else rows(z), z_scale=z_scale,
@@ -579,10 +579,10 @@ def conv_ws(
     else:
         sources = [nhwc]
     views = {f"x phase {i}": source for i, source in enumerate(sources)}
-    outputs = {"y": y.permute(0, 2, 3, 1), "z": None if z is None else z.permute(0, 2, 3, 1)}
+    written = {"y": y.permute(0, 2, 3, 1), "z": None if z is None else z.permute(0, 2, 3, 1)}  # views, NHWC
     reason = (
         _operands_problem(x, w)
-        or _tma_problem({**views, "w": w, **outputs})
+        or _tma_problem({**views, "w": w, **written})
         or _config_problem(x.dtype, y.dtype, None if z is None else z.dtype, config)
     )
     if reason is not None:
@@ -590,8 +590,8 @@ def conv_ws(
     n, _, oh, ow = y.shape
     box = spatial_box(config.block_m, (n, oh, ow))
     bk, bn = config.block_k, config.block_n
-    y_desc = _descriptor(y.permute(0, 2, 3, 1), [*box, bn])
-    z_desc = y_desc if z is None else _descriptor(z.permute(0, 2, 3, 1), [*box, bn])
+    y_desc = _descriptor(written["y"], [*box, bn])
+    z_desc = y_desc if z is None else _descriptor(written["z"], [*box, bn])
     boxes_h, boxes_w = triton.cdiv(oh, box[1]), triton.cdiv(ow, box[2])
     c_steps = triton.cdiv(channels, bk)
     geometry = (
