@@ -49,7 +49,7 @@ from ..ops.infer import infer_model
 from ..ops.math_flags import cpu_native_precisions, full_float32
 from ..passes.cpu_blocks import CpuKernels, FuseCpuBlocks, FuseCpuExpansions
 from ..passes.pipeline import optimize
-from ..passes.quant_chain import chain_quantized, is_quantized_layer
+from ..passes.quant_chain import chain_quantized, chained_values, is_quantized_layer
 from ..quant.lower import restore_float
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
@@ -161,6 +161,11 @@ class Builder:
             )
             if blocks is not None:
                 quantization["float_blocks"] = blocks
+            if chaining and chaining.get("chained"):  # a restored stretch no longer passes int8 between its layers
+                kept = chained_values(model.graph)
+                if kept != chaining["chained"]:
+                    chaining["restored_to_float"] = [name for name in chaining["chained"] if name not in kept]
+                    chaining["chained"] = kept
         tuning_seconds = time.perf_counter() - tuning_started
         if self.config.timing_cache:
             cache.save(self.config.timing_cache)

@@ -207,11 +207,14 @@ def test_by_default_the_chain_is_kept_only_when_it_times_faster():
     assert int8 == section["chained"]
     timed, attempts = section["plan_ms"], section["attempts"]
     assert attempts[0]["scope"] == "everywhere" and attempts[0]["chained"] == 4
-    assert (timed["chained"] < timed["unchained"]) == bool(section["chained"])
+    # the chain as the chaining step kept it: the CPU build may then restore a chained stretch to float (its fused
+    # plan timed faster), which the report lists
+    kept_chain = section["chained"] or section.get("restored_to_float")
+    assert (timed["chained"] < timed["unchained"]) == bool(kept_chain)
     assert timed in [a["plan_ms"] for a in attempts]
     kept = [a for a in attempts if a["plan_ms"]["chained"] < a["plan_ms"]["unchained"]]
-    assert len(kept) <= 1 and bool(kept) == bool(section["chained"])  # the first faster chaining is kept
-    assert section["chained"] or section["timed_slower"]
+    assert len(kept) <= 1 and bool(kept) == bool(kept_chain)  # the first faster chaining is kept
+    assert kept_chain or section["timed_slower"]
     feed = batches(1, seed=7)[0]
     assert relative_error(_run(engine, feed), Executor(engine.model).run(feed)["y"].numpy()) < 0.1
     assert any("chained plan" in line for line in quantization_lines(engine.report))
