@@ -25,6 +25,8 @@
   included (`kernels.cpu.conv`, AVX-512: the 1×1 kernel's tile over the window's taps).
 - `cpu.winograd`: a one-group 3×3 FusedConv at stride 1 with its whole epilogue by Winograd's F(2×2, 3×3) or
   F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512: 2.25× or 4× fewer multiplications).
+- `cpu.attention`: Attention (`softmax(Q·Kᵀ·scale + B)·V`) in one pass over each block of query rows, reading Q,
+  K and V where the graph left them (`kernels.cpu.attention`, AVX-512).
 
 In float32, and in bf16 where the CPU has bf16 dot products (AVX512-BF16: bf16 activations and 1×1 weights, float32
 sums and epilogues) for all but `cpu.squeeze-excite` and `cpu.stem-conv` (and `cpu.winograd` with F(2×2, 3×3)
@@ -48,6 +50,7 @@ import torch
 
 from ..ir import Node
 from ..kernels.activations import activation_args
+from ..kernels.cpu import attention as at
 from ..kernels.cpu import conv as cv
 from ..kernels.cpu import depthwise as dw
 from ..kernels.cpu import depthwise_pointwise as dp
@@ -588,3 +591,43 @@ class CpuStemConvTactic(_CpuConv):
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         pre = _activation(node, "pre")
         return _windowed(node, lambda w, b, strides, dilations: st.StemConv(w, b, strides, dilations, *pre))
+
+
+@register_tactic
+class CpuAttentionTactic(Tactic):
+    """Attention(Q, Kᵀ, V, B?) in one call of the kernel; Kᵀ, V and the bias broadcast over Q's leading axes."""
+
+    family = "cpu"
+    name = "attention"
+    op_types = (f"{DOMAIN}::Attention",)
+    precisions = ("fp32", "bf16")
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "a CPU kernel"
+        q, kt, v = node.inputs[:3]
+        if q.rank not in (3, 4) or kt.rank != q.rank or v.rank != q.rank:
+            return "3-D or 4-D Q, Kᵀ and V of one rank"
+        size = v.shape[-1]
+        if not isinstance(size, int) or size > at.MAX_VALUE_SIZE:
+            return f"V's head size a known number up to {at.MAX_VALUE_SIZE}, not {size!r}"
+        bias = node.inputs[3] if len(node.inputs) > 3 else None
+        for operand in (kt, v, bias):
+            if operand is None:
+                continue
+            if operand.rank is None or operand.rank > q.rank:
+                return "a bias of at most Q's rank"
+            extra, lead = tuple(operand.shape[:-2]), tuple(q.shape[:-2])
+            pairs = zip(lead[len(lead) - len(extra) :], extra, strict=True)
+            if any(isinstance(b, int) and b not in (1, a) for a, b in pairs):
+                return f"{operand.name}'s leading axes broadcast to Q's"
+        return at.problem() or compiler_problem()
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        scale = float(node.attributes.get("scale", 1.0))
+
+        def kernel(inputs):
+            q, kt, v, bias = (list(inputs) + [None] * 4)[:4]
+            return (at.attention(q, kt, v, bias, scale),)
+
+        return kernel
