@@ -248,23 +248,36 @@ void attention_all(const T* q, const T* k, const T* v, const float* bias, T* out
   constexpr int MR = block_rows<DV>() * TILES;
   const int64_t H = w.H, Kp = round16(keys), K2 = (keys + 1) / 2;
   const int64_t kstride = half ? (D + 1) / 2 * Kp * 2 : D * Kp, vstride = K2 * DV * 16 * 2;
-  at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t bh = lo; bh < hi; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      pack_keys(k + b * w.kb + h * w.kh, w.kk, keys, D, kpacked + bh * kstride);
-      if constexpr (half) pack_values(v + b * w.vb + h * w.vh, w.vk, keys, Dv, vpacked + bh * vstride);
-    }
-  });
   const int64_t blocks = (Sq + MR - 1) / MR;
+  auto pack = [&](int64_t bh) {
+    const int64_t b = bh / H, h = bh % H;
+    pack_keys(k + b * w.kb + h * w.kh, w.kk, keys, D, kpacked + bh * kstride);
+    if constexpr (half) pack_values(v + b * w.vb + h * w.vh, w.vk, keys, Dv, vpacked + bh * vstride);
+  };
+  auto rows = [&](int64_t bh, int64_t block, std::vector<float>& scores, std::vector<uint32_t>& words) {
+    const int64_t first = block * MR;
+    const T* values = half ? vpacked + bh * vstride : v;
+    attention_rows<T, DV>(q, kpacked + bh * kstride, values, bias, out + bh * Sq * Dv, w, bh / H, bh % H, first,
+                          std::min<int64_t>(MR, Sq - first), keys, D, Dv, scale, scores, words);
+  };
+  if (B * H >= 4 * at::get_num_threads()) {  // heads enough for every thread: each packs its own, used while warm
+    at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<float> scores;
+      std::vector<uint32_t> words;
+      for (int64_t bh = lo; bh < hi; ++bh) {
+        pack(bh);
+        for (int64_t block = 0; block < blocks; ++block) rows(bh, block, scores, words);
+      }
+    });
+    return;
+  }
+  at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {  // else every head packed first, then blocks shared
+    for (int64_t bh = lo; bh < hi; ++bh) pack(bh);
+  });
   at::parallel_for(0, B * H * blocks, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> scores;
     std::vector<uint32_t> words;
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t bh = task / blocks, first = task % blocks * MR, b = bh / H, h = bh % H;
-      const T* values = half ? vpacked + bh * vstride : v;
-      attention_rows<T, DV>(q, kpacked + bh * kstride, values, bias, out + bh * Sq * Dv, w, b, h, first,
-                            std::min<int64_t>(MR, Sq - first), keys, D, Dv, scale, scores, words);
-    }
+    for (int64_t task = lo; task < hi; ++task) rows(task / blocks, task % blocks, scores, words);
   });
 }
 """
