@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tensorforge import Executor
 from tensorforge.frontend import import_model
@@ -103,6 +103,21 @@ def fused_gemm(x_shape, activation="", trans_b=False, residual=False, matmul=Tru
     assert node.op_type == "FusedGemm"
     feeds = [torch.randn(x_shape)] + ([torch.randn(*x_shape[:-1], n)] if residual else [])
     return node, feeds
+
+
+def layer_norm_node(shape, axis, bias=True, outputs=("y",), stash_type=1):
+    """An imported LayerNormalization node over `shape`'s axes from `axis` on, with a constant scale (and bias)."""
+    rng = np.random.default_rng(0)
+    normalized = shape[axis % len(shape) :]
+    inits = [numpy_helper.from_array(rng.normal(1, 0.2, normalized).astype(np.float32), "scale")]
+    inputs = ["x", "scale"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.2, normalized).astype(np.float32), "bias"))
+        inputs.append("bias")
+    node = helper.make_node("LayerNormalization", inputs, list(outputs), axis=axis, epsilon=1e-5, stash_type=stash_type)
+    infos = [tensor_info(name, None) for name in outputs]
+    (node,) = import_model(make_model([node], [tensor_info("x", shape)], infos, 17, inits)).graph.nodes
+    return node
 
 
 def run_tensorforge(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], device: str = "cpu"):

@@ -25,6 +25,7 @@
   included (`kernels.cpu.conv`, AVX-512: the 1×1 kernel's tile over the window's taps).
 - `cpu.winograd`: a one-group 3×3 FusedConv at stride 1 with its whole epilogue by Winograd's F(2×2, 3×3) or
   F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512: 2.25× or 4× fewer multiplications).
+- `cpu.layernorm`: LayerNormalization over the last axes, several rows in step (`kernels.cpu.layer_norm`, AVX-512).
 - `cpu.attention`: Attention (`softmax(Q·Kᵀ·scale + B)·V`) in one pass over each block of query rows, reading Q,
   K and V where the graph left them (`kernels.cpu.attention`, AVX-512).
 
@@ -55,6 +56,7 @@ from ..kernels.cpu import conv as cv
 from ..kernels.cpu import depthwise as dw
 from ..kernels.cpu import depthwise_pointwise as dp
 from ..kernels.cpu import expand_depthwise as ed
+from ..kernels.cpu import layer_norm as ln
 from ..kernels.cpu import pointwise as pw
 from ..kernels.cpu import squeeze_excite as se
 from ..kernels.cpu import stem_conv as st
@@ -62,7 +64,7 @@ from ..kernels.cpu import winograd as wg
 from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
 from ..ops.pool import window_geometry
-from .base import Kernel, PerWeight, Tactic, register_tactic
+from .base import Kernel, PerWeight, Tactic, register_tactic, statistics_reason
 from .vendor import _linear_operands_problem
 
 
@@ -629,5 +631,40 @@ class CpuAttentionTactic(Tactic):
         def kernel(inputs):
             q, kt, v, bias = (list(inputs) + [None] * 4)[:4]
             return (at.attention(q, kt, v, bias, scale),)
+
+        return kernel
+
+
+@register_tactic
+class CpuLayerNormTactic(Tactic):
+    """LayerNormalization from `axis` on, its scale and bias as float32 vectors (kept once); Y alone."""
+
+    family = "cpu"
+    name = "layernorm"
+    op_types = ("LayerNormalization", f"{DOMAIN}::LayerNormalization")
+    precisions = ("fp32", "bf16")
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "a CPU kernel"
+        reason = statistics_reason(node)
+        if reason:
+            return reason
+        x = node.inputs[0]
+        if x.rank is None or x.rank == 0:
+            return "an input of known rank, at least 1"
+        return ln.problem() or compiler_problem()
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        axis = node.attributes.get("axis", -1)
+        epsilon = float(node.attributes.get("epsilon", 1e-5))
+
+        vector = PerWeight(lambda t, shape: t.broadcast_to(shape).reshape(-1).float().contiguous())
+
+        def kernel(inputs):
+            x, scale, bias = (list(inputs) + [None] * 3)[:3]
+            shape = tuple(x.shape[axis % x.dim() :])
+            bias = None if bias is None else vector(bias, shape)
+            return (ln.layer_norm(x, vector(scale, shape), bias, epsilon, axis),)
 
         return kernel

@@ -2,31 +2,14 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from onnx import helper, numpy_helper
 
-from tensorforge.frontend import import_model
 from tensorforge.tactics.autotune import autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import DEVICES, make_model, tensor_info
+from tests.helpers import DEVICES, layer_norm_node
 
 TACTIC = "vendor.torch-layernorm"
-
-
-def _layer_norm(shape, axis, bias=True, outputs=("y",), stash_type=1):
-    rng = np.random.default_rng(0)
-    normalized = shape[axis % len(shape) :]
-    inits = [numpy_helper.from_array(rng.normal(1, 0.2, normalized).astype(np.float32), "scale")]
-    inputs = ["x", "scale"]
-    if bias:
-        inits.append(numpy_helper.from_array(rng.normal(0, 0.2, normalized).astype(np.float32), "bias"))
-        inputs.append("bias")
-    node = helper.make_node("LayerNormalization", inputs, list(outputs), axis=axis, epsilon=1e-5, stash_type=stash_type)
-    infos = [tensor_info(name, None) for name in outputs]
-    (node,) = import_model(make_model([node], [tensor_info("x", shape)], infos, 17, inits)).graph.nodes
-    return node
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -34,7 +17,7 @@ def _layer_norm(shape, axis, bias=True, outputs=("y",), stash_type=1):
     ("shape", "axis", "bias"), [([2, 7, 48], -1, True), ([2, 3, 5, 6], -2, False), ([4, 9], 0, True)]
 )
 def test_vendor_layer_norm_matches_the_reference(device, shape, axis, bias):
-    node = _layer_norm(shape, axis, bias)
+    node = layer_norm_node(shape, axis, bias)
     x = torch.randn(shape, device=device) * 3 + 1
     choice = autotune(node, 17, [x], device, effort=0)
     vendor = next(c for c in choice.candidates if c.tactic == TACTIC)
@@ -47,5 +30,5 @@ def test_vendor_layer_norm_matches_the_reference(device, shape, axis, bias):
 
 def test_vendor_layer_norm_declines_the_statistics_outputs_and_other_stash_types():
     tactic, cpu = tactic_by_key(TACTIC), torch.device("cpu")
-    assert "Mean and InvStdDev" in tactic.supports(_layer_norm([2, 8], -1, outputs=("y", "mean")), 17, cpu)
-    assert "stash_type" in tactic.supports(_layer_norm([2, 8], -1, stash_type=11), 17, cpu)
+    assert "Mean and InvStdDev" in tactic.supports(layer_norm_node([2, 8], -1, outputs=("y", "mean")), 17, cpu)
+    assert "stash_type" in tactic.supports(layer_norm_node([2, 8], -1, stash_type=11), 17, cpu)

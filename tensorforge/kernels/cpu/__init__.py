@@ -2,7 +2,8 @@
 layers where the vendor path through torch pays a fixed cost per op that outweighs the work, or runs below the
 cores' peak (1×1, depthwise, stem, direct and Winograd convolutions with their epilogues, a depthwise convolution
 and the 1×1 after it in one pass, an expansion, depthwise and projection in one pass, squeeze-and-excitation as one
-call instead of seven, attention in one pass; int8 1×1, linear and direct convolutions on VNNI's byte dot products)."""
+call instead of seven, attention in one pass, layer norm; int8 1×1, linear and direct convolutions on VNNI's byte
+dot products)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def compile_all() -> None:
         depthwise,
         depthwise_pointwise,
         expand_depthwise,
+        layer_norm,
         pointwise,
         quantized_conv,
         quantized_pointwise,
@@ -30,8 +32,8 @@ def compile_all() -> None:
 
     loaders = (
         attention.module, conv.module, depthwise.module, depthwise_pointwise.module, expand_depthwise.module,
-        pointwise.module, quantized_conv.module, quantized_pointwise.module, squeeze_excite.module, stem_conv.module,
-        winograd.module,
+        layer_norm.module, pointwise.module, quantized_conv.module, quantized_pointwise.module, squeeze_excite.module,
+        stem_conv.module, winograd.module,
     )  # fmt: skip
     with ThreadPoolExecutor(len(loaders)) as pool:
         wait([pool.submit(loader) for loader in loaders])
