@@ -10,7 +10,6 @@ output, as an engine hands them over. Medians of rounds that alternate the three
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -19,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.quantized_cpu import median_ms
-from bench.suite import invocation
+from bench.quantized_cpu import median_ms, write_table
 from tensorforge.kernels.cpu import attention as at
 from tensorforge.ops.math_flags import cpu_native_precisions
 
@@ -97,12 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{row['gmacs']['ours']:.0f} |"
             )
             print(lines[-1], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", "bench/attention_cpu.py", *(sys.argv[1:] if argv is None else argv)])
-    meta = {**invocation(torch.device("cpu"), []), "command": command}
-    (args.out / "results.json").write_text(json.dumps({"invocation": meta, "rows": rows}, indent=1) + "\n")
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}/results.json and results.md")
+    write_table(args.out, "bench/attention_cpu.py", argv, rows, lines)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,16 @@ def compare(c: int, k: int, n: int, h: int, w: int, window: int, stride: int, pa
     }
 
 
+def write_table(out: Path, script: str, argv: list[str] | None, rows: list[dict], lines: list[str]) -> None:
+    """A CPU kernel benchmark's rows as OUT/results.json (with the invocation) and its table as OUT/results.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+    meta = {**invocation(torch.device("cpu"), []), "command": command}
+    (out / "results.json").write_text(json.dumps({"invocation": meta, "rows": rows}, indent=1) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}/results.json and results.md")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100)
@@ -127,12 +137,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['gmacs'][best]:.0f} |"
         )
         print(lines[-1], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", "bench/quantized_cpu.py", *(sys.argv[1:] if argv is None else argv)])
-    meta = {**invocation(torch.device("cpu"), []), "command": command}
-    (args.out / "results.json").write_text(json.dumps({"invocation": meta, "rows": rows}, indent=1) + "\n")
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}/results.json and results.md")
+    write_table(args.out, "bench/quantized_cpu.py", argv, rows, lines)
 
 
 if __name__ == "__main__":
