@@ -28,14 +28,11 @@ _CORE = r"""
 constexpr int KEY_VECTORS = 4;  // a score tile's width: 64 keys
 constexpr int TILES = 4;  // register tiles of rows in a block of query rows (a thread's task)
 
-// The rows of a block: a tile of MR rows × DV vectors of V's features fits the 32 vector registers with its V loads.
+// The rows of a register tile: MR rows × DV vectors of V's features fit the 32 vector registers with their V loads.
 template <int DV>
-constexpr int block_rows() { return DV <= 4 ? 4 : 2; }
+constexpr int tile_rows() { return DV <= 4 ? 4 : 2; }
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
-
-inline float reduce_max(__m512 v) { return _mm512_reduce_max_ps(v); }
-inline float reduce_add(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 struct Views {  // strides in elements; K rows (keys) have their D features contiguous, as Q's and V's rows
   int64_t qb, qh, qi, kb, kh, kk, vb, vh, vk, bb, bh, bi, H;
@@ -64,7 +61,7 @@ inline void pack_values(const uint16_t* v, int64_t vk, int64_t keys, int64_t Dv,
     for (int64_t d = 0; d < Dv; ++d) out[((j / 2) * Dp + d) * 2 + j % 2] = v[j * vk + d];
 }
 
-// NV vectors of 16 keys' scores from key `first` for each of the block's MR rows, stored to scores [MR, Kp].
+// NV vectors of 16 keys' scores from key `first` for each of a tile's MR rows, stored to scores [MR, Kp].
 template <int MR, int NV>
 [[gnu::always_inline]] inline void score_tile(float* scores, const float* const* q, const float* kp, int64_t Kp,
                                               int64_t D, int64_t first) {
@@ -173,7 +170,7 @@ inline float softmax_row(float* s, const float* bias, int64_t keys, float scale)
     _mm512_storeu_ps(s + j, x);
     m = _mm512_mask_max_ps(m, k, m, x);
   }
-  const __m512 top = _mm512_set1_ps(reduce_max(m));
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(m));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < keys; j += 16) {
     const __mmask16 k = mask_of(keys - j);
@@ -181,14 +178,14 @@ inline float softmax_row(float* s, const float* bias, int64_t keys, float scale)
     _mm512_storeu_ps(s + j, e);  // zeros past the last key: the padded keys add nothing to the product with V
     sum = _mm512_add_ps(sum, e);
   }
-  return 1.f / reduce_add(sum);
+  return 1.f / _mm512_reduce_add_ps(sum);
 }
 
 template <typename T, int DV>
 void attention_rows(const T* q, const T* kp, const T* v, const float* bias, T* out, const Views& w, int64_t b,
                     int64_t h, int64_t first, int64_t rows, int64_t keys, int64_t D, int64_t Dv, float scale,
                     std::vector<float>& scores, std::vector<uint32_t>& words) {
-  constexpr int MR = block_rows<DV>(), R = MR * TILES;
+  constexpr int MR = tile_rows<DV>(), R = MR * TILES;
   constexpr bool half = sizeof(T) == 2;
   const int64_t Kp = round16(keys), K2 = (keys + 1) / 2, D2 = (D + 1) / 2;
   const int tiles = int((rows + MR - 1) / MR);
@@ -245,20 +242,20 @@ template <typename T, int DV>
 void attention_all(const T* q, const T* k, const T* v, const float* bias, T* out, const Views& w, int64_t B,
                    int64_t Sq, int64_t keys, int64_t D, int64_t Dv, float scale, T* kpacked, T* vpacked) {
   constexpr bool half = sizeof(T) == 2;
-  constexpr int MR = block_rows<DV>() * TILES;
+  constexpr int ROWS = tile_rows<DV>() * TILES;  // a block's rows
   const int64_t H = w.H, Kp = round16(keys), K2 = (keys + 1) / 2;
   const int64_t kstride = half ? (D + 1) / 2 * Kp * 2 : D * Kp, vstride = K2 * DV * 16 * 2;
-  const int64_t blocks = (Sq + MR - 1) / MR;
+  const int64_t blocks = (Sq + ROWS - 1) / ROWS;
   auto pack = [&](int64_t bh) {
     const int64_t b = bh / H, h = bh % H;
     pack_keys(k + b * w.kb + h * w.kh, w.kk, keys, D, kpacked + bh * kstride);
     if constexpr (half) pack_values(v + b * w.vb + h * w.vh, w.vk, keys, Dv, vpacked + bh * vstride);
   };
   auto rows = [&](int64_t bh, int64_t block, std::vector<float>& scores, std::vector<uint32_t>& words) {
-    const int64_t first = block * MR;
+    const int64_t first = block * ROWS;
     const T* values = half ? vpacked + bh * vstride : v;
     attention_rows<T, DV>(q, kpacked + bh * kstride, values, bias, out + bh * Sq * Dv, w, bh / H, bh % H, first,
-                          std::min<int64_t>(MR, Sq - first), keys, D, Dv, scale, scores, words);
+                          std::min<int64_t>(ROWS, Sq - first), keys, D, Dv, scale, scores, words);
   };
   if (B * H >= 4 * at::get_num_threads()) {  // heads enough for every thread: each packs its own, used while warm
     at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
