@@ -61,10 +61,11 @@ inline void pack_values(const uint16_t* v, int64_t vk, int64_t keys, int64_t Dv,
     for (int64_t d = 0; d < Dv; ++d) out[((j / 2) * Dp + d) * 2 + j % 2] = v[j * vk + d];
 }
 
-// NV vectors of 16 keys' scores from key `first` for each of a tile's MR rows, stored to scores [MR, Kp].
+// NV vectors of 16 keys' scores from key `first` for each of a tile's MR rows, times `scale`, stored to scores
+// [MR, Kp].
 template <int MR, int NV>
 [[gnu::always_inline]] inline void score_tile(float* scores, const float* const* q, const float* kp, int64_t Kp,
-                                              int64_t D, int64_t first) {
+                                              int64_t D, int64_t first, __m512 scale) {
   __m512 acc[MR * NV];
   #pragma GCC unroll 16
   for (int t = 0; t < MR * NV; ++t) acc[t] = _mm512_setzero_ps();
@@ -80,12 +81,13 @@ template <int MR, int NV>
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(scores + r * Kp + first + 16 * v, acc[r * NV + v]);
+    for (int v = 0; v < NV; ++v)
+      _mm512_storeu_ps(scores + r * Kp + first + 16 * v, _mm512_mul_ps(acc[r * NV + v], scale));
 }
 // In bf16: q as pairs of features (32-bit words), K as [D/2, Kp, 2].
 template <int MR, int NV>
 [[gnu::always_inline]] inline void score_tile(float* scores, const uint32_t* const* q, const uint16_t* kp,
-                                              int64_t Kp, int64_t D, int64_t first) {
+                                              int64_t Kp, int64_t D, int64_t first, __m512 scale) {
 #ifdef __AVX512BF16__
   __m512 acc[MR * NV];
   #pragma GCC unroll 16
@@ -103,23 +105,26 @@ template <int MR, int NV>
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(scores + r * Kp + first + 16 * v, acc[r * NV + v]);
+    for (int v = 0; v < NV; ++v)
+      _mm512_storeu_ps(scores + r * Kp + first + 16 * v, _mm512_mul_ps(acc[r * NV + v], scale));
 #endif
 }
 
 // Every score of the block's `tiles` tiles of MR rows: KEY_VECTORS vectors of keys at a time (a chunk of K, read by
 // every tile from L1), then a narrower chunk for the rest.
 template <int MR, typename Q, typename K>
-void scores_of(float* scores, const Q* const* q, const K* kp, int64_t Kp, int64_t D, int tiles) {
+void scores_of(float* scores, const Q* const* q, const K* kp, int64_t Kp, int64_t D, int tiles, float scale) {
+  const __m512 by = _mm512_set1_ps(scale);
   int64_t j = 0;
   for (; j + 16 * KEY_VECTORS <= Kp; j += 16 * KEY_VECTORS)
-    for (int s = 0; s < tiles; ++s) score_tile<MR, KEY_VECTORS>(scores + s * MR * Kp, q + s * MR, kp, Kp, D, j);
+    for (int s = 0; s < tiles; ++s)
+      score_tile<MR, KEY_VECTORS>(scores + s * MR * Kp, q + s * MR, kp, Kp, D, j, by);
   for (int s = 0; s < tiles; ++s) {
     float* tile = scores + s * MR * Kp;
     switch ((Kp - j) / 16) {
-      case 1: score_tile<MR, 1>(tile, q + s * MR, kp, Kp, D, j); break;
-      case 2: score_tile<MR, 2>(tile, q + s * MR, kp, Kp, D, j); break;
-      case 3: score_tile<MR, 3>(tile, q + s * MR, kp, Kp, D, j); break;
+      case 1: score_tile<MR, 1>(tile, q + s * MR, kp, Kp, D, j, by); break;
+      case 2: score_tile<MR, 2>(tile, q + s * MR, kp, Kp, D, j, by); break;
+      case 3: score_tile<MR, 3>(tile, q + s * MR, kp, Kp, D, j, by); break;
       default: break;
     }
   }
@@ -160,22 +165,38 @@ template <int MR, int DV>
 #endif
 }
 
-// Row r of a block: its scores scaled, the bias added, made exp(s − max) in place; returns 1 / Σ exp.
-inline float softmax_row(float* s, const float* bias, int64_t keys, float scale) {
+// Row r of a block (its scores scaled): the bias added, then exp(s − max) in place (float32), or as bf16 pairs of keys
+// into `words` (rounded to nearest even, a zero past the last key; s then keeps the scores); returns 1 / Σ exp.
+inline float softmax_row(float* s, const float* bias, int64_t keys, uint32_t* words) {
   __m512 m = _mm512_set1_ps(-INFINITY);
   for (int64_t j = 0; j < keys; j += 16) {
     const __mmask16 k = mask_of(keys - j);
-    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(scale));
-    if (bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, bias + j));
-    _mm512_storeu_ps(s + j, x);
+    __m512 x = _mm512_loadu_ps(s + j);
+    if (bias) {
+      x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, bias + j));
+      _mm512_storeu_ps(s + j, x);
+    }
     m = _mm512_mask_max_ps(m, k, m, x);
   }
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+  auto exponentials = [&](int64_t j) {  // zeros past the last key: the padded keys add nothing to the product
+    return _mm512_maskz_mov_ps(mask_of(keys - j), vexp(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
+  };
   __m512 sum = _mm512_setzero_ps();
+#ifdef __AVX512BF16__  // (words are asked for by the bf16 entry point alone, which needs it)
+  if (words) {
+    const int64_t K2 = (keys + 1) / 2;
+    for (int64_t j = 0; j < 2 * K2; j += 32) {
+      const __m512 lo = exponentials(j), hi = j + 16 < keys ? exponentials(j + 16) : _mm512_setzero_ps();
+      sum = _mm512_add_ps(sum, _mm512_add_ps(lo, hi));
+      _mm512_mask_storeu_epi32(words + j / 2, mask_of(K2 - j / 2), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+    return 1.f / _mm512_reduce_add_ps(sum);
+  }
+#endif
   for (int64_t j = 0; j < keys; j += 16) {
-    const __mmask16 k = mask_of(keys - j);
-    const __m512 e = _mm512_maskz_mov_ps(k, vexp(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
-    _mm512_storeu_ps(s + j, e);  // zeros past the last key: the padded keys add nothing to the product with V
+    const __m512 e = exponentials(j);
+    _mm512_storeu_ps(s + j, e);
     sum = _mm512_add_ps(sum, e);
   }
   return 1.f / _mm512_reduce_add_ps(sum);
@@ -203,23 +224,15 @@ void attention_rows(const T* q, const T* kp, const T* v, const float* bias, T* o
         words[r * D2 + d2] = uint32_t(x[2 * d2]) | (2 * d2 + 1 < D ? uint32_t(x[2 * d2 + 1]) << 16 : 0u);
       qw[r] = words.data() + r * D2;
     }
-    scores_of<MR>(scores.data(), qw, reinterpret_cast<const uint16_t*>(kp), Kp, D, tiles);
+    scores_of<MR>(scores.data(), qw, reinterpret_cast<const uint16_t*>(kp), Kp, D, tiles, scale);
   } else {
     for (int r = 0; r < R; ++r) qf[r] = reinterpret_cast<const float*>(qrow[r]);
-    scores_of<MR>(scores.data(), qf, reinterpret_cast<const float*>(kp), Kp, D, tiles);
+    scores_of<MR>(scores.data(), qf, reinterpret_cast<const float*>(kp), Kp, D, tiles, scale);
   }
   float inverse[R];
   for (int r = 0; r < tiles * MR; ++r) {
     const float* brow = bias ? bias + b * w.bb + h * w.bh + (first + (r < rows ? r : 0)) * w.bi : nullptr;
-    inverse[r] = softmax_row(scores.data() + r * Kp, brow, keys, scale);
-    if constexpr (half) {  // the exponentials as bf16 pairs of keys (rounded to nearest even; a zero past the keys)
-      for (int64_t j = 0; j < K2 * 2; j += 32) {
-        const __m512 lo = _mm512_loadu_ps(scores.data() + r * Kp + j);
-        const __m512 hi = j + 16 < Kp ? _mm512_loadu_ps(scores.data() + r * Kp + j + 16) : _mm512_setzero_ps();
-        const __m512i packed = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-        _mm512_mask_storeu_epi32(words.data() + r * K2 + j / 2, mask_of(K2 - j / 2), packed);
-      }
-    }
+    inverse[r] = softmax_row(scores.data() + r * Kp, brow, keys, half ? words.data() + r * K2 : nullptr);
   }
   for (int s = 0; s < tiles; ++s) {
     __m512 acc[MR * DV];
