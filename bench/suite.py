@@ -290,10 +290,11 @@ def run_tensorforge(case: Case, precision: str, graphs: bool = True) -> Prepared
     ("tensorforge-eager": the Python of every layer on every call, for what the graphs are worth)."""
     if precision not in case.built:  # one build for both rows: they time the very same engine
         case.built[precision] = build_engine(case, precision)
+        if case.engines is not None:  # kept for a later profile or inspection of the very engine measured
+            case.engines.mkdir(parents=True, exist_ok=True)
+            engine = case.built[precision][0]
+            engine.save(case.engines / f"{case.name}-b{case.batch}-{precision}.engine", overwrite=True)
     engine, build_s = case.built[precision]
-    if case.engines is not None:  # kept for a later profile or inspection of the very engine measured
-        case.engines.mkdir(parents=True, exist_ok=True)
-        engine.save(case.engines / f"{case.name}-b{case.batch}-{precision}.engine", overwrite=True)
     context = engine.create_context() if graphs else engine.create_context(cuda_graphs=False, cpu_graphs=False)
     feeds = {k: v.to(case.device) for k, v in case.feeds.items()}
     tactics: dict[str, int] = {}

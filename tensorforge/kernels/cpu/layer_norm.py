@@ -115,7 +115,7 @@ def layer_norm(
     """LayerNormalization of float32 or bf16 `x` over its axes from `axis` on, with float32 `gamma` and `beta` of
     that many values (flat, contiguous; `beta` may be None). The result has x's type and shape, contiguous."""
     begin = axis % x.dim()
-    rows = x.reshape(-1, x.shape[begin:].numel()) if x.dim() else x.reshape(1, 1)
+    rows = x.reshape(-1, x.shape[begin:].numel())
     if rows.stride(1) != 1:
         rows = rows.contiguous()
     return module().layer_norm(rows, gamma, ABSENT if beta is None else beta, float(epsilon)).view(x.shape)
