@@ -183,6 +183,36 @@ def test_a_quantized_engine_on_cuda_matches_its_graph_on_the_reference_executor(
     assert relative_error(got.numpy(), want.numpy()) <= (1e-4 if quant == "int8" else 5e-3)
 
 
+@pytest.mark.gpu
+def test_a_cuda_int8_build_times_its_float_layers_restored_and_keeps_the_faster(monkeypatch):
+    """On CUDA, as on the CPU, the layers every plan runs in float become float layers again and that graph is
+    timed against the quantized one (forced here, each way): kept only when faster; the engine computes what its
+    own graph computes on the reference executor."""
+    from tensorforge.build import builder
+    from tensorforge.passes.quant_chain import is_quantized_layer
+
+    def every_layer(model, plan):
+        return {layer.node for layer in plan.layers if is_quantized_layer(model.graph.nodes[layer.node])}
+
+    model, batches, feed = small_conv_model(), random_batches(3), random_batches(1, seed=7)[0]
+    for float_faster in (True, False):
+        monkeypatch.setattr(builder, "_runs_float", every_layer)
+        monkeypatch.setattr(Builder, "_time_side_by_side", lambda self, *a, f=float_faster: (2.0, 1.0) if f
+                            else (1.0, 2.0))  # fmt: skip
+        config = BuildConfig(
+            device="cuda", precisions=("fp32", "fp16", "int8"), profiles=(PROFILE,), effort=0,
+            quantization=QuantizationConfig(method="minmax", chain="off"),
+        )  # fmt: skip
+        engine = Builder(config, calibration_data=batches).build(model)
+        section = engine.report["quantization"]["float_blocks"]["timed_float"]
+        assert section["restored"] == 4 and section["fused"] == {} and section["kept"] is float_faster
+        kinds = {node.op_type for node in engine.model.graph.nodes}
+        assert ("QuantizedConv" in kinds) is not float_faster
+        got = engine.create_context().run(feed)["y"].cpu()
+        want = Executor(engine.model).run(feed)["y"]
+        assert relative_error(got.numpy(), want.numpy()) <= 1e-2  # fp16 layers
+
+
 def test_auto_calibration_keeps_the_calibrator_that_agrees_best(tmp_path):
     model, batches = small_conv_model(), random_batches(3)
     cache = tmp_path / "calib.json"
