@@ -223,6 +223,20 @@ def test_bf16_every_activation(act):
 
 
 @bf16
+def test_bf16_gelu_value_by_value_against_the_exact_one_rounded():
+    """bf16 outputs take a GELU of lower degree (`GELU_TAIL_16`, `EXP2_16`): through an identity product (exact), each
+    value within 2^-8 (relative, half a bf16 ulp and its own error) of the exact GELU, and nearly all of them the
+    exact GELU rounded to bf16, across the tail (to -10), the bend and the large positive side."""
+    values = torch.cat([torch.linspace(-10, 10, 8000), torch.linspace(-1e-3, 1e-3, 800)]).bfloat16()
+    x = values.reshape(1, 16, 25, 22).contiguous(memory_format=torch.channels_last)
+    got = _run(x, torch.eye(16).reshape(16, 16, 1, 1).bfloat16(), torch.zeros(16), pre="Gelu")
+    exact = x.double() * torch.special.erfc(-x.double() / math.sqrt(2)) / 2  # (1 + erf loses the tail in float64)
+    relative = (got.double() - exact).abs() / exact.abs().clamp_min(1e-300)
+    assert relative.max() <= 2.0**-8
+    assert (got == exact.bfloat16()).double().mean() >= 0.99
+
+
+@bf16
 def test_bf16_reads_and_writes_channel_slices_and_nothing_else():
     """A channel slice of a channels_last input read as it is, the output written into a channel slice of a larger
     tensor (a concatenation) whose other channels keep their poison."""

@@ -3,7 +3,8 @@
 
 Exponentials (Sigmoid, SiLU) are a degree-7 polynomial scaled by `vscalefps`, within 2 ulp of `expf`. GELU (the
 exact one, with erf) is `max(x, 0) − a·Φ(−a)`, a = |x|, the Gaussian tail as the GPU kernels evaluate it
-(`kernels.activations.GELU_TAIL`: one reciprocal, one exponential, a degree-9 polynomial, no branch). An
+(`kernels.activations.GELU_TAIL`: one reciprocal, one exponential, a degree-9 polynomial, no branch; for bf16 outputs
+lower degrees, `GELU_TAIL_16` and `EXP2_16`). An
 activation is a template on its `kernels.activations` code, applied to a tile of accumulators by one switch a tile.
 `accumulate` is the 1×1 kernel's step over the input channels, which the direct convolution repeats for each tap;
 `accumulate_pairs` the same in bf16 (`vdpbf16ps`, two channels a step, over `weight_rows` rows), `load16` /
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..activations import GELU_SQUARE, GELU_T, GELU_TAIL
+from ..activations import EXP2_16, GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16
 from .extension import host_flags, load
 
 # The activations the kernels evaluate (by `kernels.activations` code): the rest decline.
@@ -72,9 +73,20 @@ inline __m512 vexp2(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 2^x to 16-bit precision (`kernels.activations.EXP2_16`: relative error 2.6e-6), as vexp2 with a lower degree.
+inline __m512 vexp2_16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(EXP2_16[EXP2_DEGREE_16]);
+  #pragma GCC unroll 8
+  for (int k = EXP2_DEGREE_16 - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_16[k]));
+  return _mm512_scalef_ps(p, n);
+}
+
 // `kernels.activations` codes. max/min return their second operand when either is NaN: v is put second so that
-// a NaN passes through, as in the reference.
-template <int CODE>
+// a NaN passes through, as in the reference. NARROW: the values are stored in 16 bits (bf16), and GELU is computed
+// to that precision (`GELU_TAIL_16`, `EXP2_16`, the reciprocal without its Newton step: within 1e-4, relative).
+template <int CODE, bool NARROW = false>
 [[gnu::always_inline]] inline __m512 activate(__m512 v, __m512 p0, __m512 p1) {
   const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
   switch (CODE) {
@@ -92,35 +104,43 @@ template <int CODE>
       const __m512 a = _mm512_min_ps(_mm512_set1_ps(20.f), _mm512_abs_ps(v));  // NaN stays NaN
       const __m512 d = _mm512_fmadd_ps(a, _mm512_set1_ps(GELU_T), one);
       __m512 t = _mm512_rcp14_ps(d);  // 1/d within 2^-14, one Newton step: within 2^-28 (a division is 4× slower)
-      t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, _mm512_set1_ps(2.f)));
-      __m512 p = _mm512_set1_ps(GELU_TAIL[GELU_DEGREE]);
-      #pragma GCC unroll 16
-      for (int k = GELU_DEGREE - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(GELU_TAIL[k]));
+      __m512 p;
+      if constexpr (NARROW) {
+        p = _mm512_set1_ps(GELU_TAIL_16[GELU_DEGREE_16]);
+        #pragma GCC unroll 16
+        for (int k = GELU_DEGREE_16 - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(GELU_TAIL_16[k]));
+      } else {
+        t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, _mm512_set1_ps(2.f)));
+        p = _mm512_set1_ps(GELU_TAIL[GELU_DEGREE]);
+        #pragma GCC unroll 16
+        for (int k = GELU_DEGREE - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(GELU_TAIL[k]));
+      }
       const __m512 power = _mm512_fnmadd_ps(_mm512_mul_ps(a, a), _mm512_set1_ps(GELU_SQUARE), p);
-      return _mm512_fnmadd_ps(a, _mm512_mul_ps(t, vexp2(power)), _mm512_max_ps(zero, v));
+      const __m512 tail = NARROW ? vexp2_16(power) : vexp2(power);
+      return _mm512_fnmadd_ps(a, _mm512_mul_ps(t, tail), _mm512_max_ps(zero, v));
     }
     default: return v;
   }
 }
 
-template <int T, int CODE>
+template <int T, int CODE, bool NARROW>
 [[gnu::always_inline]] inline void activate_tile(__m512* acc, int count, __m512 p0, __m512 p1) {
   #pragma GCC unroll 32
   for (int t = 0; t < T; ++t)
-    if (t < count) acc[t] = activate<CODE>(acc[t], p0, p1);
+    if (t < count) acc[t] = activate<CODE, NARROW>(acc[t], p0, p1);
 }
 
-template <int T>
+template <int T, bool NARROW = false>
 [[gnu::always_inline]] inline void activate_tile(__m512* acc, int count, int64_t code, __m512 p0, __m512 p1) {
   switch (code) {  // once a tile, outside the unrolled loops
-    case 1: activate_tile<T, 1>(acc, count, p0, p1); break;
-    case 2: activate_tile<T, 2>(acc, count, p0, p1); break;
-    case 3: activate_tile<T, 3>(acc, count, p0, p1); break;
-    case 4: activate_tile<T, 4>(acc, count, p0, p1); break;
-    case 5: activate_tile<T, 5>(acc, count, p0, p1); break;
-    case 6: activate_tile<T, 6>(acc, count, p0, p1); break;
-    case 7: activate_tile<T, 7>(acc, count, p0, p1); break;
-    case 8: activate_tile<T, 8>(acc, count, p0, p1); break;
+    case 1: activate_tile<T, 1, NARROW>(acc, count, p0, p1); break;
+    case 2: activate_tile<T, 2, NARROW>(acc, count, p0, p1); break;
+    case 3: activate_tile<T, 3, NARROW>(acc, count, p0, p1); break;
+    case 4: activate_tile<T, 4, NARROW>(acc, count, p0, p1); break;
+    case 5: activate_tile<T, 5, NARROW>(acc, count, p0, p1); break;
+    case 6: activate_tile<T, 6, NARROW>(acc, count, p0, p1); break;
+    case 7: activate_tile<T, 7, NARROW>(acc, count, p0, p1); break;
+    case 8: activate_tile<T, 8, NARROW>(acc, count, p0, p1); break;
     default: break;
   }
 }
@@ -210,11 +230,17 @@ template <int MR, int NV>
 
 def _gelu_constants() -> str:
     """The GELU tail's constants (`kernels.activations`) as C++ declarations."""
-    tail = ", ".join(f"{c!r}f" for c in GELU_TAIL)
+
+    def array(name: str, values: tuple[float, ...]) -> str:
+        return f"constexpr float {name}[] = {{{', '.join(f'{c!r}f' for c in values)}}};\n"
+
     return (
         f"constexpr float GELU_T = {GELU_T!r}f, GELU_SQUARE = {GELU_SQUARE!r}f;\n"
-        f"constexpr int GELU_DEGREE = {len(GELU_TAIL) - 1};\n"
-        f"constexpr float GELU_TAIL[] = {{{tail}}};\n"
+        f"constexpr int GELU_DEGREE = {len(GELU_TAIL) - 1}, GELU_DEGREE_16 = {len(GELU_TAIL_16) - 1}, "
+        f"EXP2_DEGREE_16 = {len(EXP2_16) - 1};\n"
+        + array("GELU_TAIL", GELU_TAIL)
+        + array("GELU_TAIL_16", GELU_TAIL_16)
+        + array("EXP2_16", EXP2_16)
     )
 
 

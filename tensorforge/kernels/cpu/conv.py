@@ -87,7 +87,7 @@ inline void tile(const ConvOf<T>& q, int64_t n, int64_t oh, int64_t ow0, int cou
       else accumulate_pairs<MR, NV>(acc, a, taps, C);
     }
   }
-  activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
+  activate_tile<MR * NV, sizeof(T) == 2>(acc, MR * NV, q.pre, q.pre0, q.pre1);
   __mmask16 m[NV];
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) m[v] = mask_of(q.K - k0 - 16 * v);
@@ -101,7 +101,7 @@ inline void tile(const ConvOf<T>& q, int64_t n, int64_t oh, int64_t ow0, int cou
         acc[r * NV + v] = _mm512_add_ps(acc[r * NV + v], load16(m[v], z + r * q.zW + 16 * v));
     }
   }
-  activate_tile<MR * NV>(acc, MR * NV, q.post, q.post0, q.post1);
+  activate_tile<MR * NV, sizeof(T) == 2>(acc, MR * NV, q.post, q.post0, q.post1);
   T* y = q.y + n * q.yN + oh * q.yH + ow0 * q.yW + k0;
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {

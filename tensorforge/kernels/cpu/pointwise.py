@@ -84,7 +84,7 @@ inline void tile(const ProblemOf<T>& q, int64_t p0, int64_t k0) {
   }
   if constexpr (sizeof(T) == 4) accumulate<MR, NV>(acc, a, q.w + k0 * q.C, q.C);  // this tile's weight block
   else accumulate_pairs<MR, NV>(acc, a, q.w + k0 * weight_rows<T>(q.C), q.C);
-  activate_tile<MR * NV>(acc, MR * NV, q.pre, q.pre0, q.pre1);
+  activate_tile<MR * NV, sizeof(T) == 2>(acc, MR * NV, q.pre, q.pre0, q.pre1);
   const int rows = int(std::min<int64_t>(MR, q.P - p0));
   __mmask16 m[NV];
   #pragma GCC unroll 8
@@ -100,7 +100,7 @@ inline void tile(const ProblemOf<T>& q, int64_t p0, int64_t k0) {
       }
     }
   }
-  activate_tile<MR * NV>(acc, MR * NV, q.post, q.post0, q.post1);
+  activate_tile<MR * NV, sizeof(T) == 2>(acc, MR * NV, q.post, q.post0, q.post1);
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     if (r >= rows) break;

@@ -181,13 +181,13 @@ inline void output_tile(const ConvOf<T>& q, int64_t p, int64_t k0, const float* 
     combine(Transform<M>::AT, u + j, M, o, 1);  // Aᵀ (m A), output column j
     #pragma GCC unroll 8
     for (int i = 0; i < M; ++i) o[i] = _mm512_add_ps(o[i], bias);
-    activate_tile<M>(o, rows, q.pre, q.pre0, q.pre1);
+    activate_tile<M, sizeof(T) == 2>(o, rows, q.pre, q.pre0, q.pre1);
     if (z) {
       #pragma GCC unroll 8
       for (int i = 0; i < M; ++i)
         if (i < rows) o[i] = _mm512_add_ps(o[i], load16(km, z + i * q.zH + j * q.zW));
     }
-    activate_tile<M>(o, rows, q.post, q.post0, q.post1);
+    activate_tile<M, sizeof(T) == 2>(o, rows, q.post, q.post0, q.post1);
     #pragma GCC unroll 8
     for (int i = 0; i < M; ++i)
       if (i < rows) store16(y + i * q.yH + j * q.yW, km, o[i]);
