@@ -32,7 +32,9 @@ at least float32 and rounded once to the output type).
 - `FusedGemm(A, B, C?, Z?)`: `Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`, where `@` is MatMul's
   batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
 - `Attention(Q, Kt, V, B?)`: `Softmax(Q @ Kt · scale + B, axis=-1) @ V` (Kt is Kᵀ, [..., D, Sk]; the float
-  attribute `scale`; B an optional additive bias broadcast to the scores).
+  attribute `scale`; B an optional additive bias broadcast to the scores). With `transposed=1` (4-D operands) the
+  result's axes 1 and 2 are swapped, [B, Sq, H, Dv]: the heads side by side in each query row, as the
+  Transpose a multi-head layer applies before merging them.
 - `FusedPointwise(X0, X1, ...)`: a small DAG of elementwise ONNX ops in one node (see `pointwise_program`).
 - `LayerNormalization`, `Gelu`, `Softmax`: the ONNX ops (opset 17, 20, 13 semantics) in this domain, so the
   optimizer can introduce them into models whose opset predates them; so are `QuantizeLinear` and
@@ -133,13 +135,14 @@ def fused_conv(
 
 
 @register("Attention", since=OPSET, domain=DOMAIN)
-def attention(ctx: OpContext, q, kt, v, bias=None, *, scale=1.0):
+def attention(ctx: OpContext, q, kt, v, bias=None, *, scale=1.0, transposed=0):
     scores = torch.matmul(_wide(q), _wide(kt))
     if scale != 1.0:
         scores = scores * scale
     if bias is not None:
         scores = scores + _wide(bias)
-    return torch.matmul(torch.softmax(scores, dim=-1), _wide(v)).to(q.dtype)
+    y = torch.matmul(torch.softmax(scores, dim=-1), _wide(v)).to(q.dtype)
+    return y.transpose(1, 2).contiguous() if transposed else y
 
 
 QUANT_TYPES = {"int8": DType.INT8, "fp8e4m3": DType.FLOAT8E4M3FN}

@@ -7,13 +7,27 @@ additive bias B (an attention mask) is optional. Kᵀ is the operand as the mode
 kernel reads it transposed (a view). The intermediate score and probability tensors, [..., Sq, Sk] each, are
 never written to memory by a fused kernel. Run after softmax recognition, before pointwise fusion (which
 would otherwise fuse the scale and the bias into a pointwise node first).
+
+    Transpose(Attention(Q, Kᵀ, V, B), perm=[0, 2, 1, 3])  =  Attention(Q, Kᵀ, V, B; transposed=1)
+
+A multi-head layer then merges the heads with a Reshape to [B, Sq, H·Dv], which is a view of the transposed
+result where it would copy the transposed view of the plain one: the kernel writes each head's rows in place.
 """
 
 from __future__ import annotations
 
 from ..ir import Node, Value
 from .base import PassContext, Rule, RulePass
-from .patterns import PatternMatch, _float_problem, _interior_problem, _producer, _replace_chain, _scalar, _users
+from .patterns import (
+    PatternMatch,
+    _float_problem,
+    _interior_problem,
+    _producer,
+    _replace_chain,
+    _scalar,
+    _tensorforge_producer,
+    _users,
+)
 
 
 def _softmax_axis_is_last(node: Node) -> bool:
@@ -92,8 +106,34 @@ class AttentionPattern(Rule):
         return f"{len(match.nodes)} nodes -> Attention{with_bias} (scale {extra['scale']:.6g})"
 
 
+class TransposedAttention(Rule):
+    """`Transpose(Attention(...), perm=[0, 2, 1, 3])` = `Attention(...; transposed=1)` (see the module)."""
+
+    name = "transposed-attention"
+    op_types = ("Transpose",)
+
+    def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
+        attention = _tensorforge_producer(node.inputs[0], "Attention")
+        if attention is None or list(node.attributes.get("perm", ())) != [0, 2, 1, 3]:
+            return None
+        return PatternMatch([attention, node], attention.inputs[0], extra={"attention": attention})
+
+    def check(self, match: PatternMatch, ctx: PassContext) -> str | None:
+        attention = match.extra["attention"]
+        if attention.attributes.get("transposed", 0):
+            return "the attention's result is transposed already"
+        if attention.outputs[0].rank != 4:
+            return f"a 4-D result, not {attention.outputs[0].rank}-D"
+        return _interior_problem(match)
+
+    def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
+        attention = match.extra["attention"]
+        _replace_chain(ctx, match, "Attention", list(attention.inputs), {**attention.attributes, "transposed": 1})
+        return "Attention + Transpose [0, 2, 1, 3] -> Attention (transposed)"
+
+
 class RecognizeAttention(RulePass):
-    """Recognize scaled dot-product attention (see the module docstring)."""
+    """Recognize scaled dot-product attention, its result transposed too (see the module docstring)."""
 
     name = "recognize-attention"
-    rules = (AttentionPattern,)
+    rules = (AttentionPattern, TransposedAttention)

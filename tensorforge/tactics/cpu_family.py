@@ -597,7 +597,8 @@ class CpuStemConvTactic(_CpuConv):
 
 @register_tactic
 class CpuAttentionTactic(Tactic):
-    """Attention(Q, Kᵀ, V, B?) in one call of the kernel; Kᵀ, V and the bias broadcast over Q's leading axes."""
+    """Attention(Q, Kᵀ, V, B?) in one call of the kernel; Kᵀ, V and the bias broadcast over Q's leading axes; a
+    transposed result ([B, Sq, H, Dv]) written by the kernel through the transposed view."""
 
     family = "cpu"
     name = "attention"
@@ -610,6 +611,8 @@ class CpuAttentionTactic(Tactic):
         q, kt, v = node.inputs[:3]
         if q.rank not in (3, 4) or kt.rank != q.rank or v.rank != q.rank:
             return "3-D or 4-D Q, Kᵀ and V of one rank"
+        if node.attributes.get("transposed", 0) and q.rank != 4:
+            return "a transposed result of 4-D operands"
         size = v.shape[-1]
         if not isinstance(size, int) or size > at.MAX_VALUE_SIZE:
             return f"V's head size a known number up to {at.MAX_VALUE_SIZE}, not {size!r}"
@@ -627,10 +630,16 @@ class CpuAttentionTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         scale = float(node.attributes.get("scale", 1.0))
+        transposed = bool(node.attributes.get("transposed", 0))
 
         def kernel(inputs):
             q, kt, v, bias = (list(inputs) + [None] * 4)[:4]
-            return (at.attention(q, kt, v, bias, scale),)
+            if not transposed:
+                return (at.attention(q, kt, v, bias, scale),)
+            batch, heads, rows, _ = q.shape
+            out = torch.empty(batch, rows, heads, v.shape[-1], dtype=q.dtype)
+            at.attention(q, kt, v, bias, scale, out=out.transpose(1, 2))  # each head's rows written in place
+            return (out,)
 
         return kernel
 

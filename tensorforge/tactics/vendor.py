@@ -862,11 +862,15 @@ class TorchAttentionTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         scale = float(node.attributes.get("scale", 1.0))
+        transposed = bool(node.attributes.get("transposed", 0))
 
         def kernel(inputs):
             q, kt, v, bias = (list(inputs) + [None] * 4)[:4]
             mask = bias.to(q.dtype) if bias is not None else None
-            return (F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale),)
+            y = F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)
+            # (CUDA's flash and memory-efficient kernels write [B, Sq, H, Dv] and return its transposed view: then
+            # the transposed result is that tensor as it is)
+            return (y.transpose(1, 2).contiguous() if transposed else y,)
 
         return kernel
 

@@ -187,7 +187,8 @@ def test_a_quantized_engine_on_cuda_matches_its_graph_on_the_reference_executor(
 def test_a_cuda_int8_build_times_its_float_layers_restored_and_keeps_the_faster(monkeypatch):
     """On CUDA, as on the CPU, the layers every plan runs in float become float layers again and that graph is
     timed against the quantized one (forced here, each way): kept only when faster; the engine computes what its
-    own graph computes on the reference executor."""
+    own graph computes on the reference executor (float32 activations: fp16 ones would quantize differently from
+    the reference's by a step here and there, 2.4% at this tiny model's output on an H100)."""
     from tensorforge.build import builder
     from tensorforge.passes.quant_chain import is_quantized_layer
 
@@ -200,7 +201,7 @@ def test_a_cuda_int8_build_times_its_float_layers_restored_and_keeps_the_faster(
         monkeypatch.setattr(Builder, "_time_side_by_side", lambda self, *a, f=float_faster: (2.0, 1.0) if f
                             else (1.0, 2.0))  # fmt: skip
         config = BuildConfig(
-            device="cuda", precisions=("fp32", "fp16", "int8"), profiles=(PROFILE,), effort=0,
+            device="cuda", precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0,
             quantization=QuantizationConfig(method="minmax", chain="off"),
         )  # fmt: skip
         engine = Builder(config, calibration_data=batches).build(model)
@@ -210,7 +211,7 @@ def test_a_cuda_int8_build_times_its_float_layers_restored_and_keeps_the_faster(
         assert ("QuantizedConv" in kinds) is not float_faster
         got = engine.create_context().run(feed)["y"].cpu()
         want = Executor(engine.model).run(feed)["y"]
-        assert relative_error(got.numpy(), want.numpy()) <= 1e-2  # fp16 layers
+        assert relative_error(got.numpy(), want.numpy()) <= 1e-4  # exact int32 sums, float32 epilogues
 
 
 def test_auto_calibration_keeps_the_calibrator_that_agrees_best(tmp_path):

@@ -53,6 +53,21 @@ def test_strided_views_of_a_projection(dtype, batch, seq, heads, size):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("batch", "seq", "heads", "size"), [(1, 197, 6, 64), (2, 33, 3, 40)])
+def test_written_through_the_transposed_view_of_the_heads_merged(dtype, batch, seq, heads, size):
+    """`out` the transposed view of a [batch, seq, heads, size] tensor (with poisoned padding around each head's
+    rows): every head's rows land in place, nothing beside them is written."""
+    generator = torch.Generator().manual_seed(heads)
+    q, kt, v = _projection_views(batch, seq, heads, size, dtype, generator)
+    host = torch.full((batch, seq, heads, size + 3), float("nan"), dtype=dtype)
+    out = host[..., 1 : size + 1].transpose(1, 2)
+    assert at.attention(q, kt, v, None, size**-0.5, out=out) is out
+    error = _error(out, _reference(q, kt, v, None, size**-0.5))
+    assert error <= BOUND[dtype], error
+    assert host[..., 0].isnan().all() and host[..., size + 1 :].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("q_shape", "kt_shape", "v_shape", "bias_shape"),
     [
@@ -106,3 +121,5 @@ def test_clear_errors():
         at.attention(q, torch.randn(2, 8, 4), torch.randn(1, 2, 4, 8))
     with pytest.raises(RuntimeError, match="all float32 or all bf16"):
         at.attention(q, torch.randn(1, 2, 8, 4).bfloat16(), torch.randn(1, 2, 4, 8))
+    with pytest.raises(ValueError, match=r"`out` must be torch.float32 \[1, 2, 4, 8\] with its last axis contiguous"):
+        at.attention(q, torch.randn(1, 2, 8, 4), torch.randn(1, 2, 4, 8), out=torch.empty(1, 2, 8, 4).transpose(2, 3))

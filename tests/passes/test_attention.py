@@ -64,11 +64,48 @@ def test_attention_declines_when_the_probabilities_are_an_output():
     assert any("'p' is a graph output" in e.detail for e in report.declined("attention"))
 
 
+def _heads_merged_model(perm=(0, 2, 1, 3), expose=False):
+    """The attention's result transposed by `perm` and reshaped to [B, Sq, H·Dv]; `expose`: the result an output."""
+    proto = _attention_model()
+    graph = proto.graph
+    graph.output[0].name = "o"
+    graph.node[-1].output[0] = "y"
+    graph.node.extend([
+        helper.make_node("Transpose", ["y"], ["yt"], perm=list(perm)),
+        helper.make_node("Reshape", ["yt", "merged"], ["o"]),
+    ])  # fmt: skip
+    shape = [Q[0], Q[2], -1] if list(perm) == [0, 2, 1, 3] else [Q[0], -1]
+    graph.initializer.append(init("merged", np.array(shape, np.int64)))
+    if expose:
+        graph.output.append(tensor_info("y", None))
+    return proto
+
+
+def test_the_heads_transpose_goes_into_the_attention():
+    model, report = optimize_and_compare(_heads_merged_model(), [_feeds()], [RecognizeAttention()])
+    assert ops(model) == ["Attention", "Reshape"]
+    attention = model.graph.nodes[0]
+    assert attention.attributes["transposed"] == 1
+    assert attention.outputs[0].shape == (Q[0], Q[2], Q[1], V[3])
+    assert sorted(e.rule for e in report.fired()) == ["attention", "transposed-attention"]
+
+
+def test_the_heads_transpose_stays_where_the_plain_result_is_needed_or_the_order_differs():
+    model, report = optimize_and_compare(_heads_merged_model(expose=True), [_feeds()], [RecognizeAttention()])
+    assert ops(model) == ["Attention", "Transpose", "Reshape"]
+    assert any("is a graph output" in e.detail for e in report.declined("transposed-attention"))
+    model, _ = optimize_and_compare(_heads_merged_model(perm=(0, 2, 3, 1)), [_feeds()], [RecognizeAttention()])
+    assert ops(model) == ["Attention", "Transpose", "Reshape"]
+    assert not model.graph.nodes[0].attributes.get("transposed", 0)
+
+
 def test_the_zoo_transformers_get_one_attention_per_layer():
     for name, layers in (("bert_base", 12), ("vit_s16", 12)):
         model, _ = optimize(import_model(zoo.export(name, dynamic_batch=False)))
         assert ops(model).count("Attention") == layers, name
         assert "Softmax" not in ops(model), name
+        attentions = [node for node in model.graph.nodes if node.op_type == "Attention"]
+        assert all(node.attributes.get("transposed") == 1 for node in attentions), name  # the heads' Transpose in
 
 
 def test_recognition_runs_after_softmax_recognition():
@@ -88,10 +125,12 @@ def test_recognition_runs_after_softmax_recognition():
     assert ops(model) == ["Attention"]
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_sdpa_tactic_matches_the_reference(device):
-    model, _ = optimize(import_model(_attention_model()))
-    (node,) = model.graph.nodes
+def test_the_sdpa_tactic_matches_the_reference(device, transposed):
+    model, _ = optimize(import_model(_heads_merged_model() if transposed else _attention_model()))
+    node = model.graph.nodes[0]
+    assert node.op_type == "Attention" and node.attributes.get("transposed", 0) == transposed
     feeds = [torch.from_numpy(a).to(device) for a in _feeds().values()]
     choice = autotune(node, 1, feeds, device, effort=0)
     sdpa = next(c for c in choice.candidates if c.tactic == "vendor.torch-sdpa")
@@ -99,4 +138,5 @@ def test_the_sdpa_tactic_matches_the_reference(device):
     dev = torch.device(device)
     ours = build_layer_kernel(tactic_by_key("vendor.torch-sdpa"), node, 1, dev, sdpa.config, {})(feeds)[0]
     want = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, dev, sdpa.config, {})(feeds)[0]
+    assert ours.shape == want.shape == node.outputs[0].shape and ours.is_contiguous()
     assert relative_error(ours, want) <= 1e-5

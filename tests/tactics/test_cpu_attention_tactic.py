@@ -29,17 +29,25 @@ needs_kernel = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 PRECISIONS = ("fp32", "bf16") if "bf16" in cpu_native_precisions() else ("fp32",)
 
 
-def _attention_model(q, kt, v, mask):
-    """softmax(Q @ Kᵀ / √D + mask) @ V with inputs of these shapes."""
+def _attention_model(q, kt, v, mask, merged=False):
+    """softmax(Q @ Kᵀ / √D + mask) @ V with inputs of these shapes; `merged`: its heads then merged, as a
+    multi-head layer does (Transpose [0, 2, 1, 3], Reshape to [B, Sq, H·Dv])."""
     nodes = [
         helper.make_node("MatMul", ["q", "kt"], ["s"]),
         helper.make_node("Div", ["s", "c"], ["t"]),
         helper.make_node("Add", ["t", "mask"], ["l"]),
         helper.make_node("Softmax", ["l"], ["p"], axis=-1),
-        helper.make_node("MatMul", ["p", "v"], ["y"]),
+        helper.make_node("MatMul", ["p", "v"], ["a" if merged else "y"]),
     ]
+    constants = [init("c", np.float32(math.sqrt(q[-1])))]
+    if merged:
+        nodes += [
+            helper.make_node("Transpose", ["a"], ["at"], perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", ["at", "merged"], ["y"]),
+        ]
+        constants.append(init("merged", np.array([q[0], q[2], -1], np.int64)))
     inputs = [tensor_info(n, s) for n, s in (("q", q), ("kt", kt), ("v", v), ("mask", mask))]
-    return make_model(nodes, inputs, [tensor_info("y", None)], 17, [init("c", np.float32(math.sqrt(q[-1])))])
+    return make_model(nodes, inputs, [tensor_info("y", None)], 17, constants)
 
 
 def _feeds(shapes, seed=0) -> dict[str, np.ndarray]:
@@ -54,11 +62,13 @@ ODD = ([1, 3, 7, 24], [1, 1, 24, 19], [1, 1, 19, 40], [1, 3, 7, 19])  # K and V 
 
 
 @needs_kernel
-@pytest.mark.parametrize("shapes", [BERT, ODD], ids=["bert", "odd"])
-def test_the_autotuner_times_it_and_it_matches_the_reference(shapes):
-    model, _ = optimize(import_model(_attention_model(*shapes)))
-    (node,) = model.graph.nodes
-    assert node.op_type == "Attention"
+@pytest.mark.parametrize(("shapes", "merged"), [(BERT, False), (ODD, False), (BERT, True), (ODD, True)],
+                         ids=["bert", "odd", "bert-merged", "odd-merged"])  # fmt: skip
+def test_the_autotuner_times_it_and_it_matches_the_reference(shapes, merged):
+    """Also with the heads' Transpose taken in (`transposed`): the result [B, Sq, H, Dv] written in place."""
+    model, _ = optimize(import_model(_attention_model(*shapes, merged=merged)))
+    node = model.graph.nodes[0]
+    assert node.op_type == "Attention" and node.attributes.get("transposed", 0) == merged
     feeds = [torch.from_numpy(a) for a in _feeds(shapes).values()]
     choice = autotune(node, 1, feeds, "cpu", effort=0, precisions=PRECISIONS, exhaustive=True)
     timed = {c.config["precision"]: c for c in choice.candidates if c.tactic == ATTENTION}
@@ -69,7 +79,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(shapes):
         kernel = build_layer_kernel(tactic_by_key(ATTENTION), node, 1, CPU, candidate.config, {})
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         got = kernel([f.to(dtype) if i < 3 else f for i, f in enumerate(feeds)])[0]
-        assert got.shape == want.shape and got.dtype == dtype
+        assert got.shape == want.shape == node.outputs[0].shape and got.dtype == dtype and got.is_contiguous()
         assert relative_error(got.float(), want) <= TOLERANCE[precision], precision
 
 

@@ -34,8 +34,8 @@ constexpr int tile_rows() { return DV <= 4 ? 4 : 2; }
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
-struct Views {  // strides in elements; K rows (keys) have their D features contiguous, as Q's and V's rows
-  int64_t qb, qh, qi, kb, kh, kk, vb, vh, vk, bb, bh, bi, H;
+struct Views {  // strides in elements; K rows (keys) have their D features contiguous, as Q's, V's and out's rows
+  int64_t qb, qh, qi, kb, kh, kk, vb, vh, vk, bb, bh, bi, ob, oh, oi, H;
 };
 
 // K of one (batch, head) as the score product reads it: float32 [D, Kp] (Kp: keys rounded up to 16, zeros past
@@ -244,7 +244,7 @@ void attention_rows(const T* q, const T* kp, const T* v, const float* bias, T* o
       value_tile<MR, DV>(acc, scores.data() + s * MR * Kp, Kp, reinterpret_cast<const float*>(v) + b * w.vb + h * w.vh,
                          w.vk, keys, mask_of(Dv - 16 * (DV - 1)));
     for (int r = 0; r < MR && s * MR + r < rows; ++r) {
-      T* o = out + (first + s * MR + r) * Dv;  // (the caller offsets `out` to this batch and head)
+      T* o = out + b * w.ob + h * w.oh + (first + s * MR + r) * w.oi;
       const __m512 inv = _mm512_set1_ps(inverse[s * MR + r]);
       for (int t = 0; t < DV; ++t) store16(o + 16 * t, mask_of(Dv - 16 * t), _mm512_mul_ps(acc[r * DV + t], inv));
     }
@@ -267,7 +267,7 @@ void attention_all(const T* q, const T* k, const T* v, const float* bias, T* out
   auto rows = [&](int64_t bh, int64_t block, std::vector<float>& scores, std::vector<uint32_t>& words) {
     const int64_t first = block * ROWS;
     const T* values = half ? vpacked + bh * vstride : v;
-    attention_rows<T, DV>(q, kpacked + bh * kstride, values, bias, out + bh * Sq * Dv, w, bh / H, bh % H, first,
+    attention_rows<T, DV>(q, kpacked + bh * kstride, values, bias, out, w, bh / H, bh % H, first,
                           std::min<int64_t>(ROWS, Sq - first), keys, D, Dv, scale, scores, words);
   };
   if (B * H >= 4 * at::get_num_threads()) {  // heads enough for every thread: each packs its own, used while warm
@@ -293,9 +293,10 @@ void attention_all(const T* q, const T* k, const T* v, const float* bias, T* out
 """
 
 _ENTRY = r"""
-// out [B, H, Sq, Dv] (contiguous, q's type; allocated when given empty) = softmax(q · ktᵀ · scale + bias) · v for q
-// [B, H, Sq, D], kt [B, H, D, Sk], v [B, H, Sk, Dv], each with its feature axis contiguous (kt's D axis); bias empty
-// or float32 [B, H, Sq, Sk] (broadcast axes of stride 0) with its key axis contiguous.
+// out [B, H, Sq, Dv] (q's type, its feature axis contiguous, e.g. the transposed view of a [B, Sq, H, Dv] tensor;
+// allocated contiguous when given empty) = softmax(q · ktᵀ · scale + bias) · v for q [B, H, Sq, D], kt [B, H, D, Sk],
+// v [B, H, Sk, Dv], each with its feature axis contiguous (kt's D axis); bias empty or float32 [B, H, Sq, Sk]
+// (broadcast axes of stride 0) with its key axis contiguous.
 torch::Tensor attention(torch::Tensor q, torch::Tensor kt, torch::Tensor v, torch::Tensor bias, double scale,
                         torch::Tensor out) {
   TORCH_CHECK(q.dim() == 4 && kt.dim() == 4 && v.dim() == 4, "attention: 4-D q, kt and v");
@@ -308,11 +309,12 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor kt, torch::Tensor v, torc
     TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.dim() == 4 && bias.stride(3) == 1,
                 "attention: a float32 4-D bias with its key axis contiguous");
   if (!out.numel()) out = torch::empty({B, H, Sq, Dv}, q.options());
-  TORCH_CHECK(out.is_contiguous() && out.sizes() == at::IntArrayRef({B, H, Sq, Dv}) &&
-              out.scalar_type() == q.scalar_type(), "attention: out contiguous [B, H, Sq, Dv] of q's type");
+  TORCH_CHECK(out.stride(3) == 1 && out.sizes() == at::IntArrayRef({B, H, Sq, Dv}) &&
+              out.scalar_type() == q.scalar_type(), "attention: out [B, H, Sq, Dv] of q's type, features contiguous");
   const Views w{q.stride(0), q.stride(1), q.stride(2), kt.stride(0), kt.stride(1), kt.stride(3),
                 v.stride(0), v.stride(1), v.stride(2),
-                biased ? bias.stride(0) : 0, biased ? bias.stride(1) : 0, biased ? bias.stride(2) : 0, H};
+                biased ? bias.stride(0) : 0, biased ? bias.stride(1) : 0, biased ? bias.stride(2) : 0,
+                out.stride(0), out.stride(1), out.stride(2), H};
   const int DV = int((Dv + 15) / 16);
   const float* bp = biased ? bias.data_ptr<float>() : nullptr;
   const int64_t Kp = round16(Sk), K2 = (Sk + 1) / 2;
@@ -368,7 +370,8 @@ def attention(
     """`softmax(q @ kt · scale + bias, -1) @ v` for q [..., Sq, D], kt [..., D, Sk] and v [..., Sk, Dv] (one or two
     leading axes, kt's, v's and the bias's broadcast to q's), all float32 or all bf16. Strided views are read in
     place where each row's features are contiguous (else copied once). The result is q's type and leading shape
-    with Dv features, contiguous: written into `out` when given."""
+    with Dv features, contiguous, or written into `out` when given (any strides with the features contiguous, e.g.
+    the transposed view of a [B, Sq, H, Dv] tensor), which is returned."""
     if not 3 <= q.dim() <= 4 or kt.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(f"the CPU attention kernel takes 3-D or 4-D q, kt and v of one rank, not {q.dim()}-D, "
                          f"{kt.dim()}-D and {v.dim()}-D")  # fmt: skip
@@ -388,9 +391,13 @@ def attention(
         packed_bias = _four(bias.float().expand(*lead, Sq, Sk), lead)
         if packed_bias.stride(-1) != 1:
             packed_bias = packed_bias.contiguous()
-    target = ABSENT if out is None else out.view(*q4.shape[:-1], v.shape[-1])
-    result = module().attention(q4, kt4, v4, packed_bias, float(scale), target)
-    return result.view(*lead, Sq, v.shape[-1])
+    if out is None:
+        return module().attention(q4, kt4, v4, packed_bias, float(scale), ABSENT).view(*lead, Sq, v.shape[-1])
+    if out.shape != (*lead, Sq, v.shape[-1]) or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"attention: `out` must be {q.dtype} {[*lead, Sq, v.shape[-1]]} with its last axis "
+                         f"contiguous, not {out.dtype} {list(out.shape)} of strides {out.stride()}")  # fmt: skip
+    module().attention(q4, kt4, v4, packed_bias, float(scale), out if out.dim() == 4 else out[None])
+    return out
 
 
 def _four(t: torch.Tensor, lead: torch.Size) -> torch.Tensor:
