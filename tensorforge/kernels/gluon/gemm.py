@@ -164,6 +164,7 @@ def _consumer(
     # (as the Triton kernels' `max_num_imprecise_acc=BLOCK_K`), not once over the whole K
     IMPRECISE: gl.constexpr = BLOCK_K if a_bufs.dtype == gl.float8e4nv else 0
     K_WIDTH: gl.constexpr = 256 // a_bufs.dtype.primitive_bitwidth
+    NARROW: gl.constexpr = y_desc.dtype.primitive_bitwidth <= 16  # a GELU to 16-bit precision (`activate`)
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, _instr_n(BLOCK_N, a_bufs.dtype), K_WIDTH]
     )
@@ -203,7 +204,7 @@ def _consumer(
             v = v * gl.load(scale + cols, mask=cols < N, other=0.0)[None, :]
         if HAS_BIAS:
             v = v + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
-        v = activate(v, PRE, pre0, pre1)
+        v = activate(v, PRE, pre0, pre1, NARROW)
         if HAS_RES:
             slot = local % Z_STAGES
             mbarrier.wait(z_ready.index(slot), (local // Z_STAGES) & 1)
@@ -213,7 +214,7 @@ def _consumer(
                 z = z_bufs.index(slot).load(layout)
             mbarrier.arrive(z_empty.index(slot), count=1)
             v = v + widen(z) * z_scale
-        v = activate(v, POST, post0, post1)
+        v = activate(v, POST, post0, post1, NARROW)
         if QUANT_Y:
             out = quantize(v, y_inv_scale, QUANT_Y)
         else:

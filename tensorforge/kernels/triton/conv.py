@@ -77,12 +77,13 @@ def _epilogue(
     channels = g * KG + cols
     col_ok = cols < KG
     mask = (rows < M)[:, None] & col_ok[None, :]
-    acc = dequantize_bias_pre(acc, channels, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE)
+    narrow: tl.constexpr = QUANT_Y != 0 or y.dtype.element_ty.primitive_bitwidth <= 16
+    acc = dequantize_bias_pre(acc, channels, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE, narrow)
     if HAS_RES:
         res_rows = image * srn + oh * srh + ow * srw
         z = tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)
         acc += widen(z) * z_scale
-    acc = activate(acc, POST, post0, post1)
+    acc = activate(acc, POST, post0, post1, narrow)
     out_rows = image * syn + oh * syh + ow * syw
     if QUANT_Y != 0:
         out = quantize(acc, y_inv_scale, QUANT_Y)

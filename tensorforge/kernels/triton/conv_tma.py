@@ -144,14 +144,15 @@ def _conv_tile(
 
     cols = off_n + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    acc = dequantize_bias_pre(acc, cols, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE)
+    narrow: tl.constexpr = QUANT_Y != 0 or y_desc.dtype.primitive_bitwidth <= 16
+    acc = dequantize_bias_pre(acc, cols, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE, narrow)
     if HAS_RES:
         if BOXES:
             z = tl.reshape(z_desc.load([i0, oh0, ow0, off_n]), [BLOCK_M, BLOCK_N])
         else:
             z = z_desc.load([off_m, off_n])
         acc += widen(z) * z_scale
-    acc = activate(acc, POST, post0, post1)
+    acc = activate(acc, POST, post0, post1, narrow)
     if QUANT_Y != 0:
         out = quantize(acc, y_inv_scale, QUANT_Y)
     else:

@@ -22,7 +22,7 @@ import os
 import triton
 import triton.language as tl
 
-from ..activations import ACTIVATION_CODES, GELU_SQUARE, GELU_T, GELU_TAIL, activation_args
+from ..activations import ACTIVATION_CODES, GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16, activation_args
 
 __all__ = ["ACTIVATION_CODES", "activate", "activation_args", "dequantize_bias_pre", "quantize", "widen"]
 
@@ -36,6 +36,7 @@ _MINUS_LOG2E = tl.constexpr(-1.4426950408889634)
 _T = tl.constexpr(GELU_T)
 _SQUARE = tl.constexpr(GELU_SQUARE)
 _P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8, _P9 = (tl.constexpr(c) for c in GELU_TAIL)
+_Q0, _Q1, _Q2, _Q3, _Q4, _Q5 = (tl.constexpr(c) for c in GELU_TAIL_16)  # for 16-bit and 8-bit outputs
 
 
 @triton.jit
@@ -66,20 +67,29 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _gelu(x):
+def _gelu(x, NARROW: tl.constexpr):
     """max(x, 0) − |x|·Φ(−|x|), the tail as `kernels.activations` says (|x| bounded by 20, past which the tail term
-    is below 1e-80: an infinite x stays out of it; a NaN x survives the maximum)."""
+    is below 1e-80: an infinite x stays out of it; a NaN x survives the maximum). `NARROW`: the result is stored in
+    16 bits or fewer, and the tail's polynomial is `GELU_TAIL_16` (degree 5, relative error 1.1e-5) instead of
+    `GELU_TAIL` (degree 9)."""
     a = tl.minimum(tl.abs(x), 20.0)
     t = _reciprocal(a * _T + 1.0)  # constants right of tensors: the interpreter's constexpr would wrap the tensor
-    p = t * _P9 + _P8
-    p = t * p + _P7
-    p = t * p + _P6
-    p = t * p + _P5
-    p = t * p + _P4
-    p = t * p + _P3
-    p = t * p + _P2
-    p = t * p + _P1
-    p = t * p + _P0
+    if NARROW:
+        p = t * _Q5 + _Q4
+        p = t * p + _Q3
+        p = t * p + _Q2
+        p = t * p + _Q1
+        p = t * p + _Q0
+    else:
+        p = t * _P9 + _P8
+        p = t * p + _P7
+        p = t * p + _P6
+        p = t * p + _P5
+        p = t * p + _P4
+        p = t * p + _P3
+        p = t * p + _P2
+        p = t * p + _P1
+        p = t * p + _P0
     return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) - a * t * _exp2(p - a * a * _SQUARE)
 
 
@@ -89,8 +99,9 @@ def _tanh(x):
 
 
 @triton.jit
-def activate(x, ACT: tl.constexpr, p0, p1):
-    """`x` (float32) through activation `ACT` with parameters p0, p1."""
+def activate(x, ACT: tl.constexpr, p0, p1, NARROW: tl.constexpr = False):
+    """`x` (float32) through activation `ACT` with parameters p0, p1; `NARROW`: the result is stored in 16 bits or
+    fewer (GELU then evaluates its tail to that precision)."""
     if ACT == 1:
         x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)  # one instruction (max.NaN), NaN kept
     elif ACT == 2:
@@ -107,7 +118,7 @@ def activate(x, ACT: tl.constexpr, p0, p1):
     elif ACT == 7:
         x = x * _sigmoid(x)
     elif ACT == 8:
-        x = _gelu(x)
+        x = _gelu(x, NARROW)
     elif ACT == 9:
         x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
     elif ACT == 10:
@@ -160,13 +171,13 @@ def widen(z):
 @triton.jit
 def dequantize_bias_pre(
     acc, channels, ok, w_scale, x_scale, bias, pre0, pre1, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PRE: tl.constexpr,
+    PRE: tl.constexpr, NARROW: tl.constexpr = False,
 ):  # fmt: skip
     """The head of FusedConv's epilogue on an accumulator tile whose columns are output `channels` (`ok`: those
     inside): a quantized product (`QUANT` 1 or 2) dequantized, `acc · (x_scale · w_scale[channel])`, then
-    `pre(acc + bias)`, in float32."""
+    `pre(acc + bias)`, in float32 (`NARROW` as `activate`'s)."""
     if QUANT != 0:
         acc = acc.to(tl.float32) * (x_scale * tl.load(w_scale + channels, mask=ok, other=0.0))[None, :]
     if HAS_BIAS:
         acc += tl.load(bias + channels, mask=ok, other=0.0).to(tl.float32)[None, :]
-    return activate(acc, PRE, pre0, pre1)
+    return activate(acc, PRE, pre0, pre1, NARROW)

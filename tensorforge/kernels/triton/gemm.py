@@ -132,11 +132,12 @@ def _gemm_kernel(
     if HAS_C:
         c_tile = c + b0 * sc0 + b1 * sc1 + rows[:, None] * scm + cols[None, :] * scn
         acc += beta * tl.load(c_tile, mask=inside).to(tl.float32)
-    acc = activate(acc, PRE, pre0, pre1)
+    narrow: tl.constexpr = y.dtype.element_ty.primitive_bitwidth <= 16
+    acc = activate(acc, PRE, pre0, pre1, narrow)
     if HAS_Z:
         z_tile = z + b0 * sz0 + b1 * sz1 + rows[:, None] * szm + cols[None, :] * szn
         acc += tl.load(z_tile, mask=inside).to(tl.float32)
-    acc = activate(acc, POST, post0, post1)
+    acc = activate(acc, POST, post0, post1, narrow)
     y_tile = y + b0 * sy0 + b1 * sy1 + rows[:, None] * sym + cols[None, :] * syn
     tl.store(y_tile, acc.to(y.dtype.element_ty), mask=inside)
 
