@@ -383,6 +383,8 @@ def not_applicable(system: str, precision: str, device: torch.device) -> str | N
     """Why `system` does not run at `precision` on `device` (None when it does)."""
     if precision in QUANTIZED and not system.startswith("tensorforge"):
         return f"{precision} engines are tensorforge's only"
+    if precision == "fp8" and (device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)):
+        return "fp8 runs on CUDA devices with E4M3 tensor cores (compute capability 8.9 or later)"
     if device.type == "cpu" and precision not in ("fp32", *QUANTIZED, *cpu_native_precisions()):
         return f"{precision} runs on CUDA only" if precision != "bf16" else "this CPU has no bf16 dot products"
     if system == "eager+graph" and device.type != "cuda":

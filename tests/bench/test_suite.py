@@ -106,6 +106,8 @@ def test_combinations_that_cannot_run_are_skipped_not_failed(tmp_path, monkeypat
     assert suite.not_applicable("ort", "bf16", cpu) == "ONNX Runtime's CPU provider runs fp32 only"
     assert suite.not_applicable("eager+graph", "fp32", cpu) == "CUDA graphs need CUDA"
     assert suite.not_applicable("ort", "fp16", suite.torch.device("cuda")) is not None
+    assert suite.not_applicable("tensorforge", "int8", cpu) is None
+    assert "compute capability 8.9" in suite.not_applicable("tensorforge", "fp8", cpu)
 
 
 def test_the_engines_measured_are_kept_and_load(tmp_path):
