@@ -12,7 +12,8 @@ their outputs in its planned arena; without `alloc` they allocate as usual (`all
 
 `build` gets the configuration without the variant (the kernel sees its inputs already converted), except for
 a tactic with `sees_precision`, whose config keeps "precision": one that makes float operands of its own (the
-float fallback dequantizing a quantized activation) needs the variant's float type.
+float fallback dequantizing a quantized activation, an int8 kernel writing a float output of an int8 input) needs
+the variant's float type.
 
 A tactic with `converts_on_load` builds kernels that read their activation inputs in whatever float type and
 memory format they come, converting as they load (a stem convolution reading the float32 NCHW network input for
@@ -87,6 +88,9 @@ class Tactic:
     layouts: ClassVar[tuple[str, ...]] = ("any",)  # "any": 4-D tensors in the memory format they come in
     writes_into: ClassVar[bool] = False  # its kernels take `alloc=` (see the module docstring)
     sees_precision: ClassVar[bool] = False  # `build`'s config keeps the variant's "precision"
+    # float constants alone make the variant matter (the float fallback computes in its type even between quantized
+    # activations); else a layer that reads and writes no float activation is timed in fp32 only
+    precision_from_constants: ClassVar[bool] = False
     converts_on_load: ClassVar[bool] = False  # activations reach its kernels unconverted (module docstring)
     strided_inputs: ClassVar[bool] = False  # channel slices of channels_last tensors reach it uncopied
     strided_outputs: ClassVar[bool] = False  # its kernels write through the strides of the buffers given

@@ -2,8 +2,8 @@
 
 - `cpu.pointwise-int8`: an int8 QuantizedConv that is a 1×1 convolution of one group, unpadded, any stride (every
   s-th pixel, read through its strides), with its whole epilogue, the input quantized per tensor (a float32 input
-  quantized by the kernel, an int8 one from the layer before as it is), a float32 or int8 residual, a float32 or
-  int8 output.
+  quantized by the kernel, an int8 one from the layer before as it is), a float or int8 residual, a float or int8
+  output; float ones in the variant's type (float32, or bf16 on a CPU with AVX512-BF16).
 - `cpu.gemm-int8`: an int8 QuantizedGemm, the same kernel over A's rows, a residual of the output's shape.
 - `cpu.conv-int8`: an int8 QuantizedConv of one group and any other window, stride, dilation and padding (ResNet's
   3×3 layers, a stem) as a direct convolution (`kernels.cpu.quantized_conv`), the same epilogue.
@@ -25,6 +25,7 @@ from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
 from .base import Kernel, PerWeight, Tactic, register_tactic
 from .cpu_family import _activation, _activations_reason, _window
+from .variant import PRECISION_DTYPE
 from .vendor import _linear_operands_problem
 
 
@@ -48,7 +49,8 @@ def _scales(node: Node) -> tuple[float, float, float]:
 
 class _CpuQuantized(Tactic):
     family = "cpu"
-    precisions = ("fp32",)
+    precisions = ("fp32", "bf16")  # bf16: float inputs, residuals and outputs in bf16 (a CPU with AVX512-BF16)
+    sees_precision = True  # a float output in the variant's type, also of an int8 input
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return [{"tile": list(tile)} for tile in qp.TILES]
@@ -82,6 +84,7 @@ class CpuQuantizedPointwiseTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
+        float_type = PRECISION_DTYPE[config.get("precision", "fp32")]
         strides = list(node.attributes.get("strides") or [1, 1])
         convs = PerWeight(lambda w, s, b: qp.QuantizedPointwise(w.flatten(1), s, x_scale, b, *epilogue, tile))
 
@@ -89,7 +92,7 @@ class CpuQuantizedPointwiseTactic(_CpuQuantized):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             if strides != [1, 1]:
                 x = x[:, :, :: strides[0], :: strides[1]]
-            return (convs(w, w_scale, b)(x, z, z_scale, y_scale),)
+            return (convs(w, w_scale, b)(x, z, z_scale, y_scale, float_type=float_type),)
 
         return kernel
 
@@ -118,6 +121,7 @@ class CpuQuantizedGemmTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
+        float_type = PRECISION_DTYPE[config.get("precision", "fp32")]
 
         def derive(w, s, b):
             return qp.QuantizedPointwise(w.t(), s, x_scale, None if b is None else b.reshape(-1), *epilogue, tile)
@@ -129,7 +133,7 @@ class CpuQuantizedGemmTactic(_CpuQuantized):
             product = products(w, w_scale, b)
             rows = a.reshape(-1, a.shape[-1])[:, :, None, None]
             residual = None if z is None else z.reshape(-1, product.channels)[:, :, None, None]
-            y = product(rows, residual, z_scale, y_scale)
+            y = product(rows, residual, z_scale, y_scale, float_type=float_type)
             return (y.reshape(*a.shape[:-1], product.channels),)
 
         return kernel
@@ -164,6 +168,7 @@ class CpuQuantizedConvTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
+        float_type = PRECISION_DTYPE[config.get("precision", "fp32")]
         a = node.attributes
         strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
         convs = PerWeight(lambda w, s, b: qc.QuantizedConv(w, s, x_scale, b, strides, dilations, *epilogue, tile=tile))
@@ -173,6 +178,6 @@ class CpuQuantizedConvTactic(_CpuQuantized):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             conv = convs(w, w_scale, b)
             pads, out_hw = window(tuple(x.shape[2:]), conv.kernel)
-            return (conv(x, pads, out_hw, z, z_scale, y_scale),)
+            return (conv(x, pads, out_hw, z, z_scale, y_scale, float_type=float_type),)
 
         return kernel

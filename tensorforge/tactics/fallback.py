@@ -123,6 +123,7 @@ class _FloatFallback(Tactic):
     op: str
     precisions = ("fp32", "fp16", "bf16")
     sees_precision = True  # dequantizes quantized activations into the variant's float type
+    precision_from_constants = True  # and computes in it
 
     def semantics(self, node: Node) -> Node | None:
         return None if reads_quantized(node) or node.attributes.get("z_scale") else float_twin(node)

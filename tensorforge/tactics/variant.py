@@ -88,7 +88,8 @@ def precision_choices(node: Node, allowed: Sequence[str], computes_in_it: bool =
 
 def variants(tactic: Tactic, node: Node, allowed: Sequence[str], device: torch.device) -> list[Variant]:
     """Every (precision, layout) of `tactic` for `node`: its precisions the build allows, its layouts."""
-    precisions = [p for p in precision_choices(node, allowed, tactic.sees_precision) if p in tactic.precisions]
+    choices = precision_choices(node, allowed, tactic.precision_from_constants)
+    precisions = [p for p in choices if p in tactic.precisions]
     first = node.inputs[0] if node.inputs else None
     layouts = tactic.layouts if first is not None and first.rank == 4 else tactic.layouts[:1]
     return [Variant(p, layout) for p in precisions for layout in layouts]

@@ -1,5 +1,6 @@
 """The int8 direct convolution for the CPU (AVX-512 VNNI) against QuantizedConv's arithmetic in float64: windows,
-strides, padding and dilation, both tiles, float32 and int8 inputs, residuals and outputs, ragged channel counts."""
+strides, padding and dilation, both tiles, float32, bf16 and int8 inputs, residuals and outputs, ragged channel
+counts."""
 
 import pytest
 import torch
@@ -9,6 +10,8 @@ from tensorforge.kernels.cpu import quantized_conv as qc
 from tensorforge.kernels.cpu import quantized_pointwise as qp
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation, quantize_activation
+from tensorforge.ops.math_flags import cpu_native_precisions
+from tests.kernels.test_cpu_pointwise import BF16_BOUND
 
 _PROBLEM = compiler_problem() or qp.problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
@@ -51,6 +54,22 @@ def test_windows_against_the_float64_convolution(tile, c, k, h, w, window, strid
     got = conv(x, pads[:2], want.shape[2:])
     assert got.dtype == torch.float32 and got.shape == want.shape
     assert ((got.double() - want).abs().max() / want.abs().max()).item() <= FLOAT_BOUND
+
+
+@pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize("tile", qc.TILES)
+def test_a_bf16_input_and_residual_make_a_bf16_output(tile):
+    c, k, window, pads = 13, 40, (3, 3), (1, 1, 1, 1)
+    generator = torch.Generator().manual_seed(11)
+    wq = torch.randint(-127, 128, (k, c, *window), generator=generator, dtype=torch.int8)
+    w_scale = torch.rand(k, generator=generator) * 1e-2 + 1e-3
+    bias = torch.randn(k, generator=generator)
+    x = torch.randn(2, c, 10, 9, generator=generator).bfloat16().contiguous(memory_format=torch.channels_last)
+    z = torch.randn(2, k, 5, 5, generator=generator).bfloat16().contiguous(memory_format=torch.channels_last)
+    want = _reference(x.float(), wq, w_scale, 0.03, bias, (2, 2), pads, (1, 1), z.float())
+    got = qc.QuantizedConv(wq, w_scale, 0.03, bias, (2, 2), (1, 1), "Relu", tile=tile)(x, pads[:2], (5, 5), z)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() <= BF16_BOUND
 
 
 @pytest.mark.parametrize("residual", ["float", "int8"])

@@ -1,6 +1,6 @@
 """The int8 1×1 convolution kernel for the CPU (AVX-512 VNNI) against QuantizedConv's arithmetic in float64: every
-tile, float32 and int8 inputs, float32 and int8 residuals, float32 and int8 outputs, ragged channel counts, strided
-inputs; outputs poisoned before the call."""
+tile, float32 and int8 inputs, float32 and int8 residuals, float32 and int8 outputs, bf16 ones beside bf16 layers,
+ragged channel counts, strided inputs; outputs poisoned before the call."""
 
 import pytest
 import torch
@@ -9,7 +9,8 @@ from tensorforge.kernels.activations import activation_args
 from tensorforge.kernels.cpu import quantized_pointwise as qp
 from tensorforge.kernels.cpu.extension import compiler_problem
 from tensorforge.ops.fused import apply_activation, quantize_activation
-from tests.kernels.test_cpu_pointwise import ACTIVATIONS
+from tensorforge.ops.math_flags import cpu_native_precisions
+from tests.kernels.test_cpu_pointwise import ACTIVATIONS, BF16_BOUND
 
 _PROBLEM = compiler_problem() or qp.problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
@@ -91,6 +92,36 @@ def test_pre_activations_and_a_strided_input():
     assert ((got.double() - want).abs().max() / want.abs().max()).item() <= FLOAT_BOUND
 
 
+@pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize("tile", qp.TILES)
+@pytest.mark.parametrize(("quantized_input", "residual"), [(False, "bf16"), (False, ""), (True, "bf16")])
+def test_bf16_inputs_and_residuals_make_a_bf16_output(tile, quantized_input, residual):
+    """A bf16 x quantized by the kernel (the same values as float32 in the reference), a bf16 residual: the output
+    is bf16, within its one rounding; an int8 x with a bf16 residual also gives bf16. A GELU epilogue."""
+    c, k = 37, 40
+    wq, w_scale, bias, generator = _layer(c, k, seed=3)
+    if quantized_input:
+        x = torch.randint(-128, 128, (2, c, 5, 3), generator=generator, dtype=torch.int8)
+    else:
+        x = torch.randn(2, c, 5, 3, generator=generator).bfloat16()
+    x = x.contiguous(memory_format=torch.channels_last)
+    z = None
+    if residual:
+        z = torch.randn(2, k, 5, 3, generator=generator).bfloat16().contiguous(memory_format=torch.channels_last)
+    conv = qp.QuantizedPointwise(wq, w_scale, 0.02, bias, "Gelu", tile=tile)
+    out = torch.full((2, k, 5, 3), float("nan"), dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    got = conv(x, z, out=out)
+    x_ref = x if quantized_input else x.float()
+    want = _reference(x_ref, wq, w_scale, 0.02, bias, ("Gelu", ()), z=None if z is None else z.float())
+    assert got is out and not got.isnan().any()
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() <= BF16_BOUND
+    if quantized_input:  # without the residual, the float type asked for
+        got = conv(x, float_type=torch.bfloat16)
+        want = _reference(x, wq, w_scale, 0.02, bias, ("Gelu", ()))
+        assert got.dtype == torch.bfloat16
+        assert ((got.double() - want).abs().max() / want.abs().max()).item() <= BF16_BOUND
+
+
 def test_the_weight_packs_in_quads_with_the_offsets_start():
     wq = torch.arange(-30, 30, dtype=torch.int8).reshape(6, 10)  # K = 6, C = 10
     packed, start = qp.pack_weight(wq, 1)
@@ -107,6 +138,12 @@ def test_bad_calls_are_refused_with_the_reason():
         conv(torch.randn(1, 8, 2, 2))
     with pytest.raises(ValueError, match="z_scale"):
         conv(torch.randn(1, 16, 2, 2), torch.zeros(1, 16, 2, 2, dtype=torch.int8))
+    with pytest.raises(ValueError, match="a float one none"):
+        conv(torch.randn(1, 16, 2, 2), torch.zeros(1, 16, 2, 2, dtype=torch.bfloat16), 0.5)
+    with pytest.raises(ValueError, match="float32, bf16 or int8"):
+        conv(torch.randn(1, 16, 2, 2).half())
+    with pytest.raises(ValueError, match="write float32 or bf16, not torch.float16"):
+        conv(torch.randn(1, 16, 2, 2), float_type=torch.float16)
     with pytest.raises(ValueError, match="int8 matrix"):
         qp.QuantizedPointwise(wq.float(), w_scale, 0.1)
     with pytest.raises(ValueError, match="tiles"):

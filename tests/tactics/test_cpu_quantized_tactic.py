@@ -13,6 +13,7 @@ from tensorforge.frontend import import_model
 from tensorforge.ir import DType, Model
 from tensorforge.kernels.cpu import quantized_pointwise as qp
 from tensorforge.kernels.cpu.extension import compiler_problem
+from tensorforge.ops.math_flags import cpu_native_precisions
 from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.quant import calibrate
@@ -95,6 +96,33 @@ def test_a_strided_layer_with_a_float_input_reads_every_second_pixel():
     (node,) = _strided_layer().graph.nodes
     assert node.op_type == "QuantizedConv" and list(node.attributes["strides"]) == [2, 2]
     _check(node, CONV, seed=1)
+
+
+@needs_vnni
+@pytest.mark.skipif("bf16" not in cpu_native_precisions(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize(
+    ("layer", "tactic"), [("strided", CONV), ("conv4", CONV), ("fc2", GEMM), ("conv4-3x3", DIRECT)]
+)
+def test_in_a_bf16_build_float_activations_are_bf16(layer, tactic):
+    """A bf16 build times each int8 layer that reads or writes a float activation in bf16 too: the float input
+    quantized from bf16 (strided: float in, float out with GELU), an int8 input's float output written in bf16
+    (conv4, fc2, the 3×3 conv4), within bf16's tolerance of the reference layer."""
+    if layer == "strided":
+        (node,) = _strided_layer().graph.nodes
+    else:
+        proto = skip_proto(width=32) if layer.endswith("3x3") else None
+        model, _ = chain_quantized(lowered(width=32) if proto is None else lowered(proto=proto))
+        node = next(n for n in model.graph.nodes if n.name == layer.split("-")[0])
+    generator = torch.Generator().manual_seed(5)
+    feeds = _inputs(node, generator)
+    slots = iter(feeds)
+    inputs = [None if value is None or value.is_const else next(slots) for value in node.inputs]
+    choice = autotune(node, 1, inputs, "cpu", effort=0, precisions=("fp32", "bf16"), families=["cpu"], exhaustive=True)
+    ours = [c for c in choice.candidates if c.tactic == tactic and c.config["precision"] == "bf16"]
+    assert ours and all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]
+    got = build_layer_kernel(tactic_by_key(tactic), node, 1, CPU, ours[0].config, {})(feeds)[0]
+    want = build_layer_kernel(tactic_by_key("reference.registry"), with_float_output(node), 1, CPU, {}, {})(feeds)[0]
+    assert got.dtype == torch.bfloat16 and relative_error(got.float(), want) <= TOLERANCE["bf16"]
 
 
 @needs_vnni

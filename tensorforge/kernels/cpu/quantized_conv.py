@@ -98,10 +98,10 @@ SOURCE = module_source(
     qp.CORE + CORE,
     r"""
 
-// x [N, C, H, W] float32 or int8 with contiguous channels (pixel (n, h, w) at n·sn + h·sh + w·sw), quantized with
-// x_inverse (float32 x); w packed by `pack_weight`, start [Kp] int32, scale and b [Kp] float32; z and y [N, K, OH,
-// OW] channels_last (dense), z float32 or int8 (times z_scale) or empty, y float32 or int8 (quantized with
-// y_inverse); `window` (KH, KW, stride h, w, leading padding h, w, dilation h, w).
+// x [N, C, H, W] float32, bf16 or int8 with contiguous channels (pixel (n, h, w) at n·sn + h·sh + w·sw), quantized
+// with x_inverse (a float x); w packed by `pack_weight`, start [Kp] int32, scale and b [Kp] float32; z and y [N, K,
+// OH, OW] channels_last (dense), z float32, bf16 or int8 (times z_scale) or empty, y float32, bf16 or int8
+// (quantized with y_inverse); `window` (KH, KW, stride h, w, leading padding h, w, dilation h, w).
 void quantized_conv(torch::Tensor x, int64_t sn, int64_t sh, int64_t sw, double x_inverse, torch::Tensor w,
                     torch::Tensor start, torch::Tensor scale, torch::Tensor b, torch::Tensor z, double z_scale,
                     torch::Tensor y, double y_inverse, std::vector<int64_t> window, int64_t pre, double pre0,
@@ -186,14 +186,16 @@ class QuantizedConv:
         residual: torch.Tensor | None = None,
         z_scale: float = 0.0,
         y_scale: float = 0.0,
+        float_type: torch.dtype | None = None,
     ) -> torch.Tensor:
-        """The layer on x [N, C, H, W] (float32, quantized here with x_scale, or int8 already quantized; channels
-        contiguous, any pixel strides) with leading padding `pads` (h, w) into `out_hw` output pixels, a residual
-        [N, K, OH, OW] (float32, or int8 times `z_scale`); float32 out, or int8 quantized with `y_scale` when it is
-        positive: a new channels_last tensor."""
+        """The layer on x [N, C, H, W] (float32 or bf16, quantized here with x_scale, or int8 already quantized;
+        channels contiguous, any pixel strides) with leading padding `pads` (h, w) into `out_hw` output pixels, a
+        residual [N, K, OH, OW] (float32 or bf16, or int8 times `z_scale`); int8 out quantized with `y_scale` when it
+        is positive, else float (`float_type`, by default `quantized_pointwise.output_type`'s): a new channels_last
+        tensor."""
         x = qp.input_operand(x, self.in_channels, "convolution")
         shape = (x.shape[0], self.channels, *out_hw)
-        dtype, y_inverse = qp.output_type(y_scale)
+        dtype, y_inverse = qp.output_type(y_scale, x, residual, float_type)
         out = torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)
         z, z_scale = qp.residual_operand(residual, z_scale, shape)
         window = [*self.kernel, *self._strides, *pads, *self._dilations]

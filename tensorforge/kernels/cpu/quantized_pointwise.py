@@ -6,6 +6,7 @@ QuantizedConv's and QuantizedGemm's arithmetic and whole epilogue:
 Q(x) is the input quantized per tensor (a float32 x: x · (1 / x_scale) in float32, rounded half to even, saturated
 to int8; an int8 x as it is), Wq the int8 weight with per-output-channel scales Ws, z a float32 residual or an int8
 one times z_scale, and `out` float32, or int8: y quantized as x is, with y_scale.
+bf16 inputs, residuals and outputs go as float32 ones do (an int8 layer between bf16 layers of a bf16 engine).
 
 `vpdpbusd` multiplies unsigned bytes by signed ones, four a lane into int32 sums: the quantized inputs are offset
 by 128 into uint8 (one pass over the input into rows of whole quads of channels, which also gathers a strided
@@ -31,7 +32,11 @@ from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel eval
 from .extension import host_flags
 from .pointwise import TILES as TILES  # the tiles, as the float 1×1 kernel's
 
+OPERAND_TYPES = (torch.float32, torch.bfloat16, torch.int8)  # of inputs and residuals (bf16: AVX512-BF16 CPUs)
+
 CORE = r"""
+
+enum Type { FLOAT32, INT8, BF16 };  // of a residual or an output
 
 struct Problem {
   int64_t P, C, K, Kp, Cq;  // pixels, input channels, output channels, K rounded up to 16, C rounded up to 4
@@ -40,13 +45,13 @@ struct Problem {
   const int32_t* start;     // [Kp] −128·Σ_c w[c, k]: the sums' start
   const float* scale;       // [Kp] x_scale·Ws[k]
   const float* b;           // [Kp]
-  const void* z;            // the residual (pixel p's at z + p·zs), float32 or int8, or null
+  const void* z;            // the residual (pixel p's at z + p·zs), of type zt, or null
   int64_t zs;
-  bool z8;
+  int zt;                   // FLOAT32, INT8 or BF16
   float z_scale;
-  void* y;                  // float32 or int8 (pixel p's at y + p·ys)
+  void* y;                  // the output, of type yt (pixel p's at y + p·ys)
   int64_t ys;
-  bool y8;
+  int yt;
   float y_inverse;          // 1 / y_scale for an int8 output
   int64_t pre, post;
   __m512 pre0, pre1, post0, post1;
@@ -118,9 +123,11 @@ template <int MR, int NV>
       #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
         const int64_t at = (p0 + r) * q.zs + k0 + 16 * v;
-        const __m512 zv = q.z8 ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(
-                                     m[v], static_cast<const int8_t*>(q.z) + at))), z_scale)
-                               : _mm512_maskz_loadu_ps(m[v], static_cast<const float*>(q.z) + at);
+        const __m512 zv =
+            q.zt == INT8 ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(
+                                             m[v], static_cast<const int8_t*>(q.z) + at))), z_scale)
+            : q.zt == BF16 ? load16(m[v], static_cast<const uint16_t*>(q.z) + at)
+                           : _mm512_maskz_loadu_ps(m[v], static_cast<const float*>(q.z) + at);
         f[r * NV + v] = _mm512_add_ps(f[r * NV + v], zv);
       }
     }
@@ -133,7 +140,8 @@ template <int MR, int NV>
     #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       const int64_t at = (p0 + r) * q.ys + k0 + 16 * v;
-      if (q.y8) _mm_mask_storeu_epi8(static_cast<int8_t*>(q.y) + at, m[v], quantize16(f[r * NV + v], inverse));
+      if (q.yt == INT8) _mm_mask_storeu_epi8(static_cast<int8_t*>(q.y) + at, m[v], quantize16(f[r * NV + v], inverse));
+      else if (q.yt == BF16) store16(static_cast<uint16_t*>(q.y) + at, m[v], f[r * NV + v]);
       else _mm512_mask_storeu_ps(static_cast<float*>(q.y) + at, m[v], f[r * NV + v]);
     }
   }
@@ -225,43 +233,56 @@ void offset_rows(const T* x, int64_t N, int64_t H, int64_t W, int64_t sn, int64_
       for (int64_t c = 0; c < Cq; c += 16) {
         const __mmask16 m = mask_of(C - c), stored = mask_of(Cq - c);
         __m128i q8;
-        if constexpr (std::is_same_v<T, float>) q8 = quantize16(_mm512_maskz_loadu_ps(m, px + c), inverse);
-        else q8 = _mm_maskz_loadu_epi8(m, px + c);
+        if constexpr (std::is_same_v<T, int8_t>) q8 = _mm_maskz_loadu_epi8(m, px + c);
+        else q8 = quantize16(load16(m, px + c), inverse);  // float32 or bf16
         _mm_mask_storeu_epi8(out + c, stored, _mm_xor_si128(q8, flip));
       }
     }
   });
 }
 
-// The offset inputs of x [N, C, H, W] (float32, quantized with x_inverse, or int8; pixel (n, h, w) at n·sn + h·sh +
-// w·sw) in `scratch` (kept alive by `fresh` when it is not the thread's own), inside an Hp × Wp frame from (top,
-// left): `offset_rows` for x's type.
+// The offset inputs of x [N, C, H, W] (float32 or bf16, quantized with x_inverse, or int8; pixel (n, h, w) at n·sn +
+// h·sh + w·sw) in `scratch` (kept alive by `fresh` when it is not the thread's own), inside an Hp × Wp frame from
+// (top, left): `offset_rows` for x's type.
 inline uint8_t* offset_input(const char* kernel, const torch::Tensor& x, int64_t sn, int64_t sh, int64_t sw,
                              int64_t Cq, double x_inverse, int64_t top, int64_t left, int64_t Hp, int64_t Wp,
                              torch::Tensor& fresh) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kChar, kernel, ": float32 or int8 x");
+  const auto type = x.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kBFloat16 || type == at::kChar, kernel, ": float32, bf16 or int8 x");
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   uint8_t* offset = scratch(N * Hp * Wp * Cq, fresh);
-  if (x.scalar_type() == at::kFloat)
+  if (type == at::kFloat)
     offset_rows(x.data_ptr<float>(), N, H, W, sn, sh, sw, C, Cq, float(x_inverse), offset, top, left, Hp, Wp);
+  else if (type == at::kBFloat16)
+    offset_rows(reinterpret_cast<const uint16_t*>(x.data_ptr()), N, H, W, sn, sh, sw, C, Cq, float(x_inverse), offset,
+                top, left, Hp, Wp);
   else
     offset_rows(x.data_ptr<int8_t>(), N, H, W, sn, sh, sw, C, Cq, 1.f, offset, top, left, Hp, Wp);
   return offset;
 }
 
-// A Problem of P output pixels over the offset inputs x, its residual z (float32 or int8, or empty) and output y
-// (float32 or int8) checked.
+// The Type of a residual or output tensor, checked.
+inline int type_of(const char* kernel, const char* what, const torch::Tensor& t) {
+  const auto type = t.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kChar || type == at::kBFloat16, kernel, ": a float32, bf16 or int8 ",
+              what, ", not ", type);
+#ifndef __AVX512BF16__
+  TORCH_CHECK(type != at::kBFloat16, kernel, ": a bf16 ", what, " needs AVX512-BF16, which this CPU lacks");
+#endif
+  return type == at::kChar ? INT8 : type == at::kBFloat16 ? BF16 : FLOAT32;
+}
+
+// A Problem of P output pixels over the offset inputs x, its residual z (float32, bf16 or int8, or empty) and output
+// y (float32, bf16 or int8) checked.
 inline Problem problem_of(const char* kernel, int64_t P, int64_t C, int64_t K, int64_t Cq, const uint8_t* x,
                           const torch::Tensor& w, const torch::Tensor& start, const torch::Tensor& scale,
                           const torch::Tensor& b, const torch::Tensor& z, int64_t zs, double z_scale,
                           const torch::Tensor& y, int64_t ys, double y_inverse, int64_t pre, double pre0,
                           double pre1, int64_t post, double post0, double post1) {
-  const bool z8 = z.numel() && z.scalar_type() == at::kChar, y8 = y.scalar_type() == at::kChar;
-  TORCH_CHECK(!z.numel() || z8 || z.scalar_type() == at::kFloat, kernel, ": a float32 or int8 residual");
-  TORCH_CHECK(y8 || y.scalar_type() == at::kFloat, kernel, ": a float32 or int8 output");
+  const int zt = z.numel() ? type_of(kernel, "residual", z) : FLOAT32, yt = type_of(kernel, "output", y);
   return Problem{P, C, K, start.size(0), Cq, x, w.data_ptr<int8_t>(), start.data_ptr<int32_t>(),
-                 scale.data_ptr<float>(), b.data_ptr<float>(), z.numel() ? z.data_ptr() : nullptr, zs, z8,
-                 float(z_scale), y.data_ptr(), ys, y8, float(y_inverse), pre, post, _mm512_set1_ps(float(pre0)),
+                 scale.data_ptr<float>(), b.data_ptr<float>(), z.numel() ? z.data_ptr() : nullptr, zs, zt,
+                 float(z_scale), y.data_ptr(), ys, yt, float(y_inverse), pre, post, _mm512_set1_ps(float(pre0)),
                  _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)), _mm512_set1_ps(float(post1))};
 }
 
@@ -282,10 +303,10 @@ void dispatch(const Problem& q, int64_t rows, int64_t vectors) {
 
 }  // namespace
 
-// x [N, C, H, W] float32 or int8 with contiguous channels (pixel (n, h, w) at n·sn + h·sh + w·sw), quantized with
-// 1 / x_scale (float32 x) into rows of Cq offset bytes; w packed by `pack_weight` (int8), start [Kp] int32, scale
-// and b [Kp] float32; z [P, K] float32 or int8 (times z_scale; pixel stride zs) or empty; y [P, K] float32 or int8
-// (quantized with y_inverse; pixel stride ys).
+// x [N, C, H, W] float32, bf16 or int8 with contiguous channels (pixel (n, h, w) at n·sn + h·sh + w·sw), quantized
+// with 1 / x_scale (a float x) into rows of Cq offset bytes; w packed by `pack_weight` (int8), start [Kp] int32,
+// scale and b [Kp] float32; z [P, K] float32, bf16 or int8 (times z_scale; pixel stride zs) or empty; y [P, K]
+// float32, bf16 or int8 (quantized with y_inverse; pixel stride ys).
 void quantized_pointwise(torch::Tensor x, int64_t sn, int64_t sh, int64_t sw, double x_inverse, torch::Tensor w,
                          torch::Tensor start, torch::Tensor scale, torch::Tensor b, torch::Tensor z, int64_t zs,
                          double z_scale, torch::Tensor y, int64_t ys, double y_inverse, int64_t K, int64_t pre,
@@ -362,14 +383,16 @@ class QuantizedPointwise:
         z_scale: float = 0.0,
         y_scale: float = 0.0,
         out: torch.Tensor | None = None,
+        float_type: torch.dtype | None = None,
     ) -> torch.Tensor:
-        """The layer on x [N, C, H, W] (float32, quantized here with x_scale, or int8 already quantized; channels
-        contiguous, any pixel strides), with a residual [N, K, H, W] (float32, or int8 times `z_scale`); float32
-        out, or int8 quantized with `y_scale` when it is positive. Into `out` ([N, K, H, W] of that type whose
-        pixels are rows K apart: channels_last) or a new channels_last tensor, which is returned."""
+        """The layer on x [N, C, H, W] (float32 or bf16, quantized here with x_scale, or int8 already quantized;
+        channels contiguous, any pixel strides), with a residual [N, K, H, W] (float32 or bf16, or int8 times
+        `z_scale`); int8 out quantized with `y_scale` when it is positive, else float: `float_type` (float32 or
+        bf16), by default `output_type`'s. Into `out` ([N, K, H, W] of that type whose pixels are rows K apart:
+        channels_last) or a new channels_last tensor, which is returned."""
         x = input_operand(x, self.in_channels, "1×1 convolution")
         n, _, h, w = x.shape
-        dtype, y_inverse = output_type(y_scale)
+        dtype, y_inverse = output_type(y_scale, x, residual, float_type)
         shape = (n, self.channels, h, w)
         if out is None:
             out = torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)
@@ -396,10 +419,10 @@ def pack_factors(
 
 
 def input_operand(x: torch.Tensor, channels: int, kernel: str) -> torch.Tensor:
-    """x [N, C, H, W] float32 or int8 with `channels` channels, made channels_last unless its channels are
+    """x [N, C, H, W] float32, bf16 or int8 with `channels` channels, made channels_last unless its channels are
     contiguous; ValueError otherwise."""
-    if x.dim() != 4 or x.dtype not in (torch.float32, torch.int8):
-        raise ValueError(f"x must be a 4-D float32 or int8 tensor, not {x.dtype} {tuple(x.shape)}")
+    if x.dim() != 4 or x.dtype not in OPERAND_TYPES:
+        raise ValueError(f"x must be a 4-D float32, bf16 or int8 tensor, not {x.dtype} {tuple(x.shape)}")
     if x.shape[1] != channels:
         raise ValueError(f"x has {x.shape[1]} channels; this {kernel} takes {channels}")
     if x.stride(1) != 1 and channels > 1:
@@ -407,25 +430,37 @@ def input_operand(x: torch.Tensor, channels: int, kernel: str) -> torch.Tensor:
     return x
 
 
-def output_type(y_scale: float) -> tuple[torch.dtype, float]:
-    """The output's type and the factor it is quantized with: int8 and 1 / y_scale for a positive y_scale, else
-    float32 (and 1, unused)."""
-    return (torch.int8, 1.0 / y_scale) if y_scale > 0 else (torch.float32, 1.0)
+def output_type(
+    y_scale: float, x: torch.Tensor, residual: torch.Tensor | None = None, float_type: torch.dtype | None = None
+) -> tuple[torch.dtype, float]:
+    """The output's type and the factor it is quantized with: int8 and 1 / y_scale for a positive y_scale; else
+    `float_type` when given, or the float type of x, or of a float residual where x is int8, else float32 (and 1,
+    unused)."""
+    if y_scale > 0:
+        return torch.int8, 1.0 / y_scale
+    if float_type is not None:
+        if float_type not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the int8 CPU kernels write float32 or bf16, not {float_type}")
+        return float_type, 1.0
+    for operand in (x, residual):
+        if operand is not None and operand.is_floating_point():
+            return operand.dtype, 1.0
+    return torch.float32, 1.0
 
 
 def residual_operand(
     residual: torch.Tensor | None, z_scale: float, shape: tuple[int, ...]
 ) -> tuple[torch.Tensor, float]:
     """The residual as the kernels take it (channels_last, or empty) with its scale: an int8 residual takes a positive
-    z_scale, a float32 one none; ValueError for another type or shape."""
+    z_scale, a float one none; ValueError for another type or shape."""
     if residual is None:
         return ABSENT, 0.0
-    if tuple(residual.shape) != shape or residual.dtype not in (torch.float32, torch.int8):
+    if tuple(residual.shape) != shape or residual.dtype not in OPERAND_TYPES:
         raise ValueError(
-            f"the residual must be float32 or int8 of shape {shape}, not {residual.dtype} {tuple(residual.shape)}"
+            f"the residual must be float32, bf16 or int8 of shape {shape}, not {residual.dtype} {tuple(residual.shape)}"
         )
     if (residual.dtype == torch.int8) != (z_scale > 0):
-        raise ValueError("an int8 residual takes a positive z_scale, a float32 one none")
+        raise ValueError("an int8 residual takes a positive z_scale, a float one none")
     return residual.contiguous(memory_format=torch.channels_last), z_scale if residual.dtype == torch.int8 else 1.0
 
 
