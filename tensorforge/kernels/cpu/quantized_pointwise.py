@@ -111,7 +111,9 @@ template <int MR, int NV>
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) f[r * NV + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * NV + v]), scale, bias);
   }
-  activate_tile<MR * NV>(f, MR * NV, q.pre, q.pre0, q.pre1);
+  const bool narrow = q.yt != FLOAT32;  // a bf16 or int8 output: GELU to 16-bit precision (`activate`)
+  if (narrow) activate_tile<MR * NV, true>(f, MR * NV, q.pre, q.pre0, q.pre1);
+  else activate_tile<MR * NV>(f, MR * NV, q.pre, q.pre0, q.pre1);
   __mmask16 m[NV];
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) m[v] = mask_of(q.K - k0 - 16 * v);
@@ -132,7 +134,8 @@ template <int MR, int NV>
       }
     }
   }
-  activate_tile<MR * NV>(f, MR * NV, q.post, q.post0, q.post1);
+  if (narrow) activate_tile<MR * NV, true>(f, MR * NV, q.post, q.post0, q.post1);
+  else activate_tile<MR * NV>(f, MR * NV, q.post, q.post0, q.post1);
   const __m512 inverse = _mm512_set1_ps(q.y_inverse);
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
