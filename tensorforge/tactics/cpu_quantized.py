@@ -42,6 +42,11 @@ def _quantized_reason(node: Node, device: torch.device) -> str | None:
     return _activations_reason(node, ("pre", "post"), qp.ACTIVATIONS)
 
 
+def _float_type(config: dict[str, Any]) -> torch.dtype:
+    """The type of a float output (and of float inputs) in the config's variant."""
+    return PRECISION_DTYPE[config.get("precision", "fp32")]
+
+
 def _scales(node: Node) -> tuple[float, float, float]:
     a = node.attributes
     return float(a["x_scale"]), float(a.get("z_scale", 0.0)), float(a.get("y_scale", 0.0))
@@ -84,7 +89,7 @@ class CpuQuantizedPointwiseTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
-        float_type = PRECISION_DTYPE[config.get("precision", "fp32")]
+        float_type = _float_type(config)
         strides = list(node.attributes.get("strides") or [1, 1])
         convs = PerWeight(lambda w, s, b: qp.QuantizedPointwise(w.flatten(1), s, x_scale, b, *epilogue, tile))
 
@@ -121,7 +126,7 @@ class CpuQuantizedGemmTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
-        float_type = PRECISION_DTYPE[config.get("precision", "fp32")]
+        float_type = _float_type(config)
 
         def derive(w, s, b):
             return qp.QuantizedPointwise(w.t(), s, x_scale, None if b is None else b.reshape(-1), *epilogue, tile)
@@ -168,7 +173,7 @@ class CpuQuantizedConvTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
-        float_type = PRECISION_DTYPE[config.get("precision", "fp32")]
+        float_type = _float_type(config)
         a = node.attributes
         strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
         convs = PerWeight(lambda w, s, b: qc.QuantizedConv(w, s, x_scale, b, strides, dilations, *epilogue, tile=tile))

@@ -101,6 +101,13 @@ template <int MR, int NV>
   }
 }
 
+// A tile's activation `code`, GELU to 16-bit precision where the output is `narrow` (bf16 or int8: `activate`).
+template <int T>
+[[gnu::always_inline]] inline void activate_for(__m512* f, int64_t code, __m512 p0, __m512 p1, bool narrow) {
+  if (narrow) activate_tile<T, true>(f, T, code, p0, p1);
+  else activate_tile<T>(f, T, code, p0, p1);
+}
+
 // The epilogue of a tile's sums into output pixels p0 .. p0+rows-1 (rows apart by q.ys; the residual's by q.zs).
 template <int MR, int NV>
 [[gnu::always_inline]] inline void finish(const Problem& q, const __m512i* acc, int64_t p0, int rows, int64_t k0) {
@@ -111,9 +118,8 @@ template <int MR, int NV>
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) f[r * NV + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * NV + v]), scale, bias);
   }
-  const bool narrow = q.yt != FLOAT32;  // a bf16 or int8 output: GELU to 16-bit precision (`activate`)
-  if (narrow) activate_tile<MR * NV, true>(f, MR * NV, q.pre, q.pre0, q.pre1);
-  else activate_tile<MR * NV>(f, MR * NV, q.pre, q.pre0, q.pre1);
+  const bool narrow = q.yt != FLOAT32;
+  activate_for<MR * NV>(f, q.pre, q.pre0, q.pre1, narrow);
   __mmask16 m[NV];
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) m[v] = mask_of(q.K - k0 - 16 * v);
@@ -134,8 +140,7 @@ template <int MR, int NV>
       }
     }
   }
-  if (narrow) activate_tile<MR * NV, true>(f, MR * NV, q.post, q.post0, q.post1);
-  else activate_tile<MR * NV>(f, MR * NV, q.post, q.post0, q.post1);
+  activate_for<MR * NV>(f, q.post, q.post0, q.post1, narrow);
   const __m512 inverse = _mm512_set1_ps(q.y_inverse);
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
