@@ -20,7 +20,11 @@ per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it rea
   convolution), s is Y's own calibrated scale (`y_range_scale`, set by the lowering), if it has one.
 - `THROUGH_MAX_POOL` (exact): Y's one reader is a 2-D MaxPool whose readers all read its output as in
   `INPUT_CHAINS` (int8): P writes Q_s(Y) and the pool passes the integers on (max commutes with the rounding).
-When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them.
+- `FROM_LAYER_NORM` (exact): P is not a quantized layer but a LayerNormalization (Y alone, float32 statistics)
+  whose readers are as in `INPUT_CHAINS`: the norm writes Q_s(Y) (`y_scale`). A pre-norm transformer's norms
+  then hand its attention and feed-forward input projections their input quantized.
+When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them
+(a norm, never quantized itself, only its readers).
 A float layer therefore breaks a stream where it stands as P (nothing is written quantized) or as any reader (Y
 stays float for every reader); as the producer of an adder's own X it leaves the adder's residual quantized.
 """
@@ -222,9 +226,45 @@ class ThroughMaxPool(ChainRule):
         return INPUT_CHAINS.scale(producer, list(readers[0][0].outputs[0].uses()), view)
 
 
+LAYER_NORMS = ("LayerNormalization", f"{DOMAIN}::LayerNormalization")
+
+
+class FromLayerNorm(ChainRule):
+    """A LayerNormalization's Y read by quantized layers alone, each as its input X with one scale s: the norm
+    writes Q_s(Y) from its float32 result, which is what every reader quantizes anyway (exact: the Q/DQ
+    simulation has nothing to round for it). The readers' type is the norm's `quant`."""
+
+    def candidate(self, producer: Node, view: ChainView) -> Readers | None:
+        if qualified_op(producer) not in LAYER_NORMS or view.writes_quantized(producer):
+            return None
+        if any(v.name for v in producer.outputs[1:]) or producer.attributes.get("stash_type", 1) != 1:
+            return None  # (Mean and InvStdDev, or other statistics: the reference's)
+        readers = list(producer.outputs[0].uses())
+        return readers if INPUT_CHAINS.serves(readers, view) else None
+
+    def problem(
+        self, producer: Node, readers: Readers, view: ChainView, eligible: Collection[Node] | None = None
+    ) -> str | None:
+        output = producer.outputs[0]
+        if _is_graph_output(output) or output.dtype not in _FLOAT_OUTPUTS:
+            return f"{output.name!r} is a graph output or not a float activation"
+        layer = self.readers_layer(readers, view)
+        problem = INPUT_CHAINS.readers_problem(layer, output, readers, view)
+        return problem or _ineligible([reader for reader, _ in readers], eligible)
+
+    @staticmethod
+    def readers_layer(readers: Readers, view: ChainView) -> QuantizedLayer:
+        """The first quantized reader, whose type the others must share."""
+        return next(layer for layer in (view.layer(reader) for reader, _ in readers) if layer is not None)
+
+    def scale(self, producer: Node, readers: Readers, view: ChainView) -> float:
+        return self.readers_layer(readers, view).x_scale
+
+
 INPUT_CHAINS = InputChains()
 RESIDUAL_STREAMS = ResidualStreams()
 THROUGH_MAX_POOL = ThroughMaxPool()
+FROM_LAYER_NORM = FromLayerNorm()
 
 
 def _ineligible(nodes: Iterable[Node], eligible: Collection[Node] | None) -> str | None:

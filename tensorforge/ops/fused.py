@@ -37,7 +37,10 @@ at least float32 and rounded once to the output type).
   Transpose a multi-head layer applies before merging them.
 - `FusedPointwise(X0, X1, ...)`: a small DAG of elementwise ONNX ops in one node (see `pointwise_program`).
 - `LayerNormalization`, `Gelu`, `Softmax`: the ONNX ops (opset 17, 20, 13 semantics) in this domain, so the
-  optimizer can introduce them into models whose opset predates them; so are `QuantizeLinear` and
+  optimizer can introduce them into models whose opset predates them. LayerNormalization's positive float
+  `y_scale` makes it write `Q(Y)` on the grid of `quant` ("int8" or "fp8e4m3"; Y computed in float32 and
+  quantized as a QuantizedConv quantizes X, Y alone): a transformer's norm handing its quantized layers their
+  input (`passes/quant_chain.py`). So are `QuantizeLinear` and
   `DequantizeLinear` (opset 21 semantics: per-axis and blocked scales), for quantizing models older than
   opset 13.
 
@@ -377,9 +380,17 @@ def _dtype_of(value: Any) -> DType:
 
 
 @register("LayerNormalization", since=OPSET, domain=DOMAIN)
-def layer_normalization(ctx: OpContext, x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+def layer_normalization(
+    ctx: OpContext, x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, y_scale=0.0, quant="int8"
+):  # fmt: skip
     impl = REGISTRY.lookup("LayerNormalization", "", 17).impl
-    return impl(ctx, x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
+    if not y_scale:
+        return impl(ctx, x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
+    if ctx.num_outputs != 1 or stash_type != 1:
+        raise ValueError("a LayerNormalization with y_scale writes Y alone, from float32 statistics")
+    as_float = (t if t is None else t.float() for t in (x, scale, bias))
+    y = impl(ctx, *as_float, axis=axis, epsilon=epsilon, stash_type=stash_type)
+    return quantize_activation(y, y_scale, quant)
 
 
 @register("Gelu", since=OPSET, domain=DOMAIN)

@@ -40,6 +40,14 @@ quantize its output as X with scale s (int8),
 
 since the rounding is monotone and max commutes with it. ResNet's stem then writes int8, the pool pools int8,
 and the first block's two convolutions read it.
+
+From a layer norm (exact): when a LayerNormalization's every reader quantizes its output as X with scale s,
+
+    C_i(LayerNorm(X)) = C_i'(LayerNorm'(X))    with LayerNorm' = LayerNorm(y_scale = s, quant)
+
+(the `tensorforge` domain's norm; Y in float32, quantized as the readers would). A pre-norm transformer (ViT)
+then reads its QKV and first feed-forward projections' input as int8 from the norm, which writes a quarter of
+the bytes float32 takes and spares the products their quantize.
 """
 
 from __future__ import annotations
@@ -49,9 +57,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ..ir import Graph, Model, Node, Value
+from ..ir import Graph, Model, Node, Value, qualified_op
 from ..ops.chain_rules import (
+    FROM_LAYER_NORM,
     INPUT_CHAINS,
+    LAYER_NORMS,
     QUANTIZED_LAYERS,
     RESIDUAL_STREAMS,
     THROUGH_MAX_POOL,
@@ -63,6 +73,7 @@ from ..ops.chain_rules import (
 from ..ops.fused import QUANT_TYPES
 from .base import PassContext, Rule, RulePass, _label
 from .manager import PassManager
+from .utils import replace_with_fused
 
 
 @dataclass
@@ -140,18 +151,43 @@ class RequantizeResidualStream(_RequantizeOutput):
         return f"writes {quant} (scale {scale:.6g}), the residual of {len(residual_readers)} layer(s)"
 
 
+class QuantizeLayerNormOutput(Rule):
+    """`C_i(LayerNorm(X)) = C_i'(LayerNorm(X; y_scale = s))` when every reader C_i of the norm's output quantizes
+    it as its input with scale s (`ops.chain_rules.FROM_LAYER_NORM`)."""
+
+    name = "quantize-layer-norm-output"
+    op_types = LAYER_NORMS
+
+    def __init__(self, eligible: Collection[Node] | None = None) -> None:
+        self.eligible = eligible
+        self.view = ChainView()
+
+    def match(self, node: Node, ctx: PassContext) -> _Chain | None:
+        readers = FROM_LAYER_NORM.candidate(node, self.view)
+        return None if readers is None else _Chain(node, node.outputs[0], readers)
+
+    def check(self, match: _Chain, ctx: PassContext) -> str | None:
+        return FROM_LAYER_NORM.problem(match.producer, match.readers, self.view, self.eligible)
+
+    def rewrite(self, match: _Chain, ctx: PassContext) -> str:
+        quant = FROM_LAYER_NORM.readers_layer(match.readers, self.view).quant
+        scale = FROM_LAYER_NORM.scale(match.producer, match.readers, self.view)
+        norm = match.producer
+        attributes = {**norm.attributes, "y_scale": scale, "quant": quant}
+        quantized = replace_with_fused(ctx, norm, "LayerNormalization", list(norm.inputs), attributes)
+        quantized.outputs[0].dtype = QUANT_TYPES[quant]
+        return f"writes {quant} (scale {scale:.6g}) for {len(match.readers)} quantized reader(s)"
+
+
 class ChainQuantizedLayers(RulePass):
     """Quantized layers hand quantized activations to quantized readers (see the module docstring); run after
     the quantization lowering and the Q/DQ fold, before tactics are chosen."""
 
     name = "chain-quantized-layers"
-    rules = (RequantizeForReaders, RequantizeThroughMaxPool)
+    rules = (RequantizeForReaders, RequantizeThroughMaxPool, QuantizeLayerNormOutput)
 
     def __init__(self, eligible: Collection[Node] | None = None) -> None:
-        self.rules = (
-            functools.partial(RequantizeForReaders, eligible),
-            functools.partial(RequantizeThroughMaxPool, eligible),
-        )
+        self.rules = tuple(functools.partial(rule, eligible) for rule in type(self).rules)
 
 
 class ChainResidualStreams(RulePass):
@@ -166,8 +202,12 @@ class ChainResidualStreams(RulePass):
 
 
 def chained_values(graph: Graph) -> list[str]:
-    """The names of the values quantized layers pass to each other quantized."""
-    return [node.outputs[0].name for node in graph.nodes if is_quantized_layer(node) and node.attributes.get("y_scale")]
+    """The names of the values quantized layers (or layer norms) pass to quantized layers quantized."""
+    return [
+        node.outputs[0].name
+        for node in graph.nodes
+        if (is_quantized_layer(node) or qualified_op(node) in LAYER_NORMS) and node.attributes.get("y_scale")
+    ]
 
 
 def chain_quantized(

@@ -3,6 +3,9 @@ TMA loads of the next tiles in flight while the consumer warpgroups multiply and
 
 - `gluon.gemm-ws`: a linear layer (FusedGemm, Gemm or MatMul by a constant 2-D weight; every batch dimension
   folds into the rows) in fp16 / bf16, bias, activations and residual in the epilogue.
+- `gluon.gemm-ws-quantized`: the same for a QuantizedGemm whose input is already of the layer's quantized type
+  (from a quantized layer or a layer norm that writes it): int32 sums (float32 for E4M3) times x_scale ·
+  Bs[n], the epilogue, the output quantized with y_scale or written in float.
 - `gluon.conv-ws`: a FusedConv of one group, stride 1 or 2, over channels_last activations (`conv_ws`: an unpadded
   1×1 as a product of pixel rows, any other in boxes of output pixels whose taps read shifted boxes of the input,
   or of one of its four phases at stride 2).
@@ -177,6 +180,58 @@ class GluonGemmTactic(Tactic):
             rows = a.reshape(-1, a.shape[-1])
             z_rows = z.reshape(-1, b.shape[0]) if z is not None else None
             gemm_ws(rows, b, out.view(-1, b.shape[0]), tiles, bias=c, z=z_rows, **epilogue)
+            return (out,)
+
+        return kernel
+
+
+@register_tactic
+class GluonQuantizedGemmTactic(Tactic):
+    """`gluon.gemm-ws` for a QuantizedGemm `Y = post(pre(Σ q_a·q_b · x_scale · Bs[n] + C) + Z)` whose A is already
+    quantized: the weight [K, N] kept K-major ([N, K]) once, the column factors x_scale · Bs once, a float
+    residual, the output requantized with y_scale (or written in the bias's float type)."""
+
+    family = "gluon"
+    name = "gemm-ws-quantized"
+    op_types = (f"{DOMAIN}::QuantizedGemm",)
+    precisions = ("fp16", "bf16", "fp32")
+    writes_into = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        problem = _device_problem(device)
+        if problem:
+            return problem
+        b = node.inputs[1]
+        if not (b.is_const and b.rank == 2) or node.inputs[0].rank is None:
+            return "a matrix (or batch of them) times a constant 2-D weight only"
+        return _quantized_input_problem(node) or _activations(node)
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return gemm_ws_configs(effort, quantized=True)
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return _fitting(node, self.space(effort), quantized=True)
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        a = node.attributes
+        epilogue = _epilogue(node)
+        k_major = PerWeight(lambda w: w.T.contiguous())
+        x_scale, y_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0))
+        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
+        quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if y_scale else 0
+        tiles = _gemm_config(config)
+
+        def kernel(inputs, alloc=None):
+            x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            b = k_major(w)
+            n = b.shape[0]
+            dtype = w.dtype if quant_y else _float_output(x, c, z)
+            out = allocate(alloc, 0, (*x.shape[:-1], n), dtype, x.device)
+            gemm_ws(
+                x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=column_scales(w_scale), bias=c,
+                z=z.reshape(-1, n) if z is not None else None, quant_y=quant_y,
+                y_inv_scale=1.0 / y_scale if quant_y else 1.0, **epilogue,
+            )  # fmt: skip
             return (out,)
 
         return kernel

@@ -9,7 +9,7 @@ import torch
 from ..ir import DType, Node
 from ..kernels.triton.norm import layer_norm, row_configs, softmax
 from ..kernels.triton.pointwise import PointwiseKernel, UnsupportedPointwise, pointwise_configs
-from ..ops.fused import DOMAIN
+from ..ops.fused import DOMAIN, QUANT_TYPES
 from .base import Kernel, Tactic, allocate, register_tactic, statistics_reason
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -102,7 +102,8 @@ class TritonSoftmaxTactic(Tactic):
 
 @register_tactic
 class TritonLayerNormTactic(Tactic):
-    """LayerNormalization over axes [axis, rank) in float32, scale and bias in the same pass."""
+    """LayerNormalization over axes [axis, rank) in float32, scale and bias in the same pass; with a `y_scale`, Y
+    quantized onto its int8 or E4M3 grid there too."""
 
     family = "triton"
     name = "layernorm"
@@ -113,7 +114,7 @@ class TritonLayerNormTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "needs CUDA"
-        reason = statistics_reason(node)
+        reason = statistics_reason(node, quantizes=True)
         if reason:
             return reason
         x = node.inputs[0]
@@ -125,13 +126,14 @@ class TritonLayerNormTactic(Tactic):
         return row_configs(effort)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        axis = node.attributes.get("axis", -1)
-        epsilon = float(node.attributes.get("epsilon", 1e-5))
+        a = node.attributes
+        axis, epsilon, y_scale = a.get("axis", -1), float(a.get("epsilon", 1e-5)), float(a.get("y_scale", 0.0))
+        quantized = QUANT_TYPES[a.get("quant", "int8")].torch if y_scale else None
         launch = dict(config) if config else row_configs(0)[0]
 
         def kernel(inputs, alloc=None):
             x, scale, bias = (list(inputs) + [None] * 3)[:3]
-            out = allocate(alloc, 0, x.shape, x.dtype, x.device)
-            return (layer_norm(x, scale, bias, axis=axis, epsilon=epsilon, config=launch, out=out),)
+            out = allocate(alloc, 0, x.shape, quantized or x.dtype, x.device)
+            return (layer_norm(x, scale, bias, axis=axis, epsilon=epsilon, config=launch, out=out, y_scale=y_scale),)
 
         return kernel

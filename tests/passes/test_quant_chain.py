@@ -15,13 +15,22 @@ from tensorforge.frontend import import_model
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops import load_all
 from tensorforge.ops.chain_rules import plan_chains
+from tensorforge.ops.fused import QUANT_TYPES
 from tensorforge.ops.infer import infer_model
 from tensorforge.ops.registry import REGISTRY
 from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.quant.lower import engine_layers, quantize_layers
 from tests.helpers import make_model, run_onnxruntime, tensor_info
-from tests.quant.chain_support import batches, calibrated, copy, downsample_proto, lowered, pool_proto
+from tests.quant.chain_support import (
+    batches,
+    calibrated,
+    copy,
+    downsample_proto,
+    lowered,
+    pool_proto,
+    prenorm_proto,
+)
 
 
 def _node(model, name):
@@ -289,3 +298,34 @@ def test_a_max_pool_passes_nothing_where_its_output_must_stay_float():
     chained, section = chain_quantized(model, residuals=False, eligible=eligible)
     assert _node(chained, "pool").outputs[0].dtype == DType.FLOAT
     assert "runs as its float original" in section["float"]["conv0"]
+
+
+@pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
+def test_a_layer_norm_writes_its_quantized_readers_input_exactly(quant):
+    """ln1 → fc1 and ln2 → fc3: each norm writes its reader's quantized input on the reader's scale (the domain's
+    norm with `y_scale`), and the chained graph computes exactly what the unchained one does."""
+    unchained = lowered(quant, proto=prenorm_proto())
+    chained, section = chain_quantized(copy(unchained), residuals=False)
+    norms = [node for node in chained.graph.nodes if node.op_type == "LayerNormalization"]
+    assert len(norms) == 2
+    for norm in norms:
+        ((reader, index),) = norm.outputs[0].uses()
+        assert index == 0 and reader.op_type == "QuantizedGemm" and norm.domain == "tensorforge"
+        assert norm.attributes["y_scale"] == reader.attributes["x_scale"] > 0 and norm.attributes["quant"] == quant
+        assert norm.outputs[0].dtype == QUANT_TYPES[quant] and norm.outputs[0].name in section["chained"]
+    for feed in batches(3, seed=13):
+        want = Executor(unchained).run(feed)["y"]
+        got = Executor(chained).run(feed)["y"]
+        assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+
+
+def test_a_layer_norm_stays_float_where_its_output_must():
+    chained, section = chain_quantized(lowered(proto=prenorm_proto(norm_output=True)), residuals=False)
+    ln1 = next(node for node in chained.graph.nodes if node.outputs[0].name == "n1")
+    assert ln1.outputs[0].dtype == DType.FLOAT and not ln1.attributes.get("y_scale")
+    assert "graph output" in section["float"][ln1.name]
+    model = lowered(proto=prenorm_proto())
+    eligible = [node for node in model.graph.nodes if node.op_type == "QuantizedGemm" and node.outputs[0].name != "y"]
+    chained, section = chain_quantized(model, residuals=False, eligible=eligible)
+    ln2 = next(node for node in chained.graph.nodes if node.outputs[0].name == "n2")
+    assert ln2.outputs[0].dtype == DType.FLOAT and "runs as its float original" in section["float"][ln2.name]

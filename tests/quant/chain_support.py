@@ -153,6 +153,36 @@ def pool_proto(seed: int = 0, pooled_output: bool = False) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
 
 
+def prenorm_proto(seed: int = 0, norm_output: bool = False, width: int = 8) -> onnx.ModelProto:
+    """A pre-norm transformer's feed-forward block over x[2,3,8,8] as rows of 8 features: fc0 8→w = e → ln1 = n1
+    → fc1 w→2w + Relu → fc2 2w→w, + e = r → ln2 = n2 → fc3 w→4 = y (w = `width`). Every norm's output is read by
+    one quantized layer as its input: the norms write int8 for them. With `norm_output`, n1 is a graph output
+    too (it stays float)."""
+    rng = np.random.default_rng(seed)
+    w, spread = width, (8 / width) ** 0.5
+    weights = {
+        "w0": rng.normal(0, 0.4, (8, w)), "g1": 1 + rng.normal(0, 0.2, w), "e1": rng.normal(0, 0.1, w),
+        "w1": rng.normal(0, 0.4 * spread, (w, 2 * w)), "b1": rng.normal(0, 0.1, 2 * w),
+        "w2": rng.normal(0, 0.3 * spread, (2 * w, w)), "b2": rng.normal(0, 0.1, w),
+        "g2": 1 + rng.normal(0, 0.2, w), "w3": rng.normal(0, 0.3 * spread, (w, 4)),
+    }  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["e"], name="fc0"),
+        helper.make_node("LayerNormalization", ["e", "g1", "e1"], ["n1"], name="ln1"),
+        helper.make_node("MatMul", ["n1", "w1"], ["m1"], name="fc1"),
+        helper.make_node("Add", ["m1", "b1"], ["a1"], name="fc1_bias"),
+        helper.make_node("Relu", ["a1"], ["h"], name="relu1"),
+        helper.make_node("MatMul", ["h", "w2"], ["m2"], name="fc2"),
+        helper.make_node("Add", ["m2", "b2"], ["a2"], name="fc2_bias"),
+        helper.make_node("Add", ["a2", "e"], ["r"], name="residual"),
+        helper.make_node("LayerNormalization", ["r", "g2"], ["n2"], name="ln2"),
+        helper.make_node("MatMul", ["n2", "w3"], ["y"], name="fc3"),
+    ]
+    initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
+    outputs = [tensor_info("y", [2, 3, 8, 4])] + ([tensor_info("n1", [2, 3, 8, width])] if norm_output else [])
+    return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
+
+
 def calibrated(proto: onnx.ModelProto | None = None) -> tuple[Model, CalibrationTable]:
     """`proto` (by default `chain_proto()`) imported and optimized as a build does, and its minmax table."""
     model, _ = optimize(import_model(proto if proto is not None else chain_proto()))

@@ -16,9 +16,9 @@ from tensorforge.tactics.autotune import autotune, candidate_groups
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.gluon_gemm import _conv_problem, gemm_ws_configs
 from tests.helpers import RecordedLaunches, make_model, tensor_info
-from tests.quant.chain_support import lowered, skip_proto
+from tests.quant.chain_support import lowered, prenorm_proto, skip_proto
 
-TACTICS = ("gluon.gemm-ws", "gluon.conv-ws", "gluon.conv-ws-quantized")
+TACTICS = ("gluon.gemm-ws", "gluon.gemm-ws-quantized", "gluon.conv-ws", "gluon.conv-ws-quantized")
 
 
 def _conv(channels: int, out_channels: int, kernel: int, stride: int, residual: bool):
@@ -131,6 +131,18 @@ def test_a_chains_3x3_layers_pass_the_autotuners_check(quant, layer):
     """Quantized in and out (conv1), with a quantized residual (conv2), quantized in and float out (conv4)."""
     model, _ = chain_quantized(lowered(quant, proto=skip_proto(width=64)))
     _check_quantized(next(n for n in model.graph.nodes if n.name == layer), quant, "gluon.conv-ws-quantized")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
+@pytest.mark.parametrize("layer", ["fc1", "fc2", "fc3"])
+def test_a_transformers_quantized_linear_layers_pass_the_autotuners_check(quant, layer):
+    """fc1 reads its norm's quantized output and writes quantized (its ReLU inside), fc2 reads quantized and adds a
+    float residual, fc3 reads quantized and writes float (a block 64 features wide, rows that suit TMA)."""
+    model, _ = chain_quantized(lowered(quant, proto=prenorm_proto(width=64)))
+    node = next(n for n in model.graph.nodes if n.name == layer)
+    assert node.op_type == "QuantizedGemm" and node.inputs[0].dtype == QUANT_TYPES[quant]
+    _check_quantized(node, quant, "gluon.gemm-ws-quantized")
 
 
 def _check_quantized(node, quant: str, tactic: str) -> None:

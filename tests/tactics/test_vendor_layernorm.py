@@ -32,3 +32,30 @@ def test_vendor_layer_norm_declines_the_statistics_outputs_and_other_stash_types
     tactic, cpu = tactic_by_key(TACTIC), torch.device("cpu")
     assert "Mean and InvStdDev" in tactic.supports(layer_norm_node([2, 8], -1, outputs=("y", "mean")), 17, cpu)
     assert "stash_type" in tactic.supports(layer_norm_node([2, 8], -1, stash_type=11), 17, cpu)
+
+
+def test_a_quantized_layer_norm_runs_on_the_triton_kernel_and_the_reference_only():
+    """A norm with `y_scale` (writing its readers' int8 input) is declined, with the reason, by the tactics whose
+    kernels write float; `triton.layernorm` takes it (on CUDA)."""
+    node = layer_norm_node([2, 7, 48], -1)
+    node.attributes.update(y_scale=0.05, quant="int8")
+    for key, device in [(TACTIC, "cpu"), ("cpu.layernorm", "cpu"), ("cuda.layernorm", "cuda")]:
+        reason = tactic_by_key(key).supports(node, 17, torch.device(device))
+        assert reason is not None and ("y_scale" in reason or "CUDA" in reason or "compiler" in reason), key
+    assert "y_scale" in tactic_by_key(TACTIC).supports(node, 17, torch.device("cpu"))
+    assert "y_scale" not in (tactic_by_key("triton.layernorm").supports(node, 17, torch.device("cpu")) or "")
+
+
+@pytest.mark.gpu
+def test_a_quantized_layer_norm_on_the_gpu_matches_the_reference():
+    node = layer_norm_node([4, 50, 384], -1)
+    node.attributes.update(y_scale=0.03, quant="int8")
+    x = torch.randn(4, 50, 384, device="cuda", dtype=torch.float16) * 2
+    choice = autotune(node, 17, [x], torch.device("cuda"), effort=0)
+    triton = next(c for c in choice.candidates if c.tactic == "triton.layernorm")
+    assert math.isfinite(triton.median_ms), triton.note
+    dev = torch.device("cuda")
+    ours = build_layer_kernel(tactic_by_key("triton.layernorm"), node, 17, dev, triton.config, {})([x])[0]
+    want = build_layer_kernel(tactic_by_key("reference.registry"), node, 17, dev, {}, {})([x])[0]
+    assert ours.dtype == want.dtype == torch.int8
+    assert int((ours.int() - want.int()).abs().max()) <= 1 and (ours != want).float().mean().item() <= 1e-3

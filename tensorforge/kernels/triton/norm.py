@@ -8,7 +8,8 @@ float32 and rounding once to the output type.
   (s ← s·e^(m − m') + e^(x − m')), then a second pass writes. A row of −inf gives NaN, as torch does.
 - `layer_norm(x, scale, bias, epsilon)`: `(x − mean) / √(var + ε) · scale + bias` over the last axes
   (population variance), with scale and bias of the normalized shape. Rows longer than a tile take a pass
-  for the mean, one for the variance (of x − mean: no cancellation) and one to write.
+  for the mean, one for the variance (of x − mean: no cancellation) and one to write. With `y_scale` the
+  float32 result is quantized onto the int8 or E4M3 grid of the output's type (the epilogues' `quantize`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+
+from .epilogue import quantize
 
 
 def row_configs(effort: int) -> list[dict[str, int]]:
@@ -70,8 +73,9 @@ def _softmax_kernel(
 
 @triton.jit
 def _layer_norm_kernel(
-    x, scale, bias, y, ROWS, N, sxr, sxc, syr, syc, epsilon,
-    HAS_BIAS: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    x, scale, bias, y, ROWS, N, sxr, sxc, syr, syc, epsilon, y_inv_scale,
+    HAS_BIAS: tl.constexpr, QUANT: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rows_in = (rows < ROWS)[:, None]
@@ -87,7 +91,7 @@ def _layer_norm_kernel(
         out = centered * inv_std * tl.load(scale + cols, mask=cols < N, other=0.0).to(tl.float32)
         if HAS_BIAS:
             out += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)
-        tl.store(y_rows + cols * syc, out.to(y.dtype.element_ty), mask=inside)
+        tl.store(y_rows + cols * syc, _output(out, y, y_inv_scale, QUANT), mask=inside)
     else:
         total = tl.zeros((BLOCK_R, BLOCK_N), tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -108,7 +112,16 @@ def _layer_norm_kernel(
             out = (value - mean) * inv_std * tl.load(scale + cols + start, mask=in_row, other=0.0).to(tl.float32)
             if HAS_BIAS:
                 out += tl.load(bias + cols + start, mask=in_row, other=0.0).to(tl.float32)
-            tl.store(y_rows + (cols + start) * syc, out.to(y.dtype.element_ty), mask=inside)
+            tl.store(y_rows + (cols + start) * syc, _output(out, y, y_inv_scale, QUANT), mask=inside)
+
+
+@triton.jit
+def _output(out, y, y_inv_scale, QUANT: tl.constexpr):
+    """A float32 block as y's type: quantized (QUANT 1 int8, 2 E4M3) or rounded."""
+    if QUANT != 0:
+        return quantize(out, y_inv_scale, QUANT)
+    else:
+        return out.to(y.dtype.element_ty)
 
 
 def softmax(x: torch.Tensor, *, out: torch.Tensor | None = None, config: dict[str, Any] | None = None) -> torch.Tensor:
@@ -133,13 +146,19 @@ def layer_norm(
     epsilon: float = 1e-5,
     out: torch.Tensor | None = None,
     config: dict[str, Any] | None = None,
+    y_scale: float = 0.0,
 ) -> torch.Tensor:
     """LayerNormalization of float `x` over the axes [axis, rank) as ONNX defines it (stash type float32), with
-    scale and bias broadcastable to the normalized shape, in `x`'s dtype or into `out`."""
+    scale and bias broadcastable to the normalized shape, in `x`'s dtype or into `out`; with a positive `y_scale`,
+    quantized into `out` (int8 or float8_e4m3fn) as `ops.fused.quantize_activation` quantizes."""
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"layer_norm: axis {axis} is out of range for a rank-{x.dim()} input")
+    quant = _QUANT_CODES.get(out.dtype, 0) if out is not None and y_scale else 0
+    if bool(y_scale) != bool(quant):
+        raise ValueError(f"layer_norm: a y_scale needs an int8 or float8_e4m3fn out and back (got {y_scale}, out "
+                         f"{None if out is None else out.dtype})")  # fmt: skip
     normalized = tuple(x.shape[axis % x.dim() :])
-    rows_x, y, rows_y = _rows("layer_norm", x, out, normalized)
+    rows_x, y, rows_y = _rows("layer_norm", x, out, normalized, quantized=bool(quant))
     n = rows_x.shape[1]
     flat_scale = _parameter("scale", scale, normalized, n)
     flat_bias = _parameter("bias", bias, normalized, n) if bias is not None else None
@@ -148,24 +167,29 @@ def layer_norm(
     launch = _tiling(rows_x.shape, config)
     _layer_norm_kernel[launch.grid](
         rows_x, flat_scale, flat_bias if flat_bias is not None else flat_scale, rows_y,
-        *rows_x.shape, *rows_x.stride(), *rows_y.stride(), float(epsilon),
-        HAS_BIAS=flat_bias is not None, ONE_PASS=launch.one_pass,
+        *rows_x.shape, *rows_x.stride(), *rows_y.stride(), float(epsilon), 1.0 / y_scale if quant else 1.0,
+        HAS_BIAS=flat_bias is not None, QUANT=quant, ONE_PASS=launch.one_pass,
         BLOCK_R=launch.block_r, BLOCK_N=launch.block_n, num_warps=launch.num_warps,
     )  # fmt: skip
     return y
 
 
+_QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}
+
+
 def _rows(
-    what: str, x: torch.Tensor, out: torch.Tensor | None, normalized: tuple[int, ...]
+    what: str, x: torch.Tensor, out: torch.Tensor | None, normalized: tuple[int, ...], quantized: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`x` as [rows, prod(normalized)] (a view when its strides allow), the output and its [rows, N] view."""
+    """`x` as [rows, prod(normalized)] (a view when its strides allow), the output (float, or quantized) and its
+    [rows, N] view."""
     if not x.is_floating_point() or x.dim() == 0:
         raise ValueError(f"{what}: needs a float tensor with at least one dim, got {x.dtype} {list(x.shape)}")
     n = math.prod(normalized)
     rows = x.reshape(-1, n) if n else x.reshape(0, 0)
     y = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
-    if tuple(y.shape) != tuple(x.shape) or y.device != x.device or not y.is_floating_point():
-        raise ValueError(f"{what}: out is {y.dtype} {list(y.shape)} on {y.device}, needs a float {list(x.shape)}")
+    wanted = "a quantized" if quantized else "a float"
+    if tuple(y.shape) != tuple(x.shape) or y.device != x.device or (not quantized and not y.is_floating_point()):
+        raise ValueError(f"{what}: out is {y.dtype} {list(y.shape)} on {y.device}, needs {wanted} {list(x.shape)}")
     try:
         rows_y = y.view(-1, n) if n else y.view(0, 0)
     except RuntimeError:
