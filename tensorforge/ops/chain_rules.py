@@ -12,9 +12,9 @@ per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it rea
 - `INPUT_CHAINS` (exact): every C_i is a quantized layer of P's type reading Y as its input X, all with one
   scale s. P then writes Q_s(Y) and the readers skip their quantize.
 - `RESIDUAL_STREAMS` (after the input chains; an approximation): at least one C_i adds Y as its residual, and
-  every C_i is a quantized layer of P's type reading Y as X with one scale s, or a QuantizedConv adding Y as its
-  residual Z (reading its own X quantized, or float and quantizing it on load: ResNet's first downsample reads
-  the max pool's float output). P then writes Q_s(Y) and the adders add Q_s(Y) · s
+  every C_i is a quantized layer of P's type reading Y as X with one scale s, or a quantized layer adding Y as
+  its residual Z (reading its own X quantized, or float and quantizing it on load: ResNet's first downsample
+  reads the max pool's float output). P then writes Q_s(Y) and the adders add Q_s(Y) · s
   (`z_scale` = s): the residual rounded onto the grid its X readers quantize it to anyway. When no C_i reads Y
   as X (a residual-only tensor: the last convolution of a ResNet stage's first block, added by the downsample
   convolution), s is Y's own calibrated scale (`y_range_scale`, set by the lowering), if it has one.
@@ -23,6 +23,9 @@ per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it rea
 - `FROM_LAYER_NORM` (exact): P is not a quantized layer but a LayerNormalization (Y alone, float32 statistics)
   whose readers are as in `INPUT_CHAINS`: the norm writes Q_s(Y) (`y_scale`). A pre-norm transformer's norms
   then hand its attention and feed-forward input projections their input quantized.
+- `LAYER_NORM_STREAMS` (after the input chains; an approximation): as `FROM_LAYER_NORM`, and some readers add Y
+  as their residual Z, as in `RESIDUAL_STREAMS`. A post-norm transformer's (BERT's) norms then hand the next
+  projection its input and the residual add after it the same int8 tensor.
 When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them
 (a norm, never quantized itself, only its readers).
 A float layer therefore breaks a stream where it stands as P (nothing is written quantized) or as any reader (Y
@@ -38,7 +41,7 @@ from ..ir import DType, Graph, Node, Value, qualified_op
 from .fused import DOMAIN
 
 QUANTIZED_LAYERS = (f"{DOMAIN}::QuantizedConv", f"{DOMAIN}::QuantizedGemm")
-X_INPUT, Z_INPUT = 0, 3  # a quantized layer's input positions: its activation, a QuantizedConv's residual
+X_INPUT, Z_INPUT = 0, 3  # a quantized layer's input positions: its activation, its residual
 XS_INPUT = 5  # a QuantizedConv's per-channel input scales
 _FLOAT_OUTPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16, DType.UNDEFINED)
 
@@ -234,6 +237,8 @@ class FromLayerNorm(ChainRule):
     writes Q_s(Y) from its float32 result, which is what every reader quantizes anyway (exact: the Q/DQ
     simulation has nothing to round for it). The readers' type is the norm's `quant`."""
 
+    readers_rule: ChainRule = InputChains()
+
     def candidate(self, producer: Node, view: ChainView) -> Readers | None:
         if qualified_op(producer) not in LAYER_NORMS or view.writes_quantized(producer):
             return None
@@ -249,7 +254,7 @@ class FromLayerNorm(ChainRule):
         if _is_graph_output(output) or output.dtype not in _FLOAT_OUTPUTS:
             return f"{output.name!r} is a graph output or not a float activation"
         layer = self.readers_layer(readers, view)
-        problem = INPUT_CHAINS.readers_problem(layer, output, readers, view)
+        problem = self.readers_rule.readers_problem(layer, output, readers, view)
         return problem or _ineligible([reader for reader, _ in readers], eligible)
 
     @staticmethod
@@ -258,13 +263,25 @@ class FromLayerNorm(ChainRule):
         return next(layer for layer in (view.layer(reader) for reader, _ in readers) if layer is not None)
 
     def scale(self, producer: Node, readers: Readers, view: ChainView) -> float:
-        return self.readers_layer(readers, view).x_scale
+        return next(view.layer(reader).x_scale for reader, index in readers if index == X_INPUT)
+
+
+class LayerNormStreams(FromLayerNorm):
+    """`FROM_LAYER_NORM` where some readers add Y as their residual: Q_s(Y), s from the X readers (at least one),
+    added as Q_s(Y) · s, the residual rounded onto its readers' grid as `RESIDUAL_STREAMS` rounds it."""
+
+    readers_rule = ResidualStreams()
+
+    def candidate(self, producer: Node, view: ChainView) -> Readers | None:
+        readers = super().candidate(producer, view)
+        return readers if readers is not None and any(_adds(r, i, view) for r, i in readers) else None
 
 
 INPUT_CHAINS = InputChains()
 RESIDUAL_STREAMS = ResidualStreams()
 THROUGH_MAX_POOL = ThroughMaxPool()
 FROM_LAYER_NORM = FromLayerNorm()
+LAYER_NORM_STREAMS = LayerNormStreams()
 
 
 def _ineligible(nodes: Iterable[Node], eligible: Collection[Node] | None) -> str | None:
@@ -277,9 +294,8 @@ def _ineligible(nodes: Iterable[Node], eligible: Collection[Node] | None) -> str
 
 
 def _adds(reader: Node, index: int, view: ChainView) -> bool:
-    """Whether `reader` reads input `index` as a QuantizedConv's residual Z."""
-    layer = view.layer(reader)
-    return index == Z_INPUT and layer is not None and layer.op_type == "QuantizedConv"
+    """Whether `reader` reads input `index` as a quantized layer's residual Z."""
+    return index == Z_INPUT and view.layer(reader) is not None
 
 
 def _is_graph_output(value: Value) -> bool:
@@ -290,8 +306,8 @@ def _is_graph_output(value: Value) -> bool:
 @dataclass(frozen=True)
 class ChainPlan:
     """What the chaining passes would do to a graph: the producers that write their output quantized, with the
-    scale (`inputs`: the exact input chains, `residuals`: those that are also added as residuals), and the
-    QuantizedConv (to be) that add a quantized residual, with its `z_scale`."""
+    scale (`inputs`: the exact input chains, `residuals`: those that are also added as residuals, layer norms
+    among them), and the quantized layers (to be) that add a quantized residual, with its `z_scale`."""
 
     inputs: dict[Node, float]
     residuals: dict[Node, float]
@@ -310,7 +326,10 @@ def plan_chains(
     may read its X from a producer chained by an earlier stream). The graph is left as it is."""
     view = ChainView(layer)
     inputs = _sweep(graph.nodes, INPUT_CHAINS, view, eligible)
-    streams = _sweep(graph.nodes, RESIDUAL_STREAMS, view, eligible) if residuals else {}
+    streams = {}
+    if residuals:
+        streams = _sweep(graph.nodes, RESIDUAL_STREAMS, view, eligible)
+        streams.update(_sweep(graph.nodes, LAYER_NORM_STREAMS, view, eligible))
     adders = {
         reader: scale
         for producer, scale in streams.items()

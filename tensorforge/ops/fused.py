@@ -27,8 +27,8 @@ at least float32 and rounded once to the output type).
   float (a chained producer writes one scale).
 - `QuantizedGemm(A, Bq, C?, Z?, Bs)`: FusedGemm on quantized operands, `Y = post(pre(acc · x_scale · Bs[n] + C)
   + Z)` with `acc = Q(A) @ Bq`: A quantized per tensor as in QuantizedConv, Bq the constant [K, N] weight in
-  that type with per-output-column float32 scales Bs (alpha 1, beta 1, A not transposed); A already quantized
-  and `y_scale` as in QuantizedConv.
+  that type with per-output-column float32 scales Bs (alpha 1, beta 1, A not transposed); A already quantized,
+  `y_scale` and a quantized residual (`z_scale`) as in QuantizedConv.
 - `FusedGemm(A, B, C?, Z?)`: `Y = post(pre(alpha · op(A) @ op(B) + beta · C) + Z)`, where `@` is MatMul's
   batched matrix product and `op` transposes the last two axes when `transA` / `transB` is set.
 - `Attention(Q, Kt, V, B?)`: `Softmax(Q @ Kt · scale + B, axis=-1) @ V` (Kt is Kᵀ, [..., D, Sk]; the float
@@ -283,12 +283,13 @@ def quantized_conv(
 @register("QuantizedGemm", since=OPSET, domain=DOMAIN)
 def quantized_gemm(
     ctx: OpContext, a, b, c=None, z=None, b_scale=None, *, x_scale, quant="int8", explicit=0, y_scale=0.0,
-    pre="", pre_params=(), post="", post_params=(),
+    z_scale=0.0, pre="", pre_params=(), post="", post_params=(),
 ):  # fmt: skip
     if b_scale is None:
         raise ValueError("QuantizedGemm needs the weight scales (input 4)")
     acc = torch.matmul(quantized_input(a, x_scale, quant), b.float())
     scales = b_scale.float().to(acc.device) * torch.full((), x_scale, dtype=torch.float32, device=acc.device)
+    z = residual_values(z, z_scale)
     y = epilogue(acc * scales, c, z, pre, pre_params, post, post_params, lambda t: t.shape)
     return requantize(y, y_scale, quant, output_dtype(a))
 

@@ -47,7 +47,10 @@ From a layer norm (exact): when a LayerNormalization's every reader quantizes it
 
 (the `tensorforge` domain's norm; Y in float32, quantized as the readers would). A pre-norm transformer (ViT)
 then reads its QKV and first feed-forward projections' input as int8 from the norm, which writes a quarter of
-the bytes float32 takes and spares the products their quantize.
+the bytes float32 takes and spares the products their quantize. With residual streams, a norm whose output is
+also added as a quantized layer's residual Z writes Q_s(Y) all the same and the adders take `z_scale` = s (the
+residual rounded, as above): a post-norm transformer's (BERT's) norms feed the next projection and the residual
+add after it.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from ..ir import Graph, Model, Node, Value, qualified_op
 from ..ops.chain_rules import (
     FROM_LAYER_NORM,
     INPUT_CHAINS,
+    LAYER_NORM_STREAMS,
     LAYER_NORMS,
     QUANTIZED_LAYERS,
     RESIDUAL_STREAMS,
@@ -157,26 +161,39 @@ class QuantizeLayerNormOutput(Rule):
 
     name = "quantize-layer-norm-output"
     op_types = LAYER_NORMS
+    chain_rule = FROM_LAYER_NORM
 
     def __init__(self, eligible: Collection[Node] | None = None) -> None:
         self.eligible = eligible
         self.view = ChainView()
 
     def match(self, node: Node, ctx: PassContext) -> _Chain | None:
-        readers = FROM_LAYER_NORM.candidate(node, self.view)
+        readers = self.chain_rule.candidate(node, self.view)
         return None if readers is None else _Chain(node, node.outputs[0], readers)
 
     def check(self, match: _Chain, ctx: PassContext) -> str | None:
-        return FROM_LAYER_NORM.problem(match.producer, match.readers, self.view, self.eligible)
+        return self.chain_rule.problem(match.producer, match.readers, self.view, self.eligible)
 
     def rewrite(self, match: _Chain, ctx: PassContext) -> str:
-        quant = FROM_LAYER_NORM.readers_layer(match.readers, self.view).quant
-        scale = FROM_LAYER_NORM.scale(match.producer, match.readers, self.view)
+        quant = self.chain_rule.readers_layer(match.readers, self.view).quant
+        scale = self.chain_rule.scale(match.producer, match.readers, self.view)
         norm = match.producer
         attributes = {**norm.attributes, "y_scale": scale, "quant": quant}
         quantized = replace_with_fused(ctx, norm, "LayerNormalization", list(norm.inputs), attributes)
         quantized.outputs[0].dtype = QUANT_TYPES[quant]
-        return f"writes {quant} (scale {scale:.6g}) for {len(match.readers)} quantized reader(s)"
+        adders = [reader for reader, index in match.readers if index == Z_INPUT]
+        for reader in adders:
+            reader.attributes["z_scale"] = scale
+        added = f", the residual of {len(adders)} layer(s)" if adders else ""
+        return f"writes {quant} (scale {scale:.6g}) for {len(match.readers) - len(adders)} quantized reader(s){added}"
+
+
+class QuantizeLayerNormStream(QuantizeLayerNormOutput):
+    """`QuantizeLayerNormOutput` where some readers add the norm's output as their residual: they take it
+    quantized, `z_scale` = s (`ops.chain_rules.LAYER_NORM_STREAMS`)."""
+
+    name = "quantize-layer-norm-stream"
+    chain_rule = LAYER_NORM_STREAMS
 
 
 class ChainQuantizedLayers(RulePass):
@@ -195,10 +212,10 @@ class ChainResidualStreams(RulePass):
     docstring); after `ChainQuantizedLayers`."""
 
     name = "chain-residual-streams"
-    rules = (RequantizeResidualStream,)
+    rules = (RequantizeResidualStream, QuantizeLayerNormStream)
 
     def __init__(self, eligible: Collection[Node] | None = None) -> None:
-        self.rules = (functools.partial(RequantizeResidualStream, eligible),)
+        self.rules = tuple(functools.partial(rule, eligible) for rule in type(self).rules)
 
 
 def chained_values(graph: Graph) -> list[str]:

@@ -189,7 +189,8 @@ class GluonGemmTactic(Tactic):
 class GluonQuantizedGemmTactic(Tactic):
     """`gluon.gemm-ws` for a QuantizedGemm `Y = post(pre(Σ q_a·q_b · x_scale · Bs[n] + C) + Z)` whose A is already
     quantized: the weight [K, N] kept K-major ([N, K]) once, the column factors x_scale · Bs once, a float
-    residual, the output requantized with y_scale (or written in the bias's float type)."""
+    residual or a quantized one dequantized by z_scale, the output requantized with y_scale (or written in the
+    bias's float type)."""
 
     family = "gluon"
     name = "gemm-ws-quantized"
@@ -216,7 +217,7 @@ class GluonQuantizedGemmTactic(Tactic):
         a = node.attributes
         epilogue = _epilogue(node)
         k_major = PerWeight(lambda w: w.T.contiguous())
-        x_scale, y_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0))
+        x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
         quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if y_scale else 0
         tiles = _gemm_config(config)
@@ -229,7 +230,7 @@ class GluonQuantizedGemmTactic(Tactic):
             out = allocate(alloc, 0, (*x.shape[:-1], n), dtype, x.device)
             gemm_ws(
                 x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=column_scales(w_scale), bias=c,
-                z=z.reshape(-1, n) if z is not None else None, quant_y=quant_y,
+                z=z.reshape(-1, n) if z is not None else None, z_scale=z_scale or 1.0, quant_y=quant_y,
                 y_inv_scale=1.0 / y_scale if quant_y else 1.0, **epilogue,
             )  # fmt: skip
             return (out,)

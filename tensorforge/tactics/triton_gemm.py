@@ -135,6 +135,8 @@ class TritonQuantizedGemmTactic(Tactic):
             return f"C must be a bias row [{n}], got {list(c.shape or ())}"
         if z is not None and z.name and tuple(z.shape or ()) != tuple(node.outputs[0].shape or ()):
             return "the residual must have the output's shape"
+        if node.attributes.get("z_scale", 0.0):
+            return "a float residual only (the rows kernel does not dequantize one)"
         return _activation_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:

@@ -636,7 +636,7 @@ class OneDnnQuantizedLinearTactic(Tactic):
         residual = len(node.inputs) > 3 and node.inputs[3] is not None
         inside = not residual and pre in _QLINEAR_UNARY
         unary, algorithm = _QLINEAR_UNARY[pre] if inside else ("none", "")
-        y_scale = float(node.attributes.get("y_scale", 0.0))
+        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         out_scale, out_dtype = _onednn_output(y_scale, tail=residual or not inside)
         onednn = torch.ops.onednn
         packed: dict[int, torch.Tensor] = {}
@@ -654,6 +654,7 @@ class OneDnnQuantizedLinearTactic(Tactic):
                 out_dtype, unary, [], algorithm,
             )  # fmt: skip
             y = y.reshape(*a.shape[:-1], y.shape[-1])
+            z = residual_values(z, z_scale)
             return (_after_onednn(y, inside, z, pre, pre_params, post, post_params, y_scale),)
 
         return kernel
@@ -684,10 +685,11 @@ class CublasInt8GemmTactic(Tactic):
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         pre, pre_params, post, post_params = _epilogue_attributes(node)
         x_scale = float(node.attributes["x_scale"])
-        y_scale = float(node.attributes.get("y_scale", 0.0))
+        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
 
         def kernel(inputs):
             a, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
+            z = residual_values(z, z_scale)
             rows = a.reshape(-1, a.shape[-1])
             if rows.shape[0] <= 16:
                 raise ValueError(f"cuBLAS's int8 product takes more than 16 rows, not {rows.shape[0]}")

@@ -319,6 +319,42 @@ def test_a_layer_norm_writes_its_quantized_readers_input_exactly(quant):
         assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
 
 
+def test_a_post_norm_blocks_norm_writes_its_readers_input_and_their_residual():
+    """ln1's output is fc1's input and fc2's residual: without residual streams it stays float (the exact rule
+    declines, naming the residual); with them ln1 writes int8 on fc1's scale and fc2 adds it dequantized. The
+    chained graph equals the unchained one with that residual quantized and dequantized (QuantizeLinear /
+    DequantizeLinear on fc2's Z), up to float32's rounding, and the accuracy search's plan rounds the same."""
+    model, table = calibrated(prenorm_proto(post_norm=True))
+    planned = plan_chains(model.graph, engine_layers(model, table).get)
+    quantize_layers(model, table)
+    infer_model(model, check=False)
+    unchained = copy(model)
+    exact, section = chain_quantized(copy(model), residuals=False)
+    ln1 = _node(exact, "ln1")
+    assert not ln1.attributes.get("y_scale") and "a residual stays float" in section["float"][ln1.name]
+    chained, section = chain_quantized(model)
+    ln1 = _node(chained, "ln1")
+    fc1, fc2 = _node(chained, "fc1"), _node(chained, "fc2")
+    assert ln1.outputs[0].dtype == DType.INT8 and fc1.inputs[0] is ln1.outputs[0] is fc2.inputs[3]
+    assert ln1.attributes["y_scale"] == fc1.attributes["x_scale"] == fc2.attributes["z_scale"] > 0
+    assert section["quantized_residuals"] == ["fc2"]
+    assert {node.name: scale for node, scale in planned.adders.items()} == {"fc2": fc2.attributes["z_scale"]}
+    z = _node(unchained, "fc2").inputs[3]
+    scale = torch.tensor(fc2.attributes["z_scale"], dtype=torch.float32)
+    values = [Value(name, dtype, (), const=const) for name, dtype, const in
+              [("z_scale", DType.FLOAT, scale), ("z_zero", DType.INT8, torch.tensor(0, dtype=torch.int8))]]  # fmt: skip
+    unchained.graph.initializers.update({v.name: v for v in values})
+    quantized, restored = Value("z_q", DType.INT8, z.shape), Value("z_dq", DType.FLOAT, z.shape)
+    unchained.graph.append(Node("QuantizeLinear", [z, *values], [quantized], {}, name="q"))
+    unchained.graph.append(Node("DequantizeLinear", [quantized, *values], [restored], {}, name="dq"))
+    _node(unchained, "fc2").set_input(3, restored)
+    unchained.graph.sort()
+    for feed in batches(3, seed=17):
+        want = torch.as_tensor(Executor(unchained).run(feed)["y"])
+        got = torch.as_tensor(Executor(chained).run(feed)["y"])
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_layer_norm_stays_float_where_its_output_must():
     chained, section = chain_quantized(lowered(proto=prenorm_proto(norm_output=True)), residuals=False)
     ln1 = next(node for node in chained.graph.nodes if node.outputs[0].name == "n1")

@@ -153,11 +153,12 @@ def pool_proto(seed: int = 0, pooled_output: bool = False) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
 
 
-def prenorm_proto(seed: int = 0, norm_output: bool = False, width: int = 8) -> onnx.ModelProto:
+def prenorm_proto(seed: int = 0, norm_output: bool = False, width: int = 8, post_norm: bool = False) -> onnx.ModelProto:
     """A pre-norm transformer's feed-forward block over x[2,3,8,8] as rows of 8 features: fc0 8→w = e → ln1 = n1
     → fc1 w→2w + Relu → fc2 2w→w, + e = r → ln2 = n2 → fc3 w→4 = y (w = `width`). Every norm's output is read by
     one quantized layer as its input: the norms write int8 for them. With `norm_output`, n1 is a graph output
-    too (it stays float)."""
+    too (it stays float). With `post_norm` the block is a post-norm one (BERT's): fc2 adds n1, not e, so n1 is
+    fc1's input and fc2's residual."""
     rng = np.random.default_rng(seed)
     w, spread = width, (8 / width) ** 0.5
     weights = {
@@ -174,7 +175,7 @@ def prenorm_proto(seed: int = 0, norm_output: bool = False, width: int = 8) -> o
         helper.make_node("Relu", ["a1"], ["h"], name="relu1"),
         helper.make_node("MatMul", ["h", "w2"], ["m2"], name="fc2"),
         helper.make_node("Add", ["m2", "b2"], ["a2"], name="fc2_bias"),
-        helper.make_node("Add", ["a2", "e"], ["r"], name="residual"),
+        helper.make_node("Add", ["a2", "n1" if post_norm else "e"], ["r"], name="residual"),
         helper.make_node("LayerNormalization", ["r", "g2"], ["n2"], name="ln2"),
         helper.make_node("MatMul", ["n2", "w3"], ["y"], name="fc3"),
     ]

@@ -135,13 +135,16 @@ def test_a_chains_3x3_layers_pass_the_autotuners_check(quant, layer):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
-@pytest.mark.parametrize("layer", ["fc1", "fc2", "fc3"])
+@pytest.mark.parametrize("layer", ["fc1", "fc2", "fc3", "post-norm fc2"])
 def test_a_transformers_quantized_linear_layers_pass_the_autotuners_check(quant, layer):
     """fc1 reads its norm's quantized output and writes quantized (its ReLU inside), fc2 reads quantized and adds a
-    float residual, fc3 reads quantized and writes float (a block 64 features wide, rows that suit TMA)."""
-    model, _ = chain_quantized(lowered(quant, proto=prenorm_proto(width=64)))
-    node = next(n for n in model.graph.nodes if n.name == layer)
+    float residual (a quantized one in a post-norm block), fc3 reads quantized and writes float (a block 64
+    features wide, rows that suit TMA)."""
+    post_norm = layer.startswith("post-norm")
+    model, _ = chain_quantized(lowered(quant, proto=prenorm_proto(width=64, post_norm=post_norm)))
+    node = next(n for n in model.graph.nodes if n.name == layer.split()[-1])
     assert node.op_type == "QuantizedGemm" and node.inputs[0].dtype == QUANT_TYPES[quant]
+    assert bool(node.attributes.get("z_scale")) is post_norm
     _check_quantized(node, quant, "gluon.gemm-ws-quantized")
 
 
