@@ -57,7 +57,7 @@ def statistics_reason(node: Node, quantizes: bool = False) -> str | None:
     """Why a LayerNormalization kernel that writes Y alone, from float32 statistics (and quantizes it for a
     `y_scale` when it `quantizes`), cannot run `node`, or None."""
     if node.attributes.get("y_scale", 0.0) and not quantizes:
-        return "a quantized output (y_scale) only on triton.layernorm and the reference"
+        return "a quantized output (y_scale) only on triton.layernorm, cpu.layernorm and the reference"
     if any(v.name for v in node.outputs[1:]):
         return "the Mean and InvStdDev outputs are computed only by the reference"
     if node.attributes.get("stash_type", 1) != 1:

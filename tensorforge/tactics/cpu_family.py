@@ -656,9 +656,11 @@ class CpuLayerNormTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cpu":
             return "a CPU kernel"
-        reason = statistics_reason(node)
+        reason = statistics_reason(node, quantizes=True)
         if reason:
             return reason
+        if node.attributes.get("y_scale", 0.0) and node.attributes.get("quant", "int8") != "int8":
+            return "a quantized output in int8 only"
         x = node.inputs[0]
         if x.rank is None or x.rank == 0:
             return "an input of known rank, at least 1"
@@ -667,6 +669,7 @@ class CpuLayerNormTactic(Tactic):
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         axis = node.attributes.get("axis", -1)
         epsilon = float(node.attributes.get("epsilon", 1e-5))
+        y_scale = float(node.attributes.get("y_scale", 0.0))
 
         vector = PerWeight(lambda t, shape: t.broadcast_to(shape).reshape(-1).float().contiguous())
 
@@ -674,6 +677,6 @@ class CpuLayerNormTactic(Tactic):
             x, scale, bias = (list(inputs) + [None] * 3)[:3]
             shape = tuple(x.shape[axis % x.dim() :])
             bias = None if bias is None else vector(bias, shape)
-            return (ln.layer_norm(x, vector(scale, shape), bias, epsilon, axis),)
+            return (ln.layer_norm(x, vector(scale, shape), bias, epsilon, axis, y_scale),)
 
         return kernel

@@ -69,3 +69,23 @@ def test_clear_errors():
         ln.layer_norm(torch.randn(2, 8), torch.randn(7), None, 1e-5)
     with pytest.raises(RuntimeError, match="float32 or bf16 operands"):
         ln.layer_norm(torch.randn(2, 8).double(), torch.randn(8), None, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 197, 384), (3, 5, 37)])
+def test_a_quantized_output_is_the_float_result_on_the_int8_grid(dtype, shape):
+    """With a `y_scale`: int8, what `ops.fused.quantize_activation` makes of the kernel's float32 result (the
+    sums' order differs from the reference's: an element within a float32 rounding of a step's boundary may land
+    one step over, rarely), saturating at the ends."""
+    from tensorforge.ops.fused import quantize_activation
+
+    generator = torch.Generator().manual_seed(7)
+    x = (torch.randn(shape, generator=generator) * 2 + 5).to(dtype)
+    gamma, beta = torch.randn(shape[-1], generator=generator) * 2, torch.randn(shape[-1], generator=generator)
+    y_scale = 0.03
+    got = ln.layer_norm(x, gamma, beta, 1e-6, -1, y_scale)
+    want = quantize_activation(_reference(x, gamma, beta, 1e-6, -1).float(), y_scale, "int8")
+    assert got.dtype == torch.int8 and got.shape == x.shape
+    difference = (got.int() - want.int()).abs()
+    assert int(difference.max()) <= 1 and difference.float().mean().item() <= 1e-2
+    assert int(want.abs().max()) >= 127  # some saturate

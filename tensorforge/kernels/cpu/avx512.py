@@ -198,6 +198,11 @@ inline void store16(uint16_t* p, __mmask16 m, __m512 v) {
 #endif
 }
 
+// 16 float32 values quantized as QuantizedConv does (v · inverse rounded half to even, saturated) into int8.
+inline __m128i quantize16(__m512 v, __m512 inverse) {
+  return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inverse)));
+}
+
 // The 1×1 step in bf16: a pair of input channels a pixel (one 32-bit broadcast) times a block's pair of weight
 // rows, interleaved ([C/2, 16·NV, 2]), in one `vdpbf16ps`: two multiply-adds a lane into float32 sums. An odd
 // last channel pairs with a zero (its weight pair's second row is zero too). (Without AVX512-BF16 the bf16 entry

@@ -57,11 +57,6 @@ struct Problem {
   __m512 pre0, pre1, post0, post1;
 };
 
-// 16 float32 values quantized as QuantizedConv does (v · inverse rounded half to even, saturated) into int8.
-inline __m128i quantize16(__m512 v, __m512 inverse) {
-  return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inverse)));
-}
-
 // acc + the products of x's unsigned bytes and w's signed ones, four a lane. In assembly, on values: through the
 // intrinsic GCC copied every accumulator of an 8 × 3 tile to the stack and back each step (its pattern does not keep
 // the sum in place), and so it did through an assembly operand that was an element of the tile's array.
