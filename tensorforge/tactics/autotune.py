@@ -237,6 +237,9 @@ def candidate_groups(
             yield tactic, reason, []
             continue
         space = tactic.space_for(node, effort)
+        if not space:
+            yield tactic, "no configuration of its tuning space fits this layer", []
+            continue
         for variant in variants(tactic, node, precisions, device):
             yield tactic, "", [{"precision": variant.precision, "layout": variant.layout, **c} for c in space]
 

@@ -64,17 +64,20 @@ def _gemm_config(config: dict[str, Any]) -> GemmConfig:
     return GemmConfig(**{field: config[field] for field in _FIELDS})
 
 
-def _fitting(node: Node, configs: list[dict[str, Any]], quantized: bool) -> list[dict[str, Any]]:
+def _fitting(
+    node: Node, configs: list[dict[str, Any]], quantized: bool, float_type: torch.dtype = torch.float32
+) -> list[dict[str, Any]]:
     """The configs whose rings fit in shared memory for `node` in any precision the tactic runs it: a float
-    layer's tensors are 16-bit; a quantized one's operands 8-bit, its output and a float residual up to float32."""
+    layer's tensors are 16-bit; a quantized one's operands 8-bit, its float output and a float residual up to
+    `float_type` (the widest of its variants)."""
     if GemmConfig is None:
         return configs
     residual = len(node.inputs) > 3 and node.inputs[3] is not None
     a = node.attributes
     if quantized:
         operands = torch.int8
-        y = torch.int8 if float(a.get("y_scale", 0.0)) else torch.float32
-        z = torch.int8 if float(a.get("z_scale", 0.0)) else torch.float32
+        y = torch.int8 if float(a.get("y_scale", 0.0)) else float_type
+        z = torch.int8 if float(a.get("z_scale", 0.0)) else float_type
     else:
         operands = y = z = torch.float16
     return [c for c in configs if _gemm_config(c).shared_bytes(operands, y, z if residual else None) <= SHARED_LIMIT]
@@ -195,7 +198,7 @@ class GluonQuantizedGemmTactic(Tactic):
     family = "gluon"
     name = "gemm-ws-quantized"
     op_types = (f"{DOMAIN}::QuantizedGemm",)
-    precisions = ("fp16", "bf16", "fp32")
+    precisions = ("fp16", "bf16")  # a float32 output and residual leave the rings too little shared memory
     writes_into = True
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
@@ -211,7 +214,7 @@ class GluonQuantizedGemmTactic(Tactic):
         return gemm_ws_configs(effort, quantized=True)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitting(node, self.space(effort), quantized=True)
+        return _fitting(node, self.space(effort), quantized=True, float_type=torch.float16)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes

@@ -83,7 +83,7 @@ def test_a_quantized_layer_norm_writes_the_references_grid(device, quant, dtype,
     torch.manual_seed(3)
     x = (torch.randn(6, 5, 96, device=device) * 3 + 1).to(dtype)
     scale, bias = torch.randn(96, device=device).to(dtype), torch.randn(96, device=device).to(dtype)
-    y_scale = 0.0371
+    y_scale = 0.0371 if quant == "int8" else 0.0371 / 4  # some saturate either way
     out = torch.full(x.shape, 77, dtype=torch.int8, device=device).view(QUANT_TYPES[quant].torch)  # poison
     got = layer_norm(x, scale, bias, epsilon=1e-5, out=out, config=config, y_scale=y_scale)
     load_all()

@@ -98,6 +98,24 @@ def test_wrong_and_failing_candidates_score_inf_and_the_build_goes_on(broken_tac
     assert not choice.tactic.startswith("test.") and math.isfinite(choice.median_ms)  # a correct tactic won
 
 
+class _SpacelessTactic(Tactic):
+    """A tactic none of whose configurations fits the layer (as a ring too large for shared memory)."""
+
+    family, name, op_types = "test", "spaceless", ("tensorforge::FusedConv",)
+
+    def space_for(self, node, effort):
+        return []
+
+
+def test_a_tactic_with_no_configuration_for_the_layer_is_declined_with_the_reason(monkeypatch):
+    monkeypatch.setattr(base, "_TACTICS", [*base._TACTICS, _SpacelessTactic()])
+    node, inputs = _fused_conv_layer()
+    choice = autotune(node, 1, inputs, "cpu", effort=0)
+    (spaceless,) = [c for c in choice.candidates if c.tactic == "test.spaceless"]
+    assert spaceless.median_ms == math.inf and "no configuration" in spaceless.note
+    assert math.isfinite(choice.median_ms)
+
+
 def test_a_warm_timing_cache_re_times_nothing(monkeypatch):
     node, inputs = _fused_conv_layer()
     cache = TimingCache()

@@ -201,3 +201,14 @@ def test_a_layer_with_a_residual_drops_the_configs_whose_rings_do_not_fit_in_sha
     assert wide_configs(_conv(64, 128, 1, 1, False)[0])
     assert not wide_configs(_conv(64, 128, 1, 1, True)[0])
     assert len(tactic.space_for(_conv(64, 128, 1, 1, True)[0], 0)) == len(tactic.space(0)) - 1
+
+
+def test_a_quantized_linear_layer_with_a_float_residual_keeps_the_configs_that_fit():
+    """fc2 of a pre-norm block (int8 in, a 16-bit residual and output: the tactic runs 16-bit variants only): the
+    128 × 128 rings fit beside the residual's tile pair, the 128 × 256 one does not (a ViT's attention and
+    feed-forward outputs, whose every config was once dropped for a float32 estimate)."""
+    pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
+    model, _ = chain_quantized(lowered("int8", proto=prenorm_proto(width=64)))
+    fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
+    fitting = tactic_by_key("gluon.gemm-ws-quantized").space_for(fc2, 0)
+    assert fitting and all(c["block_n"] == 128 for c in fitting)
