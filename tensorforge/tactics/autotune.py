@@ -7,11 +7,12 @@ are timed with `timing.measure` on the inputs as the producers deliver them, so 
 change a variant needs is part of its time. Results are kept in a `TimingCache` under the layer's signature,
 so a rebuild with the cache re-times nothing.
 
-A quantized output (a QuantizedConv / QuantizedGemm with `y_scale`, `passes.quant_chain`) is checked against
-the float values it rounds (the layer with a float output): the candidate's value must lie between the
-quantizations of the reference value minus and plus its precision's tolerance (max norm, as for float outputs).
-Quantization is monotone, so this is exactly "a correct rounding of a value within tolerance", never looser: a
-kernel may round a value within the tolerance of a rounding tie either way, and no other.
+A quantized output (a QuantizedConv / QuantizedGemm or a LayerNormalization with `y_scale`,
+`passes.quant_chain`) is checked against the float values it rounds (the node with a float output): the
+candidate's value must lie between the quantizations of the reference value minus and plus its precision's
+tolerance (max norm, as for float outputs). Quantization is monotone, so this is exactly "a correct rounding of
+a value within tolerance", never looser: a kernel may round a value within the tolerance of a rounding tie
+either way, and no other.
 """
 
 from __future__ import annotations

@@ -79,16 +79,20 @@ def float_twin(node: Node) -> Node:
     return Node(FLOAT_LAYERS[node.op_type], inputs, outputs, attributes, domain=DOMAIN, name=node.name)
 
 
+_QUANTIZING = (*FLOAT_LAYERS, "LayerNormalization")  # the domain's ops whose `y_scale` quantizes their output
+
+
 def output_quantization(node: Node) -> dict[int, tuple[float, str]]:
-    """The outputs quantized `node` writes quantized: output index -> (scale, quantized type); empty for float
-    outputs and for other ops."""
-    scale = float(node.attributes.get("y_scale", 0.0)) if node.op_type in FLOAT_LAYERS else 0.0
+    """The outputs `node` writes quantized (a quantized layer, or a layer norm, with `y_scale`): output index ->
+    (scale, quantized type); empty for float outputs and for other ops."""
+    quantizing = node.domain == DOMAIN and node.op_type in _QUANTIZING
+    scale = float(node.attributes.get("y_scale", 0.0)) if quantizing else 0.0
     return {0: (scale, node.attributes.get("quant", "int8"))} if scale else {}
 
 
 def with_float_output(node: Node) -> Node:
-    """A detached copy of quantized `node` that writes Y in float (`y_scale` 0): the values its quantized output
-    rounds, which a kernel's quantized output is checked against."""
+    """A detached copy of `node` (a quantized layer or layer norm with `y_scale`) that writes Y in float
+    (`y_scale` 0): the values its quantized output rounds, which a kernel's quantized output is checked against."""
     inputs = [_detached(v) for v in node.inputs]
     attributes = {k: v for k, v in node.attributes.items() if k != "y_scale"}
     outputs = [Value(v.name, _float(v.dtype), v.shape) for v in node.outputs]
