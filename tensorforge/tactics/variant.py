@@ -87,9 +87,13 @@ def precision_choices(node: Node, allowed: Sequence[str], computes_in_it: bool =
 
 
 def variants(tactic: Tactic, node: Node, allowed: Sequence[str], device: torch.device) -> list[Variant]:
-    """Every (precision, layout) of `tactic` for `node`: its precisions the build allows, its layouts."""
+    """Every (precision, layout) of `tactic` for `node`: its precisions the build allows, its layouts. Where no
+    float value reaches the layer (int8 in, int8 out) one variant is enough: fp32, or for a tactic without it its
+    first precision the build allows (the Gluon and Triton int8 products, whose float32 tiles would not fit)."""
     choices = precision_choices(node, allowed, tactic.precision_from_constants)
     precisions = [p for p in choices if p in tactic.precisions]
+    if not precisions and not has_float_activation(node, constants=tactic.precision_from_constants):
+        precisions = [p for p in tactic.precisions if p in allowed][:1]
     first = node.inputs[0] if node.inputs else None
     layouts = tactic.layouts if first is not None and first.rank == 4 else tactic.layouts[:1]
     return [Variant(p, layout) for p in precisions for layout in layouts]

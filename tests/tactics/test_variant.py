@@ -6,7 +6,9 @@ import torch
 
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops.fused import DOMAIN
+from tensorforge.tactics import autotune  # noqa: F401 - registers the tactic families
 from tensorforge.tactics import variant as variant_module
+from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.variant import (
     LayerKernel,
     Variant,
@@ -14,6 +16,7 @@ from tensorforge.tactics.variant import (
     has_float_activation,
     layout_free,
     precision_choices,
+    variants,
 )
 
 
@@ -76,6 +79,24 @@ def test_only_float_activations_make_precision_choices():
         assert precision_choices(node, allowed) == wanted
         assert precision_choices(node, allowed, computes_in_it=True) == computing
         assert has_float_activation(node) == (out_dtype == DType.FLOAT)
+
+
+def test_a_tactic_without_fp32_keeps_one_variant_for_a_layer_between_int8_activations():
+    """int8 in, int8 out: one variant, fp32 where the tactic has it, else its first precision the build allows
+    (the Gluon int8 product runs fp16 / bf16 variants only; with none of them its candidates vanished from BERT's
+    feed-forward layers); none where the build allows none of its precisions."""
+
+    weight = Value("w", DType.INT8, (64, 64), const=torch.zeros(64, 64, dtype=torch.int8))
+    scales = Value("s", DType.FLOAT, (64,), const=torch.rand(64))
+    x, y = Value("x", DType.INT8, (2, 9, 64)), Value("y", DType.INT8, (2, 9, 64))
+    node = Node("QuantizedGemm", [x, weight, None, None, scales], [y], {"x_scale": 0.1}, domain=DOMAIN)
+    cpu = torch.device("cpu")
+    gluon = tactic_by_key("gluon.gemm-ws-quantized")
+    assert [v.precision for v in variants(gluon, node, ["fp32", "fp16", "bf16", "int8"], cpu)] == ["fp16"]
+    assert [v.precision for v in variants(gluon, node, ["bf16", "int8"], cpu)] == ["bf16"]
+    assert variants(gluon, node, ["fp32", "int8"], cpu) == []
+    fallback = tactic_by_key("reference.registry")
+    assert [v.precision for v in variants(fallback, node, ["fp32", "fp16", "int8"], cpu)] == ["fp32"]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from tensorforge.ir import DType
 from tensorforge.tactics.autotune import autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
 from tests.helpers import DEVICES, layer_norm_node
@@ -54,6 +55,7 @@ def test_a_quantized_layer_norm_on_the_gpu_matches_the_reference():
     node = layer_norm_node([4, 50, 384], -1)
     node.domain = "tensorforge"  # the chaining pass's norm: the domain's, which takes y_scale
     node.attributes.update(y_scale=0.03, quant="int8")
+    node.outputs[0].dtype = DType.INT8  # as the chaining pass declares it
     x = torch.randn(4, 50, 384, device="cuda", dtype=torch.float16) * 2
     choice = autotune(node, 17, [x], torch.device("cuda"), effort=0)
     triton = next(c for c in choice.candidates if c.tactic == "triton.layernorm")
