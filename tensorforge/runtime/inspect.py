@@ -269,6 +269,10 @@ def chain_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"  chained plan {timed['chained']:.3f} ms against {timed['unchained']:.3f} ms unchained: {verdict}"
         )
+        for attempt in chain.get("attempts", ()):
+            rounds = attempt.get("quantized_residuals")
+            held = f", rounds {rounds} residual(s): held to a {attempt['margin']:.0%} margin" if rounds else ""
+            lines.append(f"  tried {attempt['scope']}: {attempt['plan_ms']['chained']:.3f} ms{held}")
     if chain.get("quantized_residuals"):
         lines.append(f"  residuals added from quantized values: {', '.join(chain['quantized_residuals'])}")
     if chain.get("residuals"):

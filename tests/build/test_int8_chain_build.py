@@ -210,14 +210,37 @@ def test_by_default_the_chain_is_kept_only_when_it_times_faster():
     # the chain as the chaining step kept it: the CPU build may then restore a chained stretch to float (its fused
     # plan timed faster), which the report lists
     kept_chain = section["chained"] or section.get("restored_to_float")
-    assert (timed["chained"] < timed["unchained"]) == bool(kept_chain)
     assert timed in [a["plan_ms"] for a in attempts]
-    kept = [a for a in attempts if a["plan_ms"]["chained"] < a["plan_ms"]["unchained"]]
-    assert len(kept) <= 1 and bool(kept) == bool(kept_chain)  # the first faster chaining is kept
+    faster = [a for a in attempts if a["plan_ms"]["chained"] < a["plan_ms"]["unchained"] * (1 - a["margin"])]
+    assert bool(faster) == bool(kept_chain)
+    if faster:  # the fastest of them, one that rounds residuals counted its margin slower
+        assert timed == min(faster, key=lambda a: a["plan_ms"]["chained"] / (1 - a["margin"]))["plan_ms"]
     assert kept_chain or section["timed_slower"]
     feed = batches(1, seed=7)[0]
     assert relative_error(_run(engine, feed), Executor(engine.model).run(feed)["y"].numpy()) < 0.1
     assert any("chained plan" in line for line in quantization_lines(engine.report))
+
+
+@pytest.mark.parametrize(("rounding_ms", "kept"), [(0.985, False), (0.97, True)])
+def test_a_chain_that_rounds_residuals_must_beat_the_exact_one_by_a_margin(monkeypatch, rounding_ms, kept):
+    """The chain model's chains everywhere round conv3's residual; the same chains with that residual float are
+    exact. Timed 0.985 against the exact chains' 0.995 (in units of the unchained plan) the rounding is noise and a
+    loss of accuracy: the exact chains are kept. At 0.97 it pays for itself and is kept. The report records the
+    margin each attempt was held to."""
+    from tensorforge.build import builder
+
+    def timed(self, model, plans, other, *args):
+        rounds = any(node.attributes.get("z_scale") for node in other.graph.nodes)
+        return 1.0, rounding_ms if rounds else 0.995
+
+    monkeypatch.setattr(Builder, "_time_side_by_side", timed)
+    monkeypatch.setattr(Builder, "_restore_float_if_faster", lambda self, model, *args: (model, *args[-2:], None))
+    section = _build("auto", families=None).report["quantized_activations"]
+    rounding, exact = section["attempts"][:2]
+    assert rounding["scope"] == "everywhere" and rounding["margin"] == builder._ROUNDING_MARGIN > 0
+    assert exact["scope"] == "everywhere, residuals float" and exact["margin"] == 0 == exact["quantized_residuals"]
+    assert bool(section["quantized_residuals"]) is kept and section["chained"]
+    assert section["plan_ms"] == (rounding if kept else exact)["plan_ms"]
 
 
 @pytest.mark.gpu
