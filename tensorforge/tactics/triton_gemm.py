@@ -112,7 +112,8 @@ class TritonQuantizedGemmTactic(Tactic):
     kernel with TMA-fed operands, int8 products summed exactly in int32 (E4M3 ones in float32), a float A
     quantized as it is loaded (an A of the layer's type read as it is), the epilogue and, with `y_scale`, the
     output's requantization inside: one kernel where `vendor.cublas-int8` runs a quantization, the product and a
-    torch epilogue. The weight is stored K-major once. Hopper or newer; C a bias row or absent, Z of Y's shape."""
+    torch epilogue. The weight is stored K-major once. Hopper or newer; C a bias row or absent, Z of Y's shape
+    (float, or quantized and added as Z · z_scale)."""
 
     family = "triton"
     name = "gemm-quantized"
@@ -135,8 +136,6 @@ class TritonQuantizedGemmTactic(Tactic):
             return f"C must be a bias row [{n}], got {list(c.shape or ())}"
         if z is not None and z.name and tuple(z.shape or ()) != tuple(node.outputs[0].shape or ()):
             return "the residual must have the output's shape"
-        if node.attributes.get("z_scale", 0.0):
-            return "a float residual only (the rows kernel does not dequantize one)"
         return _activation_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
@@ -145,7 +144,7 @@ class TritonQuantizedGemmTactic(Tactic):
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes
         quant = _QUANT_CODES[a.get("quant", "int8")]
-        x_scale, y_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0))
+        x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
         pre = activation_args(a.get("pre", ""), a.get("pre_params", ()))
         post = activation_args(a.get("post", ""), a.get("post_params", ()))
         tile = dict(config) if config else gemm_tma_configs(0, quantized=True)[0]
@@ -162,7 +161,7 @@ class TritonQuantizedGemmTactic(Tactic):
             problem = conv_tma.gemm_rows(
                 rows, k_major(w), c, z.reshape(-1, z.shape[-1]) if z is not None else None, y.view(-1, w.shape[1]),
                 pre, post, sizes, quant=quant, weight_scale=w_scale.float().contiguous(), x_scale=x_scale,
-                y_scale=y_scale, persistent=tile.get("PERSISTENT", 0),
+                y_scale=y_scale, z_scale=z_scale, persistent=tile.get("PERSISTENT", 0),
             )  # fmt: skip
             if problem:
                 raise ValueError(f"triton.gemm-quantized: {problem}")

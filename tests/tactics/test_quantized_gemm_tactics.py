@@ -89,3 +89,33 @@ def test_the_cublas_int8_product_matches_the_reference_on_cuda():
         c for c in choice.candidates if c.tactic == "fallback.float-gemm" and c.config["inner"] == "vendor.cublas-gemm"
     ]
     assert fallback and all(c.median_ms < float("inf") for c in fallback), [(c.config, c.note) for c in fallback]
+
+
+@pytest.mark.parametrize("key", ["vendor.onednn-qlinear", "cpu.gemm-int8", "triton.gemm-quantized"])
+def test_a_quantized_residual_is_added_as_its_real_values(key):
+    """A QuantizedGemm whose residual arrives int8 (`z_scale`, a post-norm transformer's norm output chained): each
+    int8 linear tactic the CPU can run (the Triton one under the interpreter, 16-byte int8 rows) adds Z · z_scale,
+    as the reference."""
+    from tensorforge.ir import DType
+    from tensorforge.kernels.quantize import quantize_activation
+
+    layer, feeds, _, _, _ = _quantized([2, 7, 32], "", False, True, True, n=32)
+    z_scale = float(feeds[1].abs().max()) / 127
+    z = quantize_activation(feeds[1], z_scale, "int8")
+    with_float_z = build_layer_kernel(tactic_by_key("reference.registry"), layer, 1, CPU, {}, {})
+    want = with_float_z([feeds[0], z.float() * z_scale])[0]  # the same layer adding those real values
+    layer.attributes["z_scale"] = z_scale
+    layer.inputs[3].dtype = DType.INT8
+    tactic = tactic_by_key(key)
+    reason = tactic.supports(layer, 1, CPU)
+    if key == "triton.gemm-quantized":  # off CUDA it declines; its kernel runs under the interpreter all the same
+        config = {"precision": "fp16", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4,
+                  "num_stages": 2, "TMA": True}  # fmt: skip
+    elif reason is not None:
+        pytest.skip(reason)
+    else:
+        config = {**tactic.space_for(layer, 0)[0], "precision": "fp32"}
+    reference = build_layer_kernel(tactic_by_key("reference.registry"), layer, 1, CPU, {}, {})([feeds[0], z])[0]
+    assert relative_error(reference, want) <= 1e-6
+    got = build_layer_kernel(tactic, layer, 1, CPU, config, {})([feeds[0], z])[0]
+    assert relative_error(got, want) <= TOLERANCE[config["precision"]]

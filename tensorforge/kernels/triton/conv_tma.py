@@ -350,13 +350,15 @@ def _run(
 def gemm_rows(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, y: torch.Tensor,
     pre, post, tile: tuple[int, int, int, int, int, int], dot_precision: str = "ieee", *, quant: int = 0,
-    weight_scale: torch.Tensor | None = None, x_scale: float = 1.0, y_scale: float = 0.0, persistent: int = 0,
+    weight_scale: torch.Tensor | None = None, x_scale: float = 1.0, y_scale: float = 0.0, z_scale: float = 0.0,
+    persistent: int = 0,
 ) -> str | None:  # fmt: skip
     """`Y = post(pre(A · B + bias) + residual)` for 2-D A [M, K], B [K, N] (either of its axes contiguous: a
     weight stored [N, K] is read K-major), bias [N] (contiguous) and residual, Y [M, N] rows, through the rows
     kernel; `tile` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages). Quantized (`quant` 1 int8, 2 E4M3: B of
     that type, A too or float and quantized on load by `x_scale`): `A · B · x_scale · weight_scale[n]`, and
-    with `y_scale` Y requantized as it is stored, as `conv2d_nhwc_quantized`. `persistent`: programs per
+    with `y_scale` Y requantized as it is stored, and a quantized residual added as residual · z_scale, as
+    `conv2d_nhwc_quantized`. `persistent`: programs per
     multiprocessor walking the tiles (0: one per tile). Returns why TMA cannot take the operands, None when it
     ran."""
     problem = hopper_problem(a.device)
@@ -379,7 +381,7 @@ def gemm_rows(
     (m, k), n = a.shape, y.shape[1]
     _run(
         descriptors["a"], descriptors["b"], descriptors.get("residual"), descriptors["y"], bias, weight_scale, y,
-        (m, 1, 1, 1, n, k), (*pre[1:], *post[1:]), (x_scale, y_scale, 0.0),
+        (m, 1, 1, 1, n, k), (*pre[1:], *post[1:]), (x_scale, y_scale, z_scale),
         (triton.cdiv(m, block_m), block_m, block_n), group_m, warps, stages, persistent, KH=1, KW=1, PH=0, PW=0,
         BOXES=False, BI=1, BH=1, BW=1, PRE=pre[0], POST=post[0], QUANT=quant,
         QUANTIZE_X=quant != 0 and a.dtype != b.dtype, QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major,
