@@ -265,7 +265,12 @@ def chain_lines(report: dict[str, Any]) -> list[str]:
     ]
     timed = chain.get("plan_ms")
     if timed:
-        verdict = "kept" if chain["chained"] else f"not kept ({len(chain.get('timed_slower', []))} activations)"
+        if chain["chained"]:
+            verdict = "kept"
+        elif chain.get("restored_to_float"):
+            verdict = f"kept, then restored to float with its layers ({len(chain['restored_to_float'])} activations)"
+        else:
+            verdict = f"not kept ({len(chain.get('timed_slower', []))} activations)"
         lines.append(
             f"  chained plan {timed['chained']:.3f} ms against {timed['unchained']:.3f} ms unchained: {verdict}"
         )

@@ -218,7 +218,13 @@ def test_by_default_the_chain_is_kept_only_when_it_times_faster():
     assert kept_chain or section["timed_slower"]
     feed = batches(1, seed=7)[0]
     assert relative_error(_run(engine, feed), Executor(engine.model).run(feed)["y"].numpy()) < 0.1
-    assert any("chained plan" in line for line in quantization_lines(engine.report))
+    lines = quantization_lines(engine.report)
+    (verdict,) = [line for line in lines if "chained plan" in line]
+    if section.get("restored_to_float") and not section["chained"]:  # kept, then restored: said so, not "not kept"
+        assert "then restored to float" in verdict
+    else:
+        assert ("not kept" in verdict) is not bool(section["chained"])
+    assert sum("  tried " in line for line in lines) == len(attempts)
 
 
 @pytest.mark.parametrize(("rounding_ms", "kept"), [(0.985, False), (0.97, True)])
