@@ -457,7 +457,8 @@ class _Search:
             if key not in self._references:
                 twin = tactic.semantics(self.node)
                 if twin is not None:
-                    given = zip(self.inputs[: len(twin.inputs)], twin.inputs, strict=True)
+                    given = zip(tactic.semantic_inputs(self.node, list(self.inputs))[: len(twin.inputs)], twin.inputs,
+                                strict=True)  # fmt: skip
                     inputs = [t if v is not None and not v.is_const else None for t, v in given]
                     twin_inputs = _with_constants(twin, inputs, self.device)
                     self._references[key] = _reference_outputs(twin, self.opset, twin_inputs, self.device)

@@ -95,6 +95,8 @@ class Tactic:
     # activations); else a layer that reads and writes no float activation is timed in fp32 only
     precision_from_constants: ClassVar[bool] = False
     converts_on_load: ClassVar[bool] = False  # activations reach its kernels unconverted (module docstring)
+    # a float layer's residual may reach its kernels quantized, added as Z · z_scale (a float fallback's twin)
+    adds_quantized_residual: ClassVar[bool] = False
     strided_inputs: ClassVar[bool] = False  # channel slices of channels_last tensors reach it uncopied
     strided_outputs: ClassVar[bool] = False  # its kernels write through the strides of the buffers given
     arena_for_concatenations: ClassVar[bool] = False  # the plan puts only outputs inside concatenations there
@@ -111,6 +113,11 @@ class Tactic:
         """The node whose reference results this tactic's kernels compute for `node`, when they are not
         `node`'s own (a float fallback for a quantized layer); None: `node`'s."""
         return None
+
+    def semantic_inputs(self, node: Node, inputs: list[Any]) -> list[Any]:
+        """`node`'s activations (None for constants) as the `semantics` node reads them: the same, unless the
+        tactic reads some of them as other values (a float fallback's quantized residual: its real values)."""
+        return inputs
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         """The configurations worth timing at `effort` (0 fastest build, 2 widest search)."""

@@ -12,9 +12,11 @@ that layer (`Tactic.semantics`): it is at least as accurate as the quantized lay
 
 Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
 dequantized (`X · x_scale`, rounded once to the variant's float type; a quantized residual likewise,
-`Z · z_scale`) and a quantized output (`y_scale`) quantized as the reference does.
+`Z · z_scale`, unless the float kernel adds it quantized itself: `Tactic.adds_quantized_residual`) and a quantized
+output (`y_scale`) quantized as the reference does.
 With a quantized input the float layer on DQ(X) is the quantized layer itself up to float rounding (Q(X) = X
-there), so such a layer is checked against its own reference.
+there), so such a layer is checked against its own reference; a float input with a quantized residual against the
+float layer adding the residual's real values.
 """
 
 from __future__ import annotations
@@ -130,7 +132,13 @@ class _FloatFallback(Tactic):
     precision_from_constants = True  # and computes in it
 
     def semantics(self, node: Node) -> Node | None:
-        return None if reads_quantized(node) or node.attributes.get("z_scale") else float_twin(node)
+        return None if reads_quantized(node) else float_twin(node)
+
+    def semantic_inputs(self, node: Node, inputs: list[Any]) -> list[Any]:
+        z_scale = float(node.attributes.get("z_scale", 0.0))
+        if not z_scale or len(inputs) <= 3 or inputs[3] is None:
+            return inputs
+        return [*inputs[:3], inputs[3].float() * z_scale, *inputs[4:]]  # DQ(Z), as the twin adds it
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if node.attributes.get("explicit", 0):
@@ -154,18 +162,21 @@ class _FloatFallback(Tactic):
         reason = "not registered" if inner is None else inner.supports(twin, opset, device)
         if reason is not None:
             raise ValueError(f"{config.get('inner')} does not run this layer here: {reason}")
+        x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
+        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
+        dequantize_z = z_scale and not inner.adds_quantized_residual
+        if z_scale and not dequantize_z:
+            twin.attributes["z_scale"] = z_scale  # the inner kernel adds Z · z_scale itself
         kernel = inner.build(twin, opset, device, inner.space_for(twin, 0)[0])
         dequantized = twin.inputs[1].const
         weights: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
-        x_scale, quant = float(node.attributes["x_scale"]), node.attributes.get("quant", "int8")
-        y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
 
         def run(inputs):
             x, _, b, z, _ = (list(inputs) + [None] * 5)[:5]
             if is_quantized_tensor(x):  # DQ(X), the quantized activation's real values, in the variant's type
                 x = x.to(dtype) * x_scale
-            if z_scale:
+            if dequantize_z:
                 z = z.to(dtype) * z_scale
             channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             key = (x.dtype, channels_last)

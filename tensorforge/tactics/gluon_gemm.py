@@ -146,6 +146,7 @@ class GluonGemmTactic(Tactic):
     op_types = ("MatMul", "Gemm", _FUSED_GEMM)
     precisions = ("fp16", "bf16")
     writes_into = True
+    adds_quantized_residual = True  # a `z_scale` on the node: Z arrives 8-bit, added as Z · z_scale
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         problem = _device_problem(device)
@@ -173,6 +174,7 @@ class GluonGemmTactic(Tactic):
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         trans_b = bool(node.attributes.get("transB", 0)) and node.op_type != "MatMul"
         epilogue = _epilogue(node) if qualified_op(node) == _FUSED_GEMM else {}
+        z_scale = float(node.attributes.get("z_scale", 0.0))
         k_major = PerWeight(lambda w: (w if trans_b else w.T).contiguous())
         tiles = _gemm_config(config)
 
@@ -182,7 +184,7 @@ class GluonGemmTactic(Tactic):
             out = allocate(alloc, 0, (*a.shape[:-1], b.shape[0]), a.dtype, a.device)
             rows = a.reshape(-1, a.shape[-1])
             z_rows = z.reshape(-1, b.shape[0]) if z is not None else None
-            gemm_ws(rows, b, out.view(-1, b.shape[0]), tiles, bias=c, z=z_rows, **epilogue)
+            gemm_ws(rows, b, out.view(-1, b.shape[0]), tiles, bias=c, z=z_rows, z_scale=z_scale or 1.0, **epilogue)
             return (out,)
 
         return kernel

@@ -212,3 +212,29 @@ def test_a_quantized_linear_layer_with_a_float_residual_keeps_the_configs_that_f
     fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
     fitting = tactic_by_key("gluon.gemm-ws-quantized").space_for(fc2, 0)
     assert fitting and all(c["block_n"] == 128 for c in fitting)
+
+
+def test_the_float_fallback_hands_the_gluon_product_its_int8_residual(monkeypatch):
+    """On the CPU, the launch recorded: post-norm fc2 run by the float fallback through `gluon.gemm-ws` (which adds
+    a quantized residual itself) reaches the kernel with the residual int8 and its z_scale, not dequantized by a
+    torch pass first (BERT's attention output projection adds its norm's int8 output so)."""
+    pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
+    from tensorforge.kernels.gluon import gemm
+    from tensorforge.tactics import gluon_gemm
+
+    launches = RecordedLaunches()
+    monkeypatch.setattr(gemm, "gemm_ws_kernel", launches)
+    monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
+    monkeypatch.setattr(gluon_gemm, "_device_problem", lambda device: None)
+    model, _ = chain_quantized(lowered("int8", proto=prenorm_proto(width=64, post_norm=True)))
+    fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
+    assert fc2.attributes["z_scale"] > 0
+    kernel = tactic_by_key("fallback.float-gemm").build(
+        fc2, 17, torch.device("cpu"), {"inner": "gluon.gemm-ws", "precision": "fp16"}
+    )
+    x = torch.randn(2, 3, 8, 128, dtype=torch.float16)
+    z = torch.ones(2, 3, 8, 64, dtype=torch.int8)
+    (y,) = kernel([x, fc2.inputs[1].const, fc2.inputs[2].const.half(), z, fc2.inputs[4].const])
+    ((_, args, options),) = launches.calls
+    assert options["HAS_RES"] and y.dtype == torch.float16
+    assert args[2].base.dtype == torch.int8 and args[21] == pytest.approx(fc2.attributes["z_scale"])

@@ -1,6 +1,8 @@
 """QuantizedGemm: the lowering agrees with the Q/DQ simulation (transB included), oneDNN's int8 linear agrees
 with the reference, and the float fallback computes the float layer."""
 
+import math
+
 import pytest
 import torch
 
@@ -119,3 +121,27 @@ def test_a_quantized_residual_is_added_as_its_real_values(key):
     assert relative_error(reference, want) <= 1e-6
     got = build_layer_kernel(tactic, layer, 1, CPU, config, {})([feeds[0], z])[0]
     assert relative_error(got, want) <= TOLERANCE[config["precision"]]
+
+
+def test_the_float_fallback_with_a_quantized_residual_is_checked_against_the_float_layer():
+    """A float input and an int8 residual (BERT's attention output projection adding its norm's int8 output): the
+    fallback computes the float layer plus the residual's real values, and the autotuner holds it to exactly that
+    (it held it to the quantized layer before, which differs by the input's quantization error: inf at fp32)."""
+    from tensorforge.ir import DType
+    from tensorforge.kernels.quantize import quantize_activation
+    from tensorforge.tactics.autotune import autotune
+    from tensorforge.tactics.fallback import float_twin
+
+    layer, feeds, _, _, _ = _quantized([2, 7, 32], "", False, True, True, n=32)
+    z_scale = float(feeds[1].abs().max()) / 127
+    z = quantize_activation(feeds[1], z_scale, "int8")
+    twin = build_layer_kernel(tactic_by_key("reference.registry"), float_twin(layer), 1, CPU, {}, {})
+    want = twin([feeds[0], z.float() * z_scale])[0]
+    layer.attributes["z_scale"] = z_scale
+    layer.inputs[3].dtype = DType.INT8
+    choice = autotune(layer, 1, [feeds[0], None, None, z], CPU, effort=0, precisions=("fp32",), exhaustive=True)
+    fallback = [c for c in choice.candidates if c.tactic == "fallback.float-gemm"]
+    assert fallback and any(math.isfinite(c.median_ms) for c in fallback), [c.note for c in fallback]
+    config = next(c.config for c in fallback if math.isfinite(c.median_ms))
+    got = build_layer_kernel(tactic_by_key("fallback.float-gemm"), layer, 1, CPU, config, {})([feeds[0], z])[0]
+    assert relative_error(got, want) <= TOLERANCE["fp32"]
