@@ -14,7 +14,8 @@
 #   configs   bench/conv_configs.py: ResNet-50's convolutions over a wide grid of tiles and pipeline depths (CONFIGS_S=300,
 #             CONFIGS_ARGS)
 #   suite     bench/suite.py (SUITE_S=400, SUITE_ARGS; results merged into OUTPUT_DIR/suite; its engines kept in
-#             OUTPUT_DIR/engines, for `profile`, with each build's timing cache beside them: *.timing.json)
+#             OUTPUT_DIR/engines, for `profile`, with each build's timing cache beside them: *.timing.json, and the
+#             quantized engines' `inspect` output: *.inspect.txt, which says the chainings tried and kept)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256", INT8_PRECISIONS="fp16 int8 fp8";
 #             engines kept for `profile`; INT8_ARGS, e.g. "--families vendor triton fallback")
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
@@ -87,6 +88,11 @@ for stage in $stages; do
       timeout "${SUITE_S:-400}" python3 bench/suite.py ${SUITE_ARGS:---models resnet50 --precision fp16} --merge \
         --out "$out/suite" --engines "$out/engines" > "$out/suite.txt" 2>&1
       tail -25 "$out/suite.txt"
+      for engine in "$out"/engines/*-int8.engine "$out"/engines/*-fp8.engine; do
+        if [[ -f $engine ]]; then
+          python3 -m tensorforge inspect "$engine" > "${engine%.engine}.inspect.txt" 2>&1
+        fi
+      done
       ;;
     int8)
       batches=()
