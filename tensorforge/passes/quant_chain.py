@@ -155,24 +155,14 @@ class RequantizeResidualStream(_RequantizeOutput):
         return f"writes {quant} (scale {scale:.6g}), the residual of {len(residual_readers)} layer(s)"
 
 
-class QuantizeLayerNormOutput(Rule):
+class QuantizeLayerNormOutput(_RequantizeOutput):
     """`C_i(LayerNorm(X)) = C_i'(LayerNorm(X; y_scale = s))` when every reader C_i of the norm's output quantizes
-    it as its input with scale s (`ops.chain_rules.FROM_LAYER_NORM`)."""
+    it as its input with scale s (`ops.chain_rules.FROM_LAYER_NORM`): the norm becomes the domain's, which takes
+    `y_scale` and the readers' `quant`."""
 
     name = "quantize-layer-norm-output"
     op_types = LAYER_NORMS
     chain_rule = FROM_LAYER_NORM
-
-    def __init__(self, eligible: Collection[Node] | None = None) -> None:
-        self.eligible = eligible
-        self.view = ChainView()
-
-    def match(self, node: Node, ctx: PassContext) -> _Chain | None:
-        readers = self.chain_rule.candidate(node, self.view)
-        return None if readers is None else _Chain(node, node.outputs[0], readers)
-
-    def check(self, match: _Chain, ctx: PassContext) -> str | None:
-        return self.chain_rule.problem(match.producer, match.readers, self.view, self.eligible)
 
     def rewrite(self, match: _Chain, ctx: PassContext) -> str:
         quant = self.chain_rule.readers_layer(match.readers, self.view).quant

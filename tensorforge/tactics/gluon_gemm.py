@@ -41,6 +41,7 @@ else:
     _GLUON_MISSING = ""
 
 _FUSED_GEMM = f"{DOMAIN}::FusedGemm"
+_QUANT_Y = {"int8": 1, "fp8e4m3": 2}  # the kernel's `quant_y` by the layer's quantized type
 
 # (block_m, block_n, block_k, stages, consumers, num_warps) by effort; 8-bit operands take twice the K step.
 _SPACE = {
@@ -224,7 +225,7 @@ class GluonQuantizedGemmTactic(Tactic):
         k_major = PerWeight(lambda w: w.T.contiguous())
         x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
-        quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if y_scale else 0
+        quant_y = _QUANT_Y[a.get("quant", "int8")] if y_scale else 0
         tiles = _gemm_config(config)
 
         def kernel(inputs, alloc=None):
@@ -274,7 +275,7 @@ class GluonConvTactic(Tactic):
         x_scale = float(a.get("x_scale", 1.0))
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
         y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
-        quant_y = {"int8": 1, "fp8e4m3": 2}[a.get("quant", "int8")] if quantized and y_scale else 0
+        quant_y = _QUANT_Y[a.get("quant", "int8")] if quantized and y_scale else 0
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]

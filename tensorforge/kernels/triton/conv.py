@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from . import conv_tma
-from .epilogue import activate, activation_args, dequantize_bias_pre, quantize, widen
+from .epilogue import QUANT_CODES, activate, activation_args, dequantize_bias_pre, quantize, widen
 from .tiles import swizzle, wave_slots
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
@@ -590,7 +590,6 @@ def _check(x, weight, bias, residual, out_hw, out) -> tuple[int, int, int, int]:
     return out_shape
 
 
-_QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # the kernel's QUANT by the weight's type
 _FP8_CAPABILITY = (8, 9)
 # E4M3 configs quantizing a float input on load from this many rows up fault on the GPU (an illegal instruction,
 # which also ends the process's CUDA context): refused before launch.
@@ -602,7 +601,7 @@ def _check_quantized(
 ):  # fmt: skip
     """(output shape, QUANT code, output type), after checking every operand (ValueError naming it)."""
     name = "conv2d_nhwc_quantized"
-    if weight.dim() != 5 or weight.dtype not in _QUANT_CODES or weight.device != x.device:
+    if weight.dim() != 5 or weight.dtype not in QUANT_CODES or weight.device != x.device:
         raise ValueError(
             f"{name}: the weight must be pack_weight of an int8 or float8_e4m3fn weight (5-D, on x's device), "
             f"got {weight.dtype} {list(weight.shape)} on {weight.device}"
@@ -643,7 +642,7 @@ def _check_quantized(
         if out_dtype not in _FLOAT_TYPES:
             raise ValueError(f"{name}: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     _check_out(name, out, out_shape, out_dtype, x.device)
-    quant = _QUANT_CODES[weight.dtype]
+    quant = QUANT_CODES[weight.dtype]
     if quant == 2:
         _check_fp8_device(x.device)
     return out_shape, quant, out_dtype

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .epilogue import quantize
+from .epilogue import QUANT_CODES, quantize
 
 _TILED_TYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
@@ -206,7 +206,6 @@ def _space_to_depth(
     tl.store(target, values, mask=(jj < W2P)[:, None])
 
 
-_QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}
 _THROUGH = {None: 0, torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
@@ -234,7 +233,7 @@ def space_to_depth(
         )
     if out.stride(1) != 1:
         raise ValueError(f"space_to_depth: out must be channels_last (strides {list(out.stride())})")
-    quant = _QUANT_CODES.get(out.dtype, 0)
+    quant = QUANT_CODES.get(out.dtype, 0)
     if quant and not (scale and scale > 0):
         raise ValueError(f"space_to_depth: a {out.dtype} output needs a positive scale, not {scale!r}")
     block_j = min(block_j, triton.next_power_of_2(width))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -137,6 +138,9 @@ def activate(x, ACT: tl.constexpr, p0, p1, NARROW: tl.constexpr = False):
 # of the float32 rate: the largest share of a memory-bound int8 epilogue's issue slots) for an add.
 _MAGIC = tl.constexpr(12582912.0)
 _MAGIC_BITS = tl.constexpr(0x4B400000)
+
+
+QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # `quantize`'s QUANT by the quantized tensor's type
 
 
 @triton.jit

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .epilogue import quantize
+from .epilogue import QUANT_CODES, quantize
 
 
 def row_configs(effort: int) -> list[dict[str, int]]:
@@ -153,10 +153,10 @@ def layer_norm(
     quantized into `out` (int8 or float8_e4m3fn) as `ops.fused.quantize_activation` quantizes."""
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"layer_norm: axis {axis} is out of range for a rank-{x.dim()} input")
-    quant = _QUANT_CODES.get(out.dtype, 0) if out is not None and y_scale else 0
+    quant = QUANT_CODES.get(out.dtype, 0) if out is not None and y_scale else 0
     if bool(y_scale) != bool(quant):
-        raise ValueError(f"layer_norm: a y_scale needs an int8 or float8_e4m3fn out and back (got {y_scale}, out "
-                         f"{None if out is None else out.dtype})")  # fmt: skip
+        raise ValueError(f"layer_norm: a y_scale needs an int8 or float8_e4m3fn out, and such an out a y_scale "
+                         f"(got {y_scale}, out {None if out is None else out.dtype})")  # fmt: skip
     normalized = tuple(x.shape[axis % x.dim() :])
     rows_x, y, rows_y = _rows("layer_norm", x, out, normalized, quantized=bool(quant))
     n = rows_x.shape[1]
@@ -172,9 +172,6 @@ def layer_norm(
         BLOCK_R=launch.block_r, BLOCK_N=launch.block_n, num_warps=launch.num_warps,
     )  # fmt: skip
     return y
-
-
-_QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}
 
 
 def _rows(
