@@ -134,9 +134,11 @@ class Builder:
         quantization_config = self.config.quantization or QuantizationConfig()
         chain = quantization_config.chain
         # Quantized residuals round values (the X chains are exact, see passes.quant_chain): with an accuracy
-        # target, only when its search measured that rounding (it does unless chaining is off).
+        # target, only when its search measured that rounding (it does unless chaining is off); without one, only
+        # where the rounding was measured to cost little accuracy (`quant.ROUNDING_LOSS_FACTOR`).
         target = (quantization or {}).get("target")
-        residuals = target is None or target["residuals"]
+        rounding = (quantization or {}).get("residual_rounding")
+        residuals = target["residuals"] if target is not None else rounding is None or rounding["kept"]
         model, chaining = chain_quantized(model, enabled=chain == "always", residuals=residuals)
         model.graph.sort()
         cache = self._load_cache()

@@ -33,9 +33,11 @@ from ..quant import (
     mixed_precision,
     quantizable_layers,
     read_cache,
+    residual_rounding,
     write_cache,
 )
 from ..quant.lower import lowerable, quantize_layers
+from ..quant.simulate import rounded_residuals
 from .config import BuildConfig, QuantizationConfig
 
 Feeds = Iterable[Mapping[str, Any]]
@@ -115,11 +117,26 @@ def _quantize(model, config, quant, settings, device, calibration_data) -> dict[
             "met": result.met,
             "residuals": result.residuals,  # measured with the chained engine's quantized residuals
         }
+    elif settings.chain != "off" and (
+        rounding := _residual_rounding(model, table, feeds, quant, device, [*fixed, *keep])
+    ):
+        section["residual_rounding"] = rounding
     lowering = quantize_layers(model, table, keep_float=keep, quant=quant)
     reasons.update({name: why for name, why in lowering.left_float.items() if name not in reasons})
     section["quantized"] = list(lowering.quantized)
     section["float"] = reasons
     return section
+
+
+def _residual_rounding(model, table, feeds, quant, device, fixed) -> dict[str, Any] | None:
+    """Whether a chained engine may round its residual streams (without a target, which decides itself): only
+    where measured on the calibration data to cost little accuracy (`quant.ROUNDING_LOSS_FACTOR`)."""
+    if feeds is None:
+        if not rounded_residuals(model, table, fixed, quant):
+            return None
+        return {"kept": False, "why": "not measured (a calibration cache without data): give --calib to measure it"}
+    rounding = residual_rounding(model, table, feeds, device=device, fixed_float=fixed, quant=quant)
+    return rounding.report() if rounding is not None else None
 
 
 def _best_calibrator(model, feeds, settings, quant, device, fixed, metric):

@@ -18,11 +18,13 @@ from .sensitivity import (
     COMPARED_CALIBRATORS,
     LayerSensitivity,
     MixedPrecisionResult,
+    ResidualRounding,
     Target,
     best_calibrator,
     calibrator_label,
     layer_sensitivity,
     mixed_precision,
+    residual_rounding,
 )
 from .simulate import InsertQDQ, simulate_quantized
 
@@ -35,6 +37,7 @@ __all__ = [
     "LayerSensitivity",
     "MixedPrecisionResult",
     "QuantLayer",
+    "ResidualRounding",
     "Target",
     "TensorRange",
     "best_calibrator",
@@ -48,6 +51,7 @@ __all__ = [
     "model_fingerprint",
     "quantizable_layers",
     "read_cache",
+    "residual_rounding",
     "simulate_quantized",
     "table_from_histograms",
     "write_cache",

@@ -71,7 +71,7 @@ class InsertQDQ(Pass):
             known = [layer.name for layer in layers]
             raise InputError(f"keep_float names unknown layers {unknown}; the quantizable layers are {known}")
         # The chains, planned on the graph before any pair is inserted (the rules read the layers' readers).
-        adders = self._quantized_residuals(ctx) if self.residuals else {}
+        adders = rounded_residuals(ctx.model, self.table, self.keep_float, self.quant) if self.residuals else {}
         domain = "" if ctx.opset() >= QDQ_OPSET[self.quant] else DOMAIN
         shared: dict[Value, Value] = {}  # an activation's per-tensor pair
         per_channel: dict[Value, Value] = {}  # a depthwise input's per-channel pair
@@ -105,12 +105,6 @@ class InsertQDQ(Pass):
             ctx.model.opset_imports.setdefault(DOMAIN, OPSET)
         return changed
 
-    def _quantized_residuals(self, ctx: PassContext) -> dict[Node, tuple[float, str]]:
-        """The layers a chained engine of this model gives a quantized residual, with its `z_scale` and type."""
-        layers = engine_layers(ctx.model, self.table, keep_float=self.keep_float, quant=self.quant)
-        adders = plan_chains(ctx.model.graph, layers.get).adders
-        return {adder: (scale, layers[adder].quant) for adder, scale in adders.items()}
-
     def _activation_scale(self, value: Value) -> float:
         return self.table.scale(value.name, self.qmax)
 
@@ -130,6 +124,15 @@ class InsertQDQ(Pass):
             scales = scales.reshape(())
         hint = f"{layer.name}.w{operand.index}"
         return _qdq(ctx, weight, scales, operand.axis, domain, hint, _STORAGE[self.quant])
+
+
+def rounded_residuals(
+    model: Model, table: CalibrationTable, keep_float: Iterable[str] = (), quant: str = "int8"
+) -> dict[Node, tuple[float, str]]:
+    """The layers a chained engine of `model` gives a quantized residual, with its `z_scale` and type."""
+    layers = engine_layers(model, table, keep_float=keep_float, quant=quant)
+    adders = plan_chains(model.graph, layers.get).adders
+    return {adder: (scale, layers[adder].quant) for adder, scale in adders.items()}
 
 
 def simulate_quantized(

@@ -233,6 +233,17 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
             f"layer quantized: {target['all_quantized']:.5f}{residuals})"
         )
     lines += [f"  float: {name}: {why}" for name, why in section["float"].items()]
+    rounding = section.get("residual_rounding")
+    if rounding:
+        verdict = "may round them" if rounding["kept"] else "adds them in float"
+        if "why" in rounding:
+            lines.append(f"residual streams: {rounding['why']}; the engine {verdict}")
+        else:
+            lines.append(
+                f"residual streams: rounding {rounding['residuals']} residual(s) loses "
+                f"{rounding['cosine_loss_rounded']} of cosine against quantization's {rounding['cosine_loss_exact']} "
+                f"on the calibration data: the engine {verdict}"
+            )
     lines += chain_lines(report)
     for index, names in enumerate(section.get("timed_to_float", [])):
         if names:

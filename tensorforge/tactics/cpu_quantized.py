@@ -25,7 +25,7 @@ from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
 from .base import Kernel, PerWeight, Tactic, register_tactic
 from .cpu_family import _activation, _activations_reason, _window
-from .variant import PRECISION_DTYPE
+from .variant import float_type
 from .vendor import _linear_operands_problem
 
 
@@ -40,11 +40,6 @@ def _quantized_reason(node: Node, device: torch.device) -> str | None:
     if not node.inputs[1].is_const:
         return "the weight must be a constant (it is packed once)"
     return _activations_reason(node, ("pre", "post"), qp.ACTIVATIONS)
-
-
-def _float_type(config: dict[str, Any]) -> torch.dtype:
-    """The type of a float output (and of float inputs) in the config's variant."""
-    return PRECISION_DTYPE[config.get("precision", "fp32")]
 
 
 def _scales(node: Node) -> tuple[float, float, float]:
@@ -89,7 +84,7 @@ class CpuQuantizedPointwiseTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
-        float_type = _float_type(config)
+        floats = float_type(config)
         strides = list(node.attributes.get("strides") or [1, 1])
         convs = PerWeight(lambda w, s, b: qp.QuantizedPointwise(w.flatten(1), s, x_scale, b, *epilogue, tile))
 
@@ -97,7 +92,7 @@ class CpuQuantizedPointwiseTactic(_CpuQuantized):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             if strides != [1, 1]:
                 x = x[:, :, :: strides[0], :: strides[1]]
-            return (convs(w, w_scale, b)(x, z, z_scale, y_scale, float_type=float_type),)
+            return (convs(w, w_scale, b)(x, z, z_scale, y_scale, float_type=floats),)
 
         return kernel
 
@@ -126,7 +121,7 @@ class CpuQuantizedGemmTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
-        float_type = _float_type(config)
+        floats = float_type(config)
 
         def derive(w, s, b):
             return qp.QuantizedPointwise(w.t(), s, x_scale, None if b is None else b.reshape(-1), *epilogue, tile)
@@ -138,7 +133,7 @@ class CpuQuantizedGemmTactic(_CpuQuantized):
             product = products(w, w_scale, b)
             rows = a.reshape(-1, a.shape[-1])[:, :, None, None]
             residual = None if z is None else z.reshape(-1, product.channels)[:, :, None, None]
-            y = product(rows, residual, z_scale, y_scale, float_type=float_type)
+            y = product(rows, residual, z_scale, y_scale, float_type=floats)
             return (y.reshape(*a.shape[:-1], product.channels),)
 
         return kernel
@@ -173,7 +168,7 @@ class CpuQuantizedConvTactic(_CpuQuantized):
         epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
         tile = tuple(config["tile"])
         x_scale, z_scale, y_scale = _scales(node)
-        float_type = _float_type(config)
+        floats = float_type(config)
         a = node.attributes
         strides, dilations = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
         convs = PerWeight(lambda w, s, b: qc.QuantizedConv(w, s, x_scale, b, strides, dilations, *epilogue, tile=tile))
@@ -183,6 +178,6 @@ class CpuQuantizedConvTactic(_CpuQuantized):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             conv = convs(w, w_scale, b)
             pads, out_hw = window(tuple(x.shape[2:]), conv.kernel)
-            return (conv(x, pads, out_hw, z, z_scale, y_scale, float_type=float_type),)
+            return (conv(x, pads, out_hw, z, z_scale, y_scale, float_type=floats),)
 
         return kernel

@@ -36,7 +36,7 @@ from ..ops.fused import (
     requantize,
 )
 from .base import Kernel, Tactic, register_tactic, tactic_by_key
-from .variant import PRECISION_DTYPE
+from .variant import float_type
 
 # The float tactics tried for each quantized op, each in its first configuration fitted to the layer; those that do
 # not run the layer on the device fail at build and score inf.
@@ -170,7 +170,7 @@ class _FloatFallback(Tactic):
         kernel = inner.build(twin, opset, device, inner.space_for(twin, 0)[0])
         dequantized = twin.inputs[1].const
         weights: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
-        dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
+        dtype = float_type(config)
 
         def run(inputs):
             x, _, b, z, _ = (list(inputs) + [None] * 5)[:5]

@@ -30,7 +30,7 @@ from ..ops.fused import DOMAIN, QUANT_TYPES
 from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .triton_conv import _activations as node_activations
-from .triton_conv import _float_output
+from .variant import float_type
 
 try:
     from ..kernels.gluon.gemm import SHARED_LIMIT, GemmConfig, conv_ws, gemm_ws, pack_conv_weight
@@ -66,19 +66,19 @@ def _gemm_config(config: dict[str, Any]) -> GemmConfig:
 
 
 def _fitting(
-    node: Node, configs: list[dict[str, Any]], quantized: bool, float_type: torch.dtype = torch.float32
+    node: Node, configs: list[dict[str, Any]], quantized: bool, widest: torch.dtype = torch.float32
 ) -> list[dict[str, Any]]:
     """The configs whose rings fit in shared memory for `node` in any precision the tactic runs it: a float
     layer's tensors are 16-bit; a quantized one's operands 8-bit, its float output and a float residual up to
-    `float_type` (the widest of its variants)."""
+    `widest` (the widest float type of its variants)."""
     if GemmConfig is None:
         return configs
     residual = len(node.inputs) > 3 and node.inputs[3] is not None
     a = node.attributes
     if quantized:
         operands = torch.int8
-        y = torch.int8 if float(a.get("y_scale", 0.0)) else float_type
-        z = torch.int8 if float(a.get("z_scale", 0.0)) else float_type
+        y = torch.int8 if float(a.get("y_scale", 0.0)) else widest
+        z = torch.int8 if float(a.get("z_scale", 0.0)) else widest
     else:
         operands = y = z = torch.float16
     return [c for c in configs if _gemm_config(c).shared_bytes(operands, y, z if residual else None) <= SHARED_LIMIT]
@@ -217,7 +217,7 @@ class GluonQuantizedGemmTactic(Tactic):
         return gemm_ws_configs(effort, quantized=True)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitting(node, self.space(effort), quantized=True, float_type=torch.float16)
+        return _fitting(node, self.space(effort), quantized=True, widest=torch.float16)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes
@@ -232,7 +232,7 @@ class GluonQuantizedGemmTactic(Tactic):
             x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
             b = k_major(w)
             n = b.shape[0]
-            dtype = w.dtype if quant_y else _float_output(x, c, z)
+            dtype = w.dtype if quant_y else float_type(config)
             out = allocate(alloc, 0, (*x.shape[:-1], n), dtype, x.device)
             gemm_ws(
                 x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=column_scales(w_scale), bias=c,
@@ -281,7 +281,7 @@ class GluonConvTactic(Tactic):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             x = x.contiguous(memory_format=torch.channels_last)
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out_dtype = (w.dtype if quant_y else _float_output(x, b, z)) if quantized else x.dtype
+            out_dtype = (w.dtype if quant_y else float_type(config)) if quantized else x.dtype
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
             quantized_z = z is not None and quantized and z.dtype == w.dtype

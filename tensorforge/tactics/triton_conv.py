@@ -40,7 +40,7 @@ from ..ops.fused import DOMAIN, QUANT_TYPES, is_quantized_tensor
 from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .channel_scales import ChannelScales
-from .variant import PRECISION_DTYPE
+from .variant import float_type
 
 _FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
@@ -188,7 +188,7 @@ class TritonQuantizedConvTactic(Tactic):
                 _, inverse, w_scale = channel_scales(w_scale, x_channels)
                 scale = 1.0
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out_dtype = w.dtype if y_scale else _float_output(x, b, z)
+            out_dtype = w.dtype if y_scale else float_type(config)
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             y = conv2d_nhwc_quantized(
                 x, packed(w), w_scale, scale, b, z, out_hw=out_hw, strides=windows.strides, pads_begin=begin,
@@ -399,7 +399,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         x_scale = float(node.attributes["x_scale"])
         y_scale = float(node.attributes.get("y_scale", 0.0))
         pre, post = _activations(node)
-        dtype = PRECISION_DTYPE[config.get("precision", "fp32")]
+        dtype = float_type(config)
         through = dtype if dtype in (torch.float16, torch.bfloat16) else None  # the variant's rounded input
         tiles = {k: v for k, v in config.items() if k not in ("precision", "layout")}
         packed = PerWeight(lambda w: pack_weight(w, 1, k_major=True))

@@ -13,8 +13,9 @@ from ..ir import DType, Node, qualified_op
 from ..kernels.triton import conv_tma
 from ..kernels.triton.epilogue import ACTIVATION_CODES, activation_args
 from ..kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
-from ..ops.fused import DOMAIN, QUANT_TYPES, output_dtype
+from ..ops.fused import DOMAIN, QUANT_TYPES
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
+from .variant import float_type
 
 _FUSED_GEMM = f"{DOMAIN}::FusedGemm"
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -155,7 +156,7 @@ class TritonQuantizedGemmTactic(Tactic):
         def kernel(inputs, alloc=None):
             x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
             rows = x.reshape(-1, x.shape[-1])
-            dtype = quant_type if y_scale else output_dtype(x)
+            dtype = quant_type if y_scale else float_type(config)
             out = allocate(alloc, 0, (*x.shape[:-1], w.shape[1]), dtype, x.device)
             y = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
             problem = conv_tma.gemm_rows(

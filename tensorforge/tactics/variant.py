@@ -55,6 +55,11 @@ class Variant:
         return {"NCHW": torch.contiguous_format, "NHWC": torch.channels_last}.get(self.layout)
 
 
+def float_type(config: Mapping[str, Any]) -> torch.dtype:
+    """The type of a float value (an output, a float input) in the variant of tactic config `config`."""
+    return PRECISION_DTYPE[config.get("precision", "fp32")]
+
+
 def has_float_activation(node: Node, constants: bool = False) -> bool:
     """Whether `node` reads or writes a float32 activation (a value that is not a constant; any float32 value with
     `constants`)."""

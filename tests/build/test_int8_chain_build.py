@@ -287,3 +287,39 @@ def test_a_max_pool_passes_int8_in_the_cpu_engine():
     for feed in batches(2, seed=7):
         want = Executor(engine.model).run(feed)["y"].numpy()
         assert relative_error(_run(engine, feed), want) <= 1e-5
+
+
+@pytest.mark.parametrize("factor", [0.0, 1e9])
+def test_a_build_rounds_residuals_only_where_measured_to_cost_little_accuracy(monkeypatch, factor):
+    """Without an accuracy target the build measures, on the calibration data, what rounding the chain model's one
+    residual stream (conv1's output, added by conv3) costs: allowed no loss at all, the chains keep that residual
+    float; allowed any, it travels in int8. The report and `inspect` say which and why."""
+    from tensorforge.quant import sensitivity
+
+    monkeypatch.setattr(sensitivity, "ROUNDING_LOSS_FACTOR", factor)
+    engine = _build("always")
+    rounding = engine.report["quantization"]["residual_rounding"]
+    assert rounding["residuals"] == 1 and rounding["kept"] is (factor > 0)
+    assert float(rounding["cosine_loss_rounded"]) != float(rounding["cosine_loss_exact"])
+    section = engine.report["quantized_activations"]
+    assert section["quantized_residuals"] == (["conv3"] if factor else [])
+    assert bool(_node(engine.model, "conv3").attributes.get("z_scale")) is (factor > 0)
+    (line,) = [line for line in quantization_lines(engine.report) if line.startswith("residual streams:")]
+    assert line.endswith("may round them" if factor else "adds them in float")
+
+
+def test_from_a_calibration_cache_alone_the_rounding_is_not_measured_and_residuals_stay_float(tmp_path):
+    cache = str(tmp_path / "calib.json")
+
+    def build(data):
+        config = BuildConfig(
+            precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, tactic_families=INT8_FAMILIES,
+            quantization=QuantizationConfig(method="minmax", chain="always", depthwise_channels=False, cache=cache),
+        )  # fmt: skip
+        return Builder(config, calibration_data=data).build(chain_model())
+
+    build(batches())  # writes the cache
+    engine = build(None)
+    rounding = engine.report["quantization"]["residual_rounding"]
+    assert rounding["kept"] is False and "--calib" in rounding["why"]
+    assert engine.report["quantized_activations"]["quantized_residuals"] == []

@@ -14,9 +14,9 @@ from tensorforge.ops.infer import infer_model
 from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.quant import Target, mixed_precision, quantizable_layers, simulate_quantized
 from tensorforge.quant.lower import quantize_layers
-from tensorforge.quant.sensitivity import agreement
+from tensorforge.quant.sensitivity import Agreement, ResidualRounding, agreement, residual_rounding
 from tests.helpers import relative_error
-from tests.quant.chain_support import batches, calibrated, chain_proto, lowered, skip_proto
+from tests.quant.chain_support import batches, calibrated, chain_proto, lowered, prenorm_proto, skip_proto
 
 QUANTS = ["int8", "fp8e4m3"]
 MODELS = {
@@ -183,3 +183,30 @@ def test_the_search_with_residuals_measures_their_rounding():
         assert measured == pytest.approx(result.achieved.cosine, abs=1e-12)
     returned = {flag: bool(result.keep_float) for flag, result in searches.items()}
     assert returned == {True: rounded < plain, False: plain < rounded}
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_the_cost_of_rounding_residuals_is_measured_against_the_exact_streams(quant):
+    """`residual_rounding`: the all-quantized model's agreement with float with its residuals exact and rounded, as
+    `agreement` over the simulations gives them; a post-norm block's norm output, added after it, is rounded."""
+    model, table = calibrated(prenorm_proto(post_norm=True))
+    rounding = residual_rounding(model, table, batches(), quant=quant)
+    float_outputs = [Executor(model).run(feed)["y"].numpy() for feed in batches()]
+    for residuals, measured in ((False, rounding.exact), (True, rounding.rounded)):
+        simulated = simulate_quantized(model, table, quant=quant, residuals=residuals)
+        outputs = [Executor(simulated).run(feed)["y"].numpy() for feed in batches()]
+        assert measured == agreement(float_outputs, outputs)
+    assert rounding.residuals == 1 and rounding.rounded != rounding.exact  # the rounding changes the output
+    assert rounding.report()["kept"] is rounding.kept
+
+
+def test_the_rounding_is_kept_while_it_adds_at_most_half_again_to_the_quantization_loss():
+    exact = Agreement(cosine=0.999, top1=1.0)
+    assert ResidualRounding(1, exact, Agreement(0.9985, 1.0)).kept  # loss 1.5e-3 against 1e-3
+    assert not ResidualRounding(1, exact, Agreement(0.998, 1.0)).kept  # 2e-3: doubled
+    assert ResidualRounding(1, Agreement(1.0, 1.0), Agreement(1.0, 1.0)).kept  # lossless both ways
+
+
+def test_a_model_without_residual_streams_has_no_rounding_to_measure():
+    model, table = calibrated(prenorm_proto())  # pre-norm: the residual adds the float stream e, read by no layer
+    assert residual_rounding(model, table, batches()) is None
