@@ -65,6 +65,12 @@ def _gemm_config(config: dict[str, Any]) -> GemmConfig:
     return GemmConfig(**{field: config[field] for field in _FIELDS})
 
 
+def _float_out(dtype: torch.dtype, n: int) -> torch.dtype:
+    """The type a quantized layer writes a float output of `n` columns in: its variant's, or float32 where TMA
+    cannot store rows of `n` such elements (16 bytes at least; the variant's wrapper then casts it)."""
+    return dtype if n * dtype.itemsize % 16 == 0 else torch.float32
+
+
 def _fitting(
     node: Node, configs: list[dict[str, Any]], quantized: bool, widest: torch.dtype = torch.float32
 ) -> list[dict[str, Any]]:
@@ -77,7 +83,9 @@ def _fitting(
     a = node.attributes
     if quantized:
         operands = torch.int8
-        y = torch.int8 if float(a.get("y_scale", 0.0)) else widest
+        weight = node.inputs[1].shape
+        n = weight[1] if qualified_op(node) == f"{DOMAIN}::QuantizedGemm" else weight[0]
+        y = torch.int8 if float(a.get("y_scale", 0.0)) else _float_out(widest, n)
         z = torch.int8 if float(a.get("z_scale", 0.0)) else widest
     else:
         operands = y = z = torch.float16
@@ -203,6 +211,7 @@ class GluonQuantizedGemmTactic(Tactic):
     op_types = (f"{DOMAIN}::QuantizedGemm",)
     precisions = ("fp16", "bf16")  # a float32 output and residual leave the rings too little shared memory
     writes_into = True
+    sees_precision = True  # a float output in the variant's type
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         problem = _device_problem(device)
@@ -232,7 +241,7 @@ class GluonQuantizedGemmTactic(Tactic):
             x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
             b = k_major(w)
             n = b.shape[0]
-            dtype = w.dtype if quant_y else float_type(config)
+            dtype = w.dtype if quant_y else _float_out(float_type(config), n)
             out = allocate(alloc, 0, (*x.shape[:-1], n), dtype, x.device)
             gemm_ws(
                 x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=column_scales(w_scale), bias=c,
@@ -253,6 +262,7 @@ class GluonConvTactic(Tactic):
     op_types = (f"{DOMAIN}::FusedConv",)
     precisions = ("fp16", "bf16")
     layouts = ("NHWC",)
+    sees_precision = True  # the quantized subclass: a float output in the variant's type
     writes_into = True
     quantized = False
 
@@ -281,7 +291,7 @@ class GluonConvTactic(Tactic):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             x = x.contiguous(memory_format=torch.channels_last)
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out_dtype = (w.dtype if quant_y else float_type(config)) if quantized else x.dtype
+            out_dtype = (w.dtype if quant_y else _float_out(float_type(config), w.shape[0])) if quantized else x.dtype
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
             quantized_z = z is not None and quantized and z.dtype == w.dtype

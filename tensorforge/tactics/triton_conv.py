@@ -148,7 +148,7 @@ class TritonQuantizedConvTactic(Tactic):
     as it is loaded, an input of the layer's quantized type read as it is; with `y_scale` the output is
     requantized as it is stored, and a quantized residual (`z_scale`) dequantized as it is added. Per-channel input
     scales (`Xs`, depthwise layers) quantize on load by channel and fold into the weight scales. A float output
-    of a quantized input takes the bias's (or a float residual's) float type, the variant's, else float32."""
+    is written in the variant's float type."""
 
     family = "triton"
     name = "conv-igemm-quantized"
@@ -156,6 +156,7 @@ class TritonQuantizedConvTactic(Tactic):
     precisions = ("fp16", "bf16", "fp32")
     layouts = ("NHWC",)
     writes_into = True
+    sees_precision = True  # a float output in the variant's type
     strided_inputs = True  # x and the residual are read through their strides
     strided_outputs = True  # and the output written through its own
 
@@ -180,6 +181,7 @@ class TritonQuantizedConvTactic(Tactic):
         pre, post = _activations(node)
         packed = PerWeight(lambda w: pack_weight(w, windows.groups, k_major=True))
         channel_scales = ChannelScales(x_scale)
+        tiles = {k: v for k, v in config.items() if k != "precision"}
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
@@ -192,7 +194,7 @@ class TritonQuantizedConvTactic(Tactic):
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             y = conv2d_nhwc_quantized(
                 x, packed(w), w_scale, scale, b, z, out_hw=out_hw, strides=windows.strides, pads_begin=begin,
-                dilations=windows.dilations, pre=pre, post=post, out=out, config=config, y_scale=y_scale,
+                dilations=windows.dilations, pre=pre, post=post, out=out, config=tiles, y_scale=y_scale,
                 z_scale=z_scale, x_inv_channels=inverse,
             )  # fmt: skip
             return (y,)

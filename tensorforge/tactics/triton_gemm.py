@@ -120,6 +120,7 @@ class TritonQuantizedGemmTactic(Tactic):
     name = "gemm-quantized"
     op_types = (f"{DOMAIN}::QuantizedGemm",)
     precisions = ("fp16", "bf16")  # A float32 quantized on load needs more shared memory than these tiles have
+    sees_precision = True  # a float output in the variant's type
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if device.type != "cuda":

@@ -251,12 +251,16 @@ def test_a_chain_that_rounds_residuals_must_beat_the_exact_one_by_a_margin(monke
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["int8", "fp8"])
-def test_a_chained_quantized_engine_on_cuda_matches_its_graph_on_the_reference_executor(quant):
+def test_a_chained_quantized_engine_on_cuda_matches_its_graph_on_the_reference_executor(monkeypatch, quant):
     """The Triton kernels reading and writing int8 / E4M3 between layers on the GPU (no float fallback, fp32
     float math) against the engine's own chained graph on the reference executor (CPU). int8 sums are exact and
     the epilogue is the reference's float32 arithmetic: float32's bound, as for the unchained engine. E4M3
     tensor cores add in reduced precision (about 1e-3), and an E4M3 output near a rounding boundary of its 3-bit
-    mantissa then moves by a whole step (6 to 12 %) for the next layer: bfloat16's bound, not fp16's."""
+    mantissa then moves by a whole step (6 to 12 %) for the next layer: bfloat16's bound, not fp16's. The residual
+    stream is rounded whatever it costs (in E4M3 it costs more than the build allows): its kernels are under test."""
+    from tensorforge.quant import sensitivity
+
+    monkeypatch.setattr(sensitivity, "ROUNDING_LOSS_FACTOR", math.inf)
     config = BuildConfig(
         device="cuda", precisions=("fp32", quant), profiles=(PROFILE,), effort=0,
         quantization=QuantizationConfig(method="minmax", chain="always", depthwise_channels=False),

@@ -238,3 +238,23 @@ def test_the_float_fallback_hands_the_gluon_product_its_int8_residual(monkeypatc
     ((_, args, options),) = launches.calls
     assert options["HAS_RES"] and y.dtype == torch.float16
     assert args[2].base.dtype == torch.int8 and args[21] == pytest.approx(fc2.attributes["z_scale"])
+
+
+@pytest.mark.parametrize(("layer", "written"), [("fc2", torch.float16), ("fc3", torch.float32)])
+def test_a_quantized_linear_layer_writes_its_float_output_in_the_variants_type(monkeypatch, layer, written):
+    """Built as the autotuner builds it (the config's variant fp16): fc2 (int8 in, 64 float columns out) has the
+    kernel write fp16, as its shared-memory estimate assumed; fc3's 4 columns make 8-byte fp16 rows, which TMA
+    cannot store, so the kernel writes float32 and the variant casts."""
+    from tensorforge.tactics import gluon_gemm
+    from tensorforge.tactics.autotune import build_layer_kernel
+
+    outs = []
+    monkeypatch.setattr(gluon_gemm, "gemm_ws", lambda a, b, out, *args, **options: outs.append(out))
+    model, _ = chain_quantized(lowered("int8", proto=prenorm_proto(width=64)))
+    node = next(n for n in model.graph.nodes if n.name == layer)
+    config = {**gemm_ws_configs(0, quantized=True)[0], "precision": "fp16", "layout": "any"}
+    kernel = build_layer_kernel(tactic_by_key("gluon.gemm-ws-quantized"), node, 17, torch.device("cpu"), config, {})
+    activations = [v for v in node.inputs if v is not None and not v.is_const]
+    inputs = [torch.zeros(v.shape, dtype=v.dtype.torch) for v in activations]
+    (y,) = kernel(inputs)
+    assert outs[0].dtype == written and y.dtype == torch.float16
