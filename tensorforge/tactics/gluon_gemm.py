@@ -26,6 +26,7 @@ import torch
 
 from ..ir import Node, qualified_op
 from ..kernels.triton.conv_tma import hopper_problem
+from ..kernels.triton.epilogue import quant_code
 from ..ops.fused import DOMAIN, QUANT_TYPES
 from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
@@ -41,7 +42,6 @@ else:
     _GLUON_MISSING = ""
 
 _FUSED_GEMM = f"{DOMAIN}::FusedGemm"
-_QUANT_Y = {"int8": 1, "fp8e4m3": 2}  # the kernel's `quant_y` by the layer's quantized type
 
 # (block_m, block_n, block_k, stages, consumers, num_warps) by effort; 8-bit operands take twice the K step.
 _SPACE = {
@@ -204,7 +204,7 @@ class GluonQuantizedGemmTactic(Tactic):
     """`gluon.gemm-ws` for a QuantizedGemm `Y = post(pre(Σ q_a·q_b · x_scale · Bs[n] + C) + Z)` whose A is already
     quantized: the weight [K, N] kept K-major ([N, K]) once, the column factors x_scale · Bs once, a float
     residual or a quantized one dequantized by z_scale, the output requantized with y_scale (or written in the
-    bias's float type)."""
+    variant's float type, float32 where its rows are too narrow for TMA)."""
 
     family = "gluon"
     name = "gemm-ws-quantized"
@@ -234,15 +234,15 @@ class GluonQuantizedGemmTactic(Tactic):
         k_major = PerWeight(lambda w: w.T.contiguous())
         x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
-        quant_y = _QUANT_Y[a.get("quant", "int8")] if y_scale else 0
+        quant_y = quant_code(a.get("quant", "int8")) if y_scale else 0
         tiles = _gemm_config(config)
+        n = node.inputs[1].shape[1]
+        out_dtype = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else _float_out(float_type(config), n)
 
         def kernel(inputs, alloc=None):
             x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
             b = k_major(w)
-            n = b.shape[0]
-            dtype = w.dtype if quant_y else _float_out(float_type(config), n)
-            out = allocate(alloc, 0, (*x.shape[:-1], n), dtype, x.device)
+            out = allocate(alloc, 0, (*x.shape[:-1], n), out_dtype, x.device)
             gemm_ws(
                 x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=column_scales(w_scale), bias=c,
                 z=z.reshape(-1, n) if z is not None else None, z_scale=z_scale or 1.0, quant_y=quant_y,
@@ -285,13 +285,15 @@ class GluonConvTactic(Tactic):
         x_scale = float(a.get("x_scale", 1.0))
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
         y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
-        quant_y = _QUANT_Y[a.get("quant", "int8")] if quantized and y_scale else 0
+        quant_y = quant_code(a.get("quant", "int8")) if quantized and y_scale else 0
+        channels = node.inputs[1].shape[0]
+        out_type = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else _float_out(float_type(config), channels)
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             x = x.contiguous(memory_format=torch.channels_last)
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out_dtype = (w.dtype if quant_y else _float_out(float_type(config), w.shape[0])) if quantized else x.dtype
+            out_dtype = out_type if quantized else x.dtype
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
             quantized_z = z is not None and quantized and z.dtype == w.dtype

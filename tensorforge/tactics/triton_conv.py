@@ -182,6 +182,7 @@ class TritonQuantizedConvTactic(Tactic):
         packed = PerWeight(lambda w: pack_weight(w, windows.groups, k_major=True))
         channel_scales = ChannelScales(x_scale)
         tiles = {k: v for k, v in config.items() if k != "precision"}
+        out_dtype = QUANT_TYPES[node.attributes.get("quant", "int8")].torch if y_scale else float_type(config)
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale, x_channels = (list(inputs) + [None] * 6)[:6]
@@ -190,7 +191,6 @@ class TritonQuantizedConvTactic(Tactic):
                 _, inverse, w_scale = channel_scales(w_scale, x_channels)
                 scale = 1.0
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out_dtype = w.dtype if y_scale else float_type(config)
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             y = conv2d_nhwc_quantized(
                 x, packed(w), w_scale, scale, b, z, out_hw=out_hw, strides=windows.strides, pads_begin=begin,

@@ -11,7 +11,7 @@ import torch
 
 from ..ir import DType, Node, qualified_op
 from ..kernels.triton import conv_tma
-from ..kernels.triton.epilogue import ACTIVATION_CODES, activation_args
+from ..kernels.triton.epilogue import ACTIVATION_CODES, activation_args, quant_code
 from ..kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
 from ..ops.fused import DOMAIN, QUANT_TYPES
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
@@ -104,9 +104,6 @@ class TritonGemmTmaTactic(TritonGemmTactic):
         return gemm_tma_configs(effort)
 
 
-_QUANT_CODES = {"int8": 1, "fp8e4m3": 2}
-
-
 @register_tactic
 class TritonQuantizedGemmTactic(Tactic):
     """QuantizedGemm `Y = post(pre(Σ q_a·q_b · x_scale · Bs[n] + C) + Z)` as `conv_tma.gemm_rows`: the rows
@@ -145,20 +142,19 @@ class TritonQuantizedGemmTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes
-        quant = _QUANT_CODES[a.get("quant", "int8")]
+        quant = quant_code(a.get("quant", "int8"))
         x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
         pre = activation_args(a.get("pre", ""), a.get("pre_params", ()))
         post = activation_args(a.get("post", ""), a.get("post_params", ()))
         tile = dict(config) if config else gemm_tma_configs(0, quantized=True)[0]
         sizes = tuple(tile[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"))
         k_major = PerWeight(lambda w: w.t().contiguous().t())  # [K, N] with K contiguous
-        quant_type = QUANT_TYPES[a.get("quant", "int8")].torch
+        out_dtype = QUANT_TYPES[a.get("quant", "int8")].torch if y_scale else float_type(config)
 
         def kernel(inputs, alloc=None):
             x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
             rows = x.reshape(-1, x.shape[-1])
-            dtype = quant_type if y_scale else float_type(config)
-            out = allocate(alloc, 0, (*x.shape[:-1], w.shape[1]), dtype, x.device)
+            out = allocate(alloc, 0, (*x.shape[:-1], w.shape[1]), out_dtype, x.device)
             y = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
             problem = conv_tma.gemm_rows(
                 rows, k_major(w), c, z.reshape(-1, z.shape[-1]) if z is not None else None, y.view(-1, w.shape[1]),

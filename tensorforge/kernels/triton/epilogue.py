@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ..activations import ACTIVATION_CODES, GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16, activation_args
+from ..quantize import KINDS
 
 __all__ = ["ACTIVATION_CODES", "activate", "activation_args", "dequantize_bias_pre", "quantize", "widen"]
 
@@ -141,6 +142,11 @@ _MAGIC_BITS = tl.constexpr(0x4B400000)
 
 
 QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # `quantize`'s QUANT by the quantized tensor's type
+
+
+def quant_code(kind: str) -> int:
+    """`quantize`'s QUANT for a quantization kind by name ("int8", "fp8e4m3": `kernels.quantize.KINDS`)."""
+    return QUANT_CODES[KINDS[kind][0]]
 
 
 @triton.jit
