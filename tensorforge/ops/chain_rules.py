@@ -21,13 +21,13 @@ per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it rea
 - `THROUGH_MAX_POOL` (exact): Y's one reader is a 2-D MaxPool whose readers all read its output as in
   `INPUT_CHAINS` (int8): P writes Q_s(Y) and the pool passes the integers on (max commutes with the rounding).
 - `FROM_LAYER_NORM` (exact): P is not a quantized layer but a LayerNormalization (Y alone, float32 statistics)
-  whose readers are as in `INPUT_CHAINS`: the norm writes Q_s(Y) (`y_scale`). A pre-norm transformer's norms
-  then hand its attention and feed-forward input projections their input quantized.
-- `LAYER_NORM_STREAMS` (after the input chains; an approximation): as `FROM_LAYER_NORM`, and some readers add Y
-  as their residual Z, as in `RESIDUAL_STREAMS`. A post-norm transformer's (BERT's) norms then hand the next
-  projection its input and the residual add after it the same int8 tensor.
+  some of whose readers quantize Y as their input X (those of the first one's type and scale, not per channel):
+  the norm writes Q_s(Y) (`y_scale`) for them and, when anything else reads Y (a float layer, a quantized layer's
+  residual Z, the graph's outputs), Y itself beside it (the domain norm's second output). A pre-norm transformer's
+  norms then hand its attention and feed-forward input projections their input quantized; a post-norm
+  transformer's (BERT's) hand the next projection Q_s(Y) and the residual add after it Y, exact.
 When the build names the layers its tuned plan runs quantized (`eligible`), P and every C_i must be among them
-(a norm, never quantized itself, only its readers).
+(for a norm, never quantized itself, the readers it writes Q_s(Y) for are those among them).
 A float layer therefore breaks a stream where it stands as P (nothing is written quantized) or as any reader (Y
 stays float for every reader); as the producer of an adder's own X it leaves the adder's residual quantized.
 """
@@ -233,11 +233,10 @@ LAYER_NORMS = ("LayerNormalization", f"{DOMAIN}::LayerNormalization")
 
 
 class FromLayerNorm(ChainRule):
-    """A LayerNormalization's Y read by quantized layers alone, each as its input X with one scale s: the norm
-    writes Q_s(Y) from its float32 result, which is what every reader quantizes anyway (exact: the Q/DQ
-    simulation has nothing to round for it). The readers' type is the norm's `quant`."""
-
-    readers_rule: ChainRule = InputChains()
+    """A LayerNormalization's Y read by quantized layers as their input X: the norm writes Q_s(Y) from its float32
+    result for those of the first one's type and scale s (`quantized_readers`), which is what each quantizes
+    anyway, and Y beside it for every other reader (exact: the Q/DQ simulation has nothing to round for it). The
+    readers' type is the norm's `quant`."""
 
     def candidate(self, producer: Node, view: ChainView) -> Readers | None:
         if qualified_op(producer) not in LAYER_NORMS or view.writes_quantized(producer):
@@ -251,37 +250,37 @@ class FromLayerNorm(ChainRule):
         self, producer: Node, readers: Readers, view: ChainView, eligible: Collection[Node] | None = None
     ) -> str | None:
         output = producer.outputs[0]
-        if _is_graph_output(output) or output.dtype not in _FLOAT_OUTPUTS:
-            return f"{output.name!r} is a graph output or not a float activation"
-        layer = self.readers_layer(readers, view)
-        problem = self.readers_rule.readers_problem(layer, output, readers, view)
-        return problem or _ineligible([reader for reader, _ in readers], eligible)
+        if output.dtype not in _FLOAT_OUTPUTS:
+            return f"{output.name!r} is {output.dtype.name}, not a float activation"
+        inputs = [reader for reader, index in readers if index == X_INPUT and _per_tensor(view.layer(reader))]
+        if not inputs:
+            return f"every quantized layer that reads {output.name!r} as its input quantizes it per channel"
+        if not self.quantized_readers(readers, view, eligible):
+            return _ineligible(inputs, eligible)
+        return None
 
     @staticmethod
-    def readers_layer(readers: Readers, view: ChainView) -> QuantizedLayer:
-        """The first quantized reader, whose type the others must share."""
-        return next(layer for layer in (view.layer(reader) for reader, _ in readers) if layer is not None)
+    def quantized_readers(readers: Readers, view: ChainView, eligible: Collection[Node] | None = None) -> Readers:
+        """The readers that take Q_s(Y): those quantizing Y per tensor as their input X (and running quantized in
+        the tuned plan, when `eligible` names those) of the first one's type and scale."""
+        chosen = [
+            (reader, view.layer(reader))
+            for reader, index in readers
+            if index == X_INPUT and _per_tensor(view.layer(reader)) and (eligible is None or reader in eligible)
+        ]
+        if not chosen:
+            return []
+        grid = (chosen[0][1].quant, chosen[0][1].x_scale)
+        return [(reader, X_INPUT) for reader, layer in chosen if (layer.quant, layer.x_scale) == grid]
 
     def scale(self, producer: Node, readers: Readers, view: ChainView) -> float:
-        return next(view.layer(reader).x_scale for reader, index in readers if index == X_INPUT)
-
-
-class LayerNormStreams(FromLayerNorm):
-    """`FROM_LAYER_NORM` where some readers add Y as their residual: Q_s(Y), s from the X readers (at least one),
-    added as Q_s(Y) · s, the residual rounded onto its readers' grid as `RESIDUAL_STREAMS` rounds it."""
-
-    readers_rule = ResidualStreams()
-
-    def candidate(self, producer: Node, view: ChainView) -> Readers | None:
-        readers = super().candidate(producer, view)
-        return readers if readers is not None and any(_adds(r, i, view) for r, i in readers) else None
+        return view.layer(self.quantized_readers(readers, view)[0][0]).x_scale
 
 
 INPUT_CHAINS = InputChains()
 RESIDUAL_STREAMS = ResidualStreams()
 THROUGH_MAX_POOL = ThroughMaxPool()
 FROM_LAYER_NORM = FromLayerNorm()
-LAYER_NORM_STREAMS = LayerNormStreams()
 
 
 def _ineligible(nodes: Iterable[Node], eligible: Collection[Node] | None) -> str | None:
@@ -291,6 +290,11 @@ def _ineligible(nodes: Iterable[Node], eligible: Collection[Node] | None) -> str
         if node not in eligible:
             return f"{node.label} runs as its float original in the tuned plan (it timed faster)"
     return None
+
+
+def _per_tensor(layer: QuantizedLayer | None) -> bool:
+    """Whether `layer` is a quantized layer quantizing its input X with one scale."""
+    return layer is not None and not layer.per_channel
 
 
 def _adds(reader: Node, index: int, view: ChainView) -> bool:
@@ -306,8 +310,8 @@ def _is_graph_output(value: Value) -> bool:
 @dataclass(frozen=True)
 class ChainPlan:
     """What the chaining passes would do to a graph: the producers that write their output quantized, with the
-    scale (`inputs`: the exact input chains, `residuals`: those that are also added as residuals, layer norms
-    among them), and the quantized layers (to be) that add a quantized residual, with its `z_scale`."""
+    scale (`inputs`: the exact input chains between quantized layers, `residuals`: those that are also added as
+    residuals), and the quantized layers (to be) that add a quantized residual, with its `z_scale`."""
 
     inputs: dict[Node, float]
     residuals: dict[Node, float]
@@ -329,7 +333,6 @@ def plan_chains(
     streams = {}
     if residuals:
         streams = _sweep(graph.nodes, RESIDUAL_STREAMS, view, eligible)
-        streams.update(_sweep(graph.nodes, LAYER_NORM_STREAMS, view, eligible))
     adders = {
         reader: scale
         for producer, scale in streams.items()

@@ -39,8 +39,10 @@ at least float32 and rounded once to the output type).
 - `LayerNormalization`, `Gelu`, `Softmax`: the ONNX ops (opset 17, 20, 13 semantics) in this domain, so the
   optimizer can introduce them into models whose opset predates them. LayerNormalization's positive float
   `y_scale` makes it write `Q(Y)` on the grid of `quant` ("int8" or "fp8e4m3"; Y computed in float32 and
-  quantized as a QuantizedConv quantizes X, Y alone): a transformer's norm handing its quantized layers their
-  input (`passes/quant_chain.py`). So are `QuantizeLinear` and
+  quantized as a QuantizedConv quantizes X): a transformer's norm handing its quantized layers their input
+  (`passes/quant_chain.py`). The domain's norm computes no statistics outputs: its optional second output is Y
+  itself in X's float type (rounded once from float32), written beside `Q(Y)` for the readers that add or read Y
+  in float (a post-norm transformer's residual adders). So are `QuantizeLinear` and
   `DequantizeLinear` (opset 21 semantics: per-axis and blocked scales), for quantizing models older than
   opset 13.
 
@@ -384,14 +386,21 @@ def _dtype_of(value: Any) -> DType:
 def layer_normalization(
     ctx: OpContext, x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, y_scale=0.0, quant="int8"
 ):  # fmt: skip
+    """ONNX's LayerNormalization writing Y, or `Q(Y)` for a positive `y_scale`, and Y in X's type as an optional
+    second output (no Mean or InvStdDev)."""
     impl = REGISTRY.lookup("LayerNormalization", "", 17).impl
+    if ctx.num_outputs > 2:
+        raise ValueError("the tensorforge domain's LayerNormalization writes Y (or Q(Y)) and Y, no statistics")
+    alone = dataclasses.replace(ctx, node=Node("LayerNormalization", [], [Value("y")]))  # (Y alone of ONNX's)
     if not y_scale:
-        return impl(ctx, x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
-    if ctx.num_outputs != 1 or stash_type != 1:
-        raise ValueError("a LayerNormalization with y_scale writes Y alone, from float32 statistics")
+        y = impl(alone, x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
+        return (y, y) if ctx.num_outputs == 2 else y
+    if stash_type != 1:
+        raise ValueError("a LayerNormalization with y_scale computes Y from float32 statistics (stash_type 1)")
     as_float = (t if t is None else t.float() for t in (x, scale, bias))
-    y = impl(ctx, *as_float, axis=axis, epsilon=epsilon, stash_type=stash_type)
-    return quantize_activation(y, y_scale, quant)
+    y = impl(alone, *as_float, axis=axis, epsilon=epsilon, stash_type=stash_type)
+    quantized = quantize_activation(y, y_scale, quant)
+    return (quantized, y.to(x.dtype)) if ctx.num_outputs == 2 else quantized
 
 
 @register("Gelu", since=OPSET, domain=DOMAIN)

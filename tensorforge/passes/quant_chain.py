@@ -41,16 +41,18 @@ quantize its output as X with scale s (int8),
 since the rounding is monotone and max commutes with it. ResNet's stem then writes int8, the pool pools int8,
 and the first block's two convolutions read it.
 
-From a layer norm (exact): when a LayerNormalization's every reader quantizes its output as X with scale s,
+From a layer norm (exact): when quantized layers C_i read a LayerNormalization's output as X with scale s,
 
-    C_i(LayerNorm(X)) = C_i'(LayerNorm'(X))    with LayerNorm' = LayerNorm(y_scale = s, quant)
+    C_i(LayerNorm(X)) = C_i'(LayerNorm'(X)[0])    with LayerNorm' = LayerNorm(y_scale = s, quant)
 
-(the `tensorforge` domain's norm; Y in float32, quantized as the readers would). A pre-norm transformer (ViT)
-then reads its QKV and first feed-forward projections' input as int8 from the norm, which writes a quarter of
-the bytes float32 takes and spares the products their quantize. With residual streams, a norm whose output is
-also added as a quantized layer's residual Z writes Q_s(Y) all the same and the adders take `z_scale` = s (the
-residual rounded, as above): a post-norm transformer's (BERT's) norms feed the next projection and the residual
-add after it.
+(the `tensorforge` domain's norm; Y in float32, quantized as the readers would). Every other reader (a float
+layer, a quantized layer adding Y as its residual, the graph's outputs) reads LayerNorm'(X)[1], Y itself, which
+the norm writes beside Q_s(Y) from the same float32 result. A pre-norm transformer (ViT) then reads its QKV and
+first feed-forward projections' input as int8 from the norm, which writes a quarter of the bytes float32 takes
+and spares the products their quantize; a post-norm transformer's (BERT's) norms hand the next projection Q_s(Y)
+and the residual add after it Y, in the type it had. (Rounding that residual onto the readers' grid instead, as
+the convolutional streams do, saves the norm a store and cost BERT-base ten times quantization's own accuracy
+loss: docs/design.md, "Rounded residual streams must be cheap in accuracy".)
 """
 
 from __future__ import annotations
@@ -64,7 +66,6 @@ from ..ir import Graph, Model, Node, Value, qualified_op
 from ..ops.chain_rules import (
     FROM_LAYER_NORM,
     INPUT_CHAINS,
-    LAYER_NORM_STREAMS,
     LAYER_NORMS,
     QUANTIZED_LAYERS,
     RESIDUAL_STREAMS,
@@ -74,10 +75,10 @@ from ..ops.chain_rules import (
     ChainView,
     is_quantized_layer,
 )
-from ..ops.fused import QUANT_TYPES
+from ..ops.fused import DOMAIN, QUANT_TYPES
 from .base import PassContext, Rule, RulePass, _label
 from .manager import PassManager
-from .utils import replace_with_fused
+from .utils import is_graph_output, replace_node, replace_with_fused
 
 
 @dataclass
@@ -156,34 +157,36 @@ class RequantizeResidualStream(_RequantizeOutput):
 
 
 class QuantizeLayerNormOutput(_RequantizeOutput):
-    """`C_i(LayerNorm(X)) = C_i'(LayerNorm(X; y_scale = s))` when every reader C_i of the norm's output quantizes
-    it as its input with scale s (`ops.chain_rules.FROM_LAYER_NORM`): the norm becomes the domain's, which takes
-    `y_scale` and the readers' `quant`."""
+    """`C_i(LayerNorm(X)) = C_i'(LayerNorm(X; y_scale = s)[0])` for the readers C_i that quantize the norm's output
+    as their input with scale s (`ops.chain_rules.FROM_LAYER_NORM`): the norm becomes the domain's, which takes
+    `y_scale` and the readers' `quant` and, when anything else reads Y, writes Y as its second output for them."""
 
     name = "quantize-layer-norm-output"
     op_types = LAYER_NORMS
     chain_rule = FROM_LAYER_NORM
 
     def rewrite(self, match: _Chain, ctx: PassContext) -> str:
-        quant = self.chain_rule.readers_layer(match.readers, self.view).quant
-        scale = self.chain_rule.scale(match.producer, match.readers, self.view)
-        norm = match.producer
+        quantized_readers = self.chain_rule.quantized_readers(match.readers, self.view, self.eligible)
+        quant = self.view.layer(quantized_readers[0][0]).quant
+        scale = self.chain_rule.scale(match.producer, quantized_readers, self.view)
+        norm, y = match.producer, match.output
         attributes = {**norm.attributes, "y_scale": scale, "quant": quant}
-        quantized = replace_with_fused(ctx, norm, "LayerNormalization", list(norm.inputs), attributes)
-        quantized.outputs[0].dtype = QUANT_TYPES[quant]
-        adders = [reader for reader, index in match.readers if index == Z_INPUT]
-        for reader in adders:
-            reader.attributes["z_scale"] = scale
-        added = f", the residual of {len(adders)} layer(s)" if adders else ""
-        return f"writes {quant} (scale {scale:.6g}) for {len(match.readers) - len(adders)} quantized reader(s){added}"
-
-
-class QuantizeLayerNormStream(QuantizeLayerNormOutput):
-    """`QuantizeLayerNormOutput` where some readers add the norm's output as their residual: they take it
-    quantized, `z_scale` = s (`ops.chain_rules.LAYER_NORM_STREAMS`)."""
-
-    name = "quantize-layer-norm-stream"
-    chain_rule = LAYER_NORM_STREAMS
+        output = is_graph_output(y)
+        others = len(match.readers) - len(quantized_readers) + output
+        if not others:
+            quantized = replace_with_fused(ctx, norm, "LayerNormalization", list(norm.inputs), attributes).outputs[0]
+        else:
+            quantized, copy = ctx.new_value(f"{y.name}_{quant}", like=y), ctx.new_value(y.name, like=y)
+            both = Node("LayerNormalization", list(norm.inputs), [quantized, copy], attributes, domain=DOMAIN,
+                        name=norm.name)  # fmt: skip
+            replace_node(norm, both, {y: copy})
+            if not output:  # (a graph output's name passes to `copy` in the rewiring)
+                copy.name, y.name = y.name, copy.name
+            for reader, index in quantized_readers:
+                reader.set_input(index, quantized)
+        quantized.dtype = QUANT_TYPES[quant]
+        beside = f", and Y for {others} other reader(s)" if others else ""
+        return f"writes {quant} (scale {scale:.6g}) for {len(quantized_readers)} quantized reader(s){beside}"
 
 
 class ChainQuantizedLayers(RulePass):
@@ -202,7 +205,7 @@ class ChainResidualStreams(RulePass):
     docstring); after `ChainQuantizedLayers`."""
 
     name = "chain-residual-streams"
-    rules = (RequantizeResidualStream, QuantizeLayerNormStream)
+    rules = (RequantizeResidualStream,)
 
     def __init__(self, eligible: Collection[Node] | None = None) -> None:
         self.rules = tuple(functools.partial(rule, eligible) for rule in type(self).rules)

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..ir import Node, qualified_op
+from ..ops.fused import DOMAIN
 
 Kernel = Callable[..., tuple[torch.Tensor, ...]]  # (inputs[, alloc=]) -> outputs
 Alloc = Callable[[int, Sequence[int], torch.dtype, torch.memory_format], torch.Tensor]
@@ -54,11 +55,14 @@ def allocate(
 
 
 def statistics_reason(node: Node, quantizes: bool = False) -> str | None:
-    """Why a LayerNormalization kernel that writes Y alone, from float32 statistics (and quantizes it for a
-    `y_scale` when it `quantizes`), cannot run `node`, or None."""
+    """Why a LayerNormalization kernel that writes Y alone, from float32 statistics (and, when it `quantizes`,
+    Q(Y) for a `y_scale`, with Y beside it for the domain norm's second output), cannot run `node`, or None."""
     if node.attributes.get("y_scale", 0.0) and not quantizes:
         return "a quantized output (y_scale) only on triton.layernorm, cpu.layernorm and the reference"
-    if any(v.name for v in node.outputs[1:]):
+    extra = [v for v in node.outputs[1:] if v.name]
+    if extra and node.domain == DOMAIN and not (quantizes and node.attributes.get("y_scale", 0.0)):
+        return "Y beside Q(Y) (a second output) only on triton.layernorm, cpu.layernorm and the reference"
+    if extra and node.domain != DOMAIN:
         return "the Mean and InvStdDev outputs are computed only by the reference"
     if node.attributes.get("stash_type", 1) != 1:
         return "statistics in float32 only (stash_type=1)"

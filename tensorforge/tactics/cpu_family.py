@@ -646,7 +646,8 @@ class CpuAttentionTactic(Tactic):
 
 @register_tactic
 class CpuLayerNormTactic(Tactic):
-    """LayerNormalization from `axis` on, its scale and bias as float32 vectors (kept once); Y alone."""
+    """LayerNormalization from `axis` on, its scale and bias as float32 vectors (kept once); Y, or Q(Y) and (the
+    domain norm's second output) Y beside it."""
 
     family = "cpu"
     name = "layernorm"
@@ -670,6 +671,7 @@ class CpuLayerNormTactic(Tactic):
         axis = node.attributes.get("axis", -1)
         epsilon = float(node.attributes.get("epsilon", 1e-5))
         y_scale = float(node.attributes.get("y_scale", 0.0))
+        both = len(node.outputs) > 1
 
         vector = PerWeight(lambda t, shape: t.broadcast_to(shape).reshape(-1).float().contiguous())
 
@@ -677,6 +679,7 @@ class CpuLayerNormTactic(Tactic):
             x, scale, bias = (list(inputs) + [None] * 3)[:3]
             shape = tuple(x.shape[axis % x.dim() :])
             bias = None if bias is None else vector(bias, shape)
-            return (ln.layer_norm(x, vector(scale, shape), bias, epsilon, axis, y_scale),)
+            y = ln.layer_norm(x, vector(scale, shape), bias, epsilon, axis, y_scale, copy=both)
+            return y if both else (y,)
 
         return kernel

@@ -103,7 +103,7 @@ class TritonSoftmaxTactic(Tactic):
 @register_tactic
 class TritonLayerNormTactic(Tactic):
     """LayerNormalization over axes [axis, rank) in float32, scale and bias in the same pass; with a `y_scale`, Y
-    quantized onto its int8 or E4M3 grid there too."""
+    quantized onto its int8 or E4M3 grid there too, and Y itself beside it for the domain norm's second output."""
 
     family = "triton"
     name = "layernorm"
@@ -130,10 +130,15 @@ class TritonLayerNormTactic(Tactic):
         axis, epsilon, y_scale = a.get("axis", -1), float(a.get("epsilon", 1e-5)), float(a.get("y_scale", 0.0))
         quantized = QUANT_TYPES[a.get("quant", "int8")].torch if y_scale else None
         launch = dict(config) if config else row_configs(0)[0]
+        both = len(node.outputs) > 1
 
         def kernel(inputs, alloc=None):
             x, scale, bias = (list(inputs) + [None] * 3)[:3]
             out = allocate(alloc, 0, x.shape, quantized or x.dtype, x.device)
-            return (layer_norm(x, scale, bias, axis=axis, epsilon=epsilon, config=launch, out=out, y_scale=y_scale),)
+            copy = allocate(alloc, 1, x.shape, x.dtype, x.device) if both else None
+            y = layer_norm(
+                x, scale, bias, axis=axis, epsilon=epsilon, config=launch, out=out, y_scale=y_scale, copy=copy
+            )
+            return (y, copy) if both else (y,)
 
         return kernel

@@ -327,3 +327,33 @@ def test_from_a_calibration_cache_alone_the_rounding_is_not_measured_and_residua
     rounding = engine.report["quantization"]["residual_rounding"]
     assert rounding["kept"] is False and "--calib" in rounding["why"]
     assert engine.report["quantized_activations"]["quantized_residuals"] == []
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_post_norm_blocks_norm_writes_both_outputs_in_the_engine(device):
+    """A post-norm block (ln1's output is fc1's input and fc2's residual): the engine's ln1 writes Q(n1) for fc1 and
+    n1 itself, under its name, for fc2 to add (a byte and four bytes per element in the memory plan), and the
+    engine computes its own chained graph."""
+    from tensorforge.kernels.cpu import layer_norm as ln
+    from tests.quant.chain_support import prenorm_proto
+
+    config = BuildConfig(
+        device=device, precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0,
+        quantization=QuantizationConfig(method="minmax", chain="always"),
+        tactic_families=("reference", "vendor", "cpu", "triton"),
+    )  # fmt: skip
+    engine = Builder(config, calibration_data=batches()).build(import_model(prenorm_proto(post_norm=True)))
+    ln1 = next(node for node in engine.model.graph.nodes if node.name == "ln1")
+    quantized, y = ln1.outputs
+    assert (quantized.dtype, y.dtype, y.name) == (DType.INT8, DType.FLOAT, "n1")
+    assert quantized.name in engine.report["quantized_activations"]["chained"]
+    layer = engine.plans[0].layers[engine.model.graph.nodes.index(ln1)]
+    kernel = "triton.layernorm" if device == "cuda" else None if ln.problem() else "cpu.layernorm"
+    if kernel:  # our kernel ran both outputs correctly (a finite time), whichever won
+        assert math.isfinite(next(c.median_ms for c in layer.candidates if c.tactic == kernel))
+    memory = engine.plans[0].memory
+    for value, size in ((quantized, 1), (y, 4)):
+        assert memory.sizes.get(value.name, memory.outside.get(value.name)) == size * math.prod(value.shape)
+    for feed in batches(2, seed=7):
+        want = Executor(engine.model).run(feed)["y"].numpy()
+        assert relative_error(_run(engine, feed), want) <= 1e-5

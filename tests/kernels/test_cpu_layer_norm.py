@@ -89,3 +89,6 @@ def test_a_quantized_output_is_the_float_result_on_the_int8_grid(dtype, shape):
     difference = (got.int() - want.int()).abs()
     assert int(difference.max()) <= 1 and difference.float().mean().item() <= 1e-2
     assert int(want.abs().max()) >= 127  # some saturate
+    quantized, copy = ln.layer_norm(x, gamma, beta, 1e-6, -1, y_scale, copy=True)
+    assert torch.equal(quantized, got) and copy.dtype == dtype and copy.shape == x.shape
+    assert torch.equal(copy, ln.layer_norm(x, gamma, beta, 1e-6, -1))  # Y beside Q(Y), from the same float32 values

@@ -74,10 +74,12 @@ def test_layer_norm(device, dtype, shape, axis, config, with_bias):
 @pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("config", [ONE_TILE, STREAMED], ids=["one-tile", "streamed"])
-def test_a_quantized_layer_norm_writes_the_references_grid(device, quant, dtype, config):
+@pytest.mark.parametrize("with_copy", [False, True], ids=["alone", "with-y"])
+def test_a_quantized_layer_norm_writes_the_references_grid(device, quant, dtype, config, with_copy):
     """`y_scale`: Y quantized as the registry's norm quantizes its float32 result (a transformer norm writing the
     int8 input of its projections). The sums' order differs from the reference's, so an element within a float32
-    rounding of a boundary may land one step over, rarely."""
+    rounding of a boundary may land one step over, rarely. With `copy`, Y itself in x's type beside it (the
+    domain norm's second output)."""
     if quant == "fp8e4m3" and device == "cpu":
         pytest.skip("the interpreter's E4M3 cast drops carries into the exponent (test_triton_conv_quantized)")
     torch.manual_seed(3)
@@ -85,11 +87,16 @@ def test_a_quantized_layer_norm_writes_the_references_grid(device, quant, dtype,
     scale, bias = torch.randn(96, device=device).to(dtype), torch.randn(96, device=device).to(dtype)
     y_scale = 0.0371 if quant == "int8" else 0.0371 / 4  # some saturate either way
     out = torch.full(x.shape, 77, dtype=torch.int8, device=device).view(QUANT_TYPES[quant].torch)  # poison
-    got = layer_norm(x, scale, bias, epsilon=1e-5, out=out, config=config, y_scale=y_scale)
+    copy = torch.full_like(x, float("nan")) if with_copy else None
+    got = layer_norm(x, scale, bias, epsilon=1e-5, out=out, config=config, y_scale=y_scale, copy=copy)
     load_all()
-    node = Node("LayerNormalization", [Value(f"x{i}") for i in range(3)], [Value("y")], domain=DOMAIN)
+    outputs = [Value("y"), Value("y_float")] if with_copy else [Value("y")]
+    node = Node("LayerNormalization", [Value(f"x{i}") for i in range(3)], outputs, domain=DOMAIN)
     ctx = OpContext(node=node, opset=1, device=x.device)
     want = REGISTRY.lookup("LayerNormalization", DOMAIN, 1).impl(ctx, x, scale, bias, y_scale=y_scale, quant=quant)
+    if with_copy:
+        want, want_copy = want
+        assert copy.dtype == want_copy.dtype == dtype and _error(copy, want_copy) <= BOUND[dtype]
     assert got is out and got.dtype == want.dtype
     got, want = got.float(), want.float()
     step = 1.0 if quant == "int8" else want.abs().clamp(min=2.0**-6) / 8  # E4M3: 3 mantissa bits
@@ -109,6 +116,11 @@ def test_bad_input_is_refused():
         layer_norm(torch.randn(3, 4), torch.randn(4), axis=2)
     with pytest.raises(ValueError, match="y_scale needs an int8"):
         layer_norm(torch.randn(3, 4), torch.randn(4), y_scale=0.5)
+    with pytest.raises(ValueError, match="beside a quantized output only"):
+        layer_norm(torch.randn(3, 4), torch.randn(4), copy=torch.empty(3, 4))
+    with pytest.raises(ValueError, match="out is"):
+        layer_norm(torch.randn(3, 4), torch.randn(4), out=torch.empty(3, 4, dtype=torch.int8), y_scale=0.5,
+                   copy=torch.empty(4, 3))  # fmt: skip
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ from tensorforge import Executor
 from tensorforge.frontend import import_model
 from tensorforge.ir import DType, Node, Value
 from tensorforge.ops import load_all
-from tensorforge.ops.chain_rules import plan_chains
+from tensorforge.ops.chain_rules import FROM_LAYER_NORM, ChainView, QuantizedLayer, plan_chains
 from tensorforge.ops.fused import QUANT_TYPES
 from tensorforge.ops.infer import infer_model
 from tensorforge.ops.registry import REGISTRY
@@ -319,49 +319,69 @@ def test_a_layer_norm_writes_its_quantized_readers_input_exactly(quant):
         assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
 
 
-def test_a_post_norm_blocks_norm_writes_its_readers_input_and_their_residual():
-    """ln1's output is fc1's input and fc2's residual: without residual streams it stays float (the exact rule
-    declines, naming the residual); with them ln1 writes int8 on fc1's scale and fc2 adds it dequantized. The
-    chained graph equals the unchained one with that residual quantized and dequantized (QuantizeLinear /
-    DequantizeLinear on fc2's Z), up to float32's rounding, and the accuracy search's plan rounds the same."""
+@pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
+@pytest.mark.parametrize("residuals", [False, True])
+def test_a_post_norm_blocks_norm_writes_its_readers_input_and_their_residual_exactly(quant, residuals):
+    """ln1's output is fc1's input and fc2's residual: ln1 writes Q(n1) on fc1's scale for fc1 and n1 itself (its
+    second output, under n1's name) for fc2, which adds it in float; the chained graph computes exactly what the
+    unchained one does, and the accuracy search's plan has no residual to round."""
     model, table = calibrated(prenorm_proto(post_norm=True))
-    planned = plan_chains(model.graph, engine_layers(model, table).get)
-    quantize_layers(model, table)
+    planned = plan_chains(model.graph, engine_layers(model, table, quant=quant).get)
+    quantize_layers(model, table, quant=quant)
     infer_model(model, check=False)
     unchained = copy(model)
-    exact, section = chain_quantized(copy(model), residuals=False)
-    ln1 = _node(exact, "ln1")
-    assert not ln1.attributes.get("y_scale") and "a residual stays float" in section["float"][ln1.name]
-    chained, section = chain_quantized(model)
-    ln1 = _node(chained, "ln1")
-    fc1, fc2 = _node(chained, "fc1"), _node(chained, "fc2")
-    assert ln1.outputs[0].dtype == DType.INT8 and fc1.inputs[0] is ln1.outputs[0] is fc2.inputs[3]
-    assert ln1.attributes["y_scale"] == fc1.attributes["x_scale"] == fc2.attributes["z_scale"] > 0
-    assert section["quantized_residuals"] == ["fc2"]
-    assert {node.name: scale for node, scale in planned.adders.items()} == {"fc2": fc2.attributes["z_scale"]}
-    z = _node(unchained, "fc2").inputs[3]
-    scale = torch.tensor(fc2.attributes["z_scale"], dtype=torch.float32)
-    values = [Value(name, dtype, (), const=const) for name, dtype, const in
-              [("z_scale", DType.FLOAT, scale), ("z_zero", DType.INT8, torch.tensor(0, dtype=torch.int8))]]  # fmt: skip
-    unchained.graph.initializers.update({v.name: v for v in values})
-    quantized, restored = Value("z_q", DType.INT8, z.shape), Value("z_dq", DType.FLOAT, z.shape)
-    unchained.graph.append(Node("QuantizeLinear", [z, *values], [quantized], {}, name="q"))
-    unchained.graph.append(Node("DequantizeLinear", [quantized, *values], [restored], {}, name="dq"))
-    _node(unchained, "fc2").set_input(3, restored)
-    unchained.graph.sort()
+    chained, section = chain_quantized(copy(model), residuals=residuals)
+    ln1, fc1, fc2 = (_node(chained, name) for name in ("ln1", "fc1", "fc2"))
+    quantized, y = ln1.outputs
+    assert ln1.domain == "tensorforge" and ln1.attributes["quant"] == quant
+    assert quantized.dtype == QUANT_TYPES[quant] and fc1.inputs[0] is quantized and quantized.name in section["chained"]
+    assert y.dtype == DType.FLOAT and y.name == "n1" and fc2.inputs[3] is y and not fc2.attributes.get("z_scale")
+    assert ln1.attributes["y_scale"] == fc1.attributes["x_scale"] > 0
+    assert planned.adders == {} and "fc2" not in section["quantized_residuals"]
     for feed in batches(3, seed=17):
-        want = torch.as_tensor(Executor(unchained).run(feed)["y"])
-        got = torch.as_tensor(Executor(chained).run(feed)["y"])
-        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+        want = Executor(unchained).run(feed)["y"]
+        got = Executor(chained).run(feed)["y"]
+        assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
 
 
-def test_a_layer_norm_stays_float_where_its_output_must():
-    chained, section = chain_quantized(lowered(proto=prenorm_proto(norm_output=True)), residuals=False)
-    ln1 = next(node for node in chained.graph.nodes if node.outputs[0].name == "n1")
-    assert ln1.outputs[0].dtype == DType.FLOAT and not ln1.attributes.get("y_scale")
-    assert "graph output" in section["float"][ln1.name]
+def test_a_layer_norm_whose_output_is_a_graph_output_writes_it_beside_its_readers_quantized_input():
+    unchained = lowered(proto=prenorm_proto(norm_output=True))
+    chained, section = chain_quantized(copy(unchained), residuals=False)
+    ln1 = _node(chained, "ln1")
+    quantized, y = ln1.outputs
+    assert quantized.dtype == DType.INT8 and y.dtype == DType.FLOAT and y.name == "n1" and y in chained.graph.outputs
+    assert _node(chained, "fc1").inputs[0] is quantized and "ln1" not in section["float"]
+    for feed in batches(2, seed=19):
+        want, got = Executor(unchained).run(feed), Executor(chained).run(feed)
+        for name in ("y", "n1"):
+            assert torch.equal(torch.as_tensor(got[name]), torch.as_tensor(want[name]))
+
+
+def test_a_layer_norm_stays_float_where_its_readers_do():
     model = lowered(proto=prenorm_proto())
     eligible = [node for node in model.graph.nodes if node.op_type == "QuantizedGemm" and node.outputs[0].name != "y"]
     chained, section = chain_quantized(model, residuals=False, eligible=eligible)
     ln2 = next(node for node in chained.graph.nodes if node.outputs[0].name == "n2")
     assert ln2.outputs[0].dtype == DType.FLOAT and "runs as its float original" in section["float"][ln2.name]
+
+
+def test_a_layer_norm_writes_its_quantized_input_for_the_readers_that_agree_and_y_for_the_others():
+    """Of a norm's readers, those quantizing Y per tensor as X with the first one's type and scale take Q(Y); one
+    with another scale, one quantizing per channel and a float one read Y; only eligible readers count."""
+    y = Value("y", DType.FLOAT, (4, 8))
+    norm = Node("LayerNormalization", [Value("x", DType.FLOAT, (4, 8)), Value("g", DType.FLOAT, (8,))], [y])
+    readers = {name: Node("Op", [y], [Value(f"{name}_out")], name=name) for name in ("a", "b", "c", "d", "f")}
+    layers = {
+        readers["a"]: QuantizedLayer("QuantizedGemm", "int8", 0.1),
+        readers["b"]: QuantizedLayer("QuantizedGemm", "int8", 0.2),
+        readers["c"]: QuantizedLayer("QuantizedConv", "int8", 0.1, per_channel=True),
+        readers["d"]: QuantizedLayer("QuantizedGemm", "int8", 0.1),
+    }
+    view = ChainView(layers.get)
+    uses = FROM_LAYER_NORM.candidate(norm, view)
+    assert FROM_LAYER_NORM.problem(norm, uses, view) is None
+    assert [reader.name for reader, _ in FROM_LAYER_NORM.quantized_readers(uses, view)] == ["a", "d"]
+    assert FROM_LAYER_NORM.scale(norm, uses, view) == 0.1
+    eligible = [readers["b"], readers["d"]]
+    assert [reader.name for reader, _ in FROM_LAYER_NORM.quantized_readers(uses, view, eligible)] == ["b"]
+    assert "runs as its float original" in FROM_LAYER_NORM.problem(norm, uses, view, [readers["f"]])

@@ -153,12 +153,15 @@ def pool_proto(seed: int = 0, pooled_output: bool = False) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)
 
 
-def prenorm_proto(seed: int = 0, norm_output: bool = False, width: int = 8, post_norm: bool = False) -> onnx.ModelProto:
+def prenorm_proto(
+    seed: int = 0, norm_output: bool = False, width: int = 8, post_norm: bool = False, first_norm: bool = True
+) -> onnx.ModelProto:
     """A pre-norm transformer's feed-forward block over x[2,3,8,8] as rows of 8 features: fc0 8→w = e → ln1 = n1
     → fc1 w→2w + Relu → fc2 2w→w, + e = r → ln2 = n2 → fc3 w→4 = y (w = `width`). Every norm's output is read by
     one quantized layer as its input: the norms write int8 for them. With `norm_output`, n1 is a graph output
-    too (it stays float). With `post_norm` the block is a post-norm one (BERT's): fc2 adds n1, not e, so n1 is
-    fc1's input and fc2's residual."""
+    too. With `post_norm` the block is a post-norm one (BERT's): fc2 adds n1, not e, so n1 is fc1's input and
+    fc2's residual. Without `first_norm` (a residual MLP), fc1 reads e itself: e is fc1's input and fc2's
+    residual, a residual stream between quantized products."""
     rng = np.random.default_rng(seed)
     w, spread = width, (8 / width) ** 0.5
     weights = {
@@ -169,8 +172,8 @@ def prenorm_proto(seed: int = 0, norm_output: bool = False, width: int = 8, post
     }  # fmt: skip
     nodes = [
         helper.make_node("MatMul", ["x", "w0"], ["e"], name="fc0"),
-        helper.make_node("LayerNormalization", ["e", "g1", "e1"], ["n1"], name="ln1"),
-        helper.make_node("MatMul", ["n1", "w1"], ["m1"], name="fc1"),
+        *([helper.make_node("LayerNormalization", ["e", "g1", "e1"], ["n1"], name="ln1")] if first_norm else []),
+        helper.make_node("MatMul", ["n1" if first_norm else "e", "w1"], ["m1"], name="fc1"),
         helper.make_node("Add", ["m1", "b1"], ["a1"], name="fc1_bias"),
         helper.make_node("Relu", ["a1"], ["h"], name="relu1"),
         helper.make_node("MatMul", ["h", "w2"], ["m2"], name="fc2"),
@@ -179,6 +182,8 @@ def prenorm_proto(seed: int = 0, norm_output: bool = False, width: int = 8, post
         helper.make_node("LayerNormalization", ["r", "g2"], ["n2"], name="ln2"),
         helper.make_node("MatMul", ["n2", "w3"], ["y"], name="fc3"),
     ]
+    if not first_norm:
+        del weights["g1"], weights["e1"]
     initializers = [numpy_helper.from_array(w.astype(np.float32), name) for name, w in weights.items()]
     outputs = [tensor_info("y", [2, 3, 8, 4])] + ([tensor_info("n1", [2, 3, 8, width])] if norm_output else [])
     return make_model(nodes, [tensor_info("x", list(SHAPE))], outputs, 17, initializers)

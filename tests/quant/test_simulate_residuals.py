@@ -188,8 +188,9 @@ def test_the_search_with_residuals_measures_their_rounding():
 @pytest.mark.parametrize("quant", QUANTS)
 def test_the_cost_of_rounding_residuals_is_measured_against_the_exact_streams(quant):
     """`residual_rounding`: the all-quantized model's agreement with float with its residuals exact and rounded, as
-    `agreement` over the simulations gives them; a post-norm block's norm output, added after it, is rounded."""
-    model, table = calibrated(prenorm_proto(post_norm=True))
+    `agreement` over the simulations gives them; a residual MLP's stream (fc0's output, fc1's input and fc2's
+    residual) is rounded."""
+    model, table = calibrated(prenorm_proto(first_norm=False))
     rounding = residual_rounding(model, table, batches(), quant=quant)
     float_outputs = [Executor(model).run(feed)["y"].numpy() for feed in batches()]
     for residuals, measured in ((False, rounding.exact), (True, rounding.rounded)):
@@ -207,6 +208,9 @@ def test_the_rounding_is_kept_while_it_adds_at_most_half_again_to_the_quantizati
     assert ResidualRounding(1, Agreement(1.0, 1.0), Agreement(1.0, 1.0)).kept  # lossless both ways
 
 
-def test_a_model_without_residual_streams_has_no_rounding_to_measure():
-    model, table = calibrated(prenorm_proto())  # pre-norm: the residual adds the float stream e, read by no layer
+@pytest.mark.parametrize("post_norm", [False, True])
+def test_a_model_without_residual_streams_has_no_rounding_to_measure(post_norm):
+    """Pre-norm: the residual adds the float stream e, read by no quantized layer; post-norm: the norm writes its
+    output beside its quantized readers' input, and the residual adds that, exactly."""
+    model, table = calibrated(prenorm_proto(post_norm=post_norm))
     assert residual_rounding(model, table, batches()) is None

@@ -135,16 +135,17 @@ def test_a_chains_3x3_layers_pass_the_autotuners_check(quant, layer):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
-@pytest.mark.parametrize("layer", ["fc1", "fc2", "fc3", "post-norm fc2"])
+@pytest.mark.parametrize("layer", ["fc1", "fc2", "fc3", "post-norm fc2", "residual-mlp fc2"])
 def test_a_transformers_quantized_linear_layers_pass_the_autotuners_check(quant, layer):
     """fc1 reads its norm's quantized output and writes quantized (its ReLU inside), fc2 reads quantized and adds a
-    float residual (a quantized one in a post-norm block), fc3 reads quantized and writes float (a block 64
-    features wide, rows that suit TMA)."""
-    post_norm = layer.startswith("post-norm")
-    model, _ = chain_quantized(lowered(quant, proto=prenorm_proto(width=64, post_norm=post_norm)))
+    float residual (its norm's float copy in a post-norm block, a quantized one in a residual MLP), fc3 reads
+    quantized and writes float (a block 64 features wide, rows that suit TMA)."""
+    residual_mlp = layer.startswith("residual-mlp")
+    proto = prenorm_proto(width=64, post_norm=layer.startswith("post-norm"), first_norm=not residual_mlp)
+    model, _ = chain_quantized(lowered(quant, proto=proto))
     node = next(n for n in model.graph.nodes if n.name == layer.split()[-1])
     assert node.op_type == "QuantizedGemm" and node.inputs[0].dtype == QUANT_TYPES[quant]
-    assert bool(node.attributes.get("z_scale")) is post_norm
+    assert bool(node.attributes.get("z_scale")) is residual_mlp
     _check_quantized(node, quant, "gluon.gemm-ws-quantized")
 
 
@@ -215,9 +216,9 @@ def test_a_quantized_linear_layer_with_a_float_residual_keeps_the_configs_that_f
 
 
 def test_the_float_fallback_hands_the_gluon_product_its_int8_residual(monkeypatch):
-    """On the CPU, the launch recorded: post-norm fc2 run by the float fallback through `gluon.gemm-ws` (which adds
-    a quantized residual itself) reaches the kernel with the residual int8 and its z_scale, not dequantized by a
-    torch pass first (BERT's attention output projection adds its norm's int8 output so)."""
+    """On the CPU, the launch recorded: a residual MLP's fc2 run by the float fallback through `gluon.gemm-ws`
+    (which adds a quantized residual itself) reaches the kernel with the residual int8 and its z_scale, not
+    dequantized by a torch pass first."""
     pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
     from tensorforge.kernels.gluon import gemm
     from tensorforge.tactics import gluon_gemm
@@ -226,7 +227,7 @@ def test_the_float_fallback_hands_the_gluon_product_its_int8_residual(monkeypatc
     monkeypatch.setattr(gemm, "gemm_ws_kernel", launches)
     monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
     monkeypatch.setattr(gluon_gemm, "_device_problem", lambda device: None)
-    model, _ = chain_quantized(lowered("int8", proto=prenorm_proto(width=64, post_norm=True)))
+    model, _ = chain_quantized(lowered("int8", proto=prenorm_proto(width=64, first_norm=False)))
     fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
     assert fc2.attributes["z_scale"] > 0
     kernel = tactic_by_key("fallback.float-gemm").build(

@@ -4,7 +4,8 @@ statistics and arithmetic in float32 (ONNX's stash_type 1):
     y[r, c] = (x[r, c] − mean_r) · (1 / √(var_r + ε)) · γ[c] + β[c]
 
 or, with a `y_scale`, y quantized into int8 as a QuantizedConv quantizes its input (y · (1 / y_scale) rounded half
-to even, saturated): a transformer's norm handing its int8 projections their input.
+to even, saturated): a transformer's norm handing its int8 projections their input; with `copy` as well, y in
+x's type beside it (for the norm's readers that take Y in float: a post-norm block's residual add).
 
 A row is read three times while it sits in L1: its sum, then the sum of squared deviations from the mean (two
 passes, as accurate as the reference's), then the normalized values; threads take runs of rows. Through torch a bf16
@@ -29,8 +30,8 @@ inline void put16(int8_t* p, __mmask16 m, __m512 v, __m512 inverse) {
 }
 
 template <int R, typename T, typename U>
-[[gnu::always_inline]] inline void normalize(const T* const* in, U* const* out, const float* gamma, const float* beta,
-                                             int64_t C, float epsilon, __m512 y_inverse) {
+[[gnu::always_inline]] inline void normalize(const T* const* in, U* const* out, T* const* copy, const float* gamma,
+                                             const float* beta, int64_t C, float epsilon, __m512 y_inverse) {
   __m512 sum[R], squares[R], mean[R], inverse[R];
   #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) sum[r] = squares[r] = _mm512_setzero_ps();
@@ -59,13 +60,15 @@ template <int R, typename T, typename U>
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_mul_ps(_mm512_sub_ps(load16(m, in[r] + c), mean[r]), inverse[r]);
-      put16(out[r] + c, m, _mm512_fmadd_ps(v, g, b), y_inverse);
+      const __m512 y = _mm512_fmadd_ps(v, g, b);
+      put16(out[r] + c, m, y, y_inverse);
+      if (copy) store16(copy[r] + c, m, y);
     }
   }
 }
 
 template <typename T, typename U>
-void normalize_rows(const T* x, int64_t stride, U* y, const float* gamma, const float* beta, int64_t rows,
+void normalize_rows(const T* x, int64_t stride, U* y, T* y_copy, const float* gamma, const float* beta, int64_t rows,
                     int64_t C, float epsilon, float y_inverse) {
   const __m512 inverse = _mm512_set1_ps(y_inverse);
   constexpr int R = 4;
@@ -75,12 +78,16 @@ void normalize_rows(const T* x, int64_t stride, U* y, const float* gamma, const 
       const int64_t r0 = g * R, n = std::min<int64_t>(R, rows - r0);
       const T* in[R];
       U* out[R];
+      T* copy[R];
       for (int r = 0; r < R; ++r) {
         in[r] = x + (r0 + std::min<int64_t>(r, n - 1)) * stride;
         out[r] = y + (r0 + std::min<int64_t>(r, n - 1)) * C;
+        copy[r] = y_copy ? y_copy + (r0 + std::min<int64_t>(r, n - 1)) * C : nullptr;
       }
-      if (n == R) normalize<R>(in, out, gamma, beta, C, epsilon, inverse);
-      else for (int r = 0; r < n; ++r) normalize<1>(in + r, out + r, gamma, beta, C, epsilon, inverse);
+      T* const* copies = y_copy ? copy : nullptr;
+      if (n == R) normalize<R>(in, out, copies, gamma, beta, C, epsilon, inverse);
+      else for (int r = 0; r < n; ++r) normalize<1>(in + r, out + r, copies ? copies + r : nullptr, gamma, beta, C,
+                                                    epsilon, inverse);
     }
   });
 }
@@ -89,8 +96,9 @@ void normalize_rows(const T* x, int64_t stride, U* y, const float* gamma, const 
 _ENTRY = r"""
 // y [rows, C] (contiguous, x's type; int8 for a positive y_scale) = the rows of x [rows, C] (rows of stride
 // x.stride(0), values contiguous) normalized, times gamma and plus beta (float32 [C]; beta may be empty), quantized
-// by y_scale when it is positive.
-torch::Tensor layer_norm(torch::Tensor x, torch::Tensor gamma, torch::Tensor beta, double epsilon, double y_scale) {
+// by y_scale when it is positive; with `copy` (and a y_scale), also unquantized in x's type: returns {y, copy}.
+std::vector<torch::Tensor> layer_norm(torch::Tensor x, torch::Tensor gamma, torch::Tensor beta, double epsilon,
+                                      double y_scale, bool copy) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "layer_norm: [rows, C] with each row's values contiguous");
   const int64_t rows = x.size(0), C = x.size(1);
   TORCH_CHECK(gamma.scalar_type() == at::kFloat && gamma.numel() == C && gamma.is_contiguous(),
@@ -98,20 +106,23 @@ torch::Tensor layer_norm(torch::Tensor x, torch::Tensor gamma, torch::Tensor bet
   TORCH_CHECK(!beta.numel() || (beta.scalar_type() == at::kFloat && beta.numel() == C && beta.is_contiguous()),
               "layer_norm: a float32 bias of ", C, " values");
   const bool quantized = y_scale > 0;
+  TORCH_CHECK(quantized || !copy, "layer_norm: a copy of y is written beside a quantized y only");
   auto y = torch::empty({rows, C}, quantized ? x.options().dtype(at::kChar) : x.options());
+  auto y_copy = copy ? torch::empty({rows, C}, x.options()) : torch::Tensor();
   const float* b = beta.numel() ? beta.data_ptr<float>() : nullptr;
   const float inverse = quantized ? float(1.0 / y_scale) : 1.f;
   by_type("layer_norm", x, {}, [&](auto zero) {
     using T = decltype(zero);
     const T* in = reinterpret_cast<const T*>(x.data_ptr());
+    T* second = copy ? reinterpret_cast<T*>(y_copy.data_ptr()) : nullptr;
     if (quantized)
-      normalize_rows(in, x.stride(0), y.data_ptr<int8_t>(), gamma.data_ptr<float>(), b, rows, C, float(epsilon),
-                     inverse);
-    else
-      normalize_rows(in, x.stride(0), reinterpret_cast<T*>(y.data_ptr()), gamma.data_ptr<float>(), b, rows, C,
+      normalize_rows(in, x.stride(0), y.data_ptr<int8_t>(), second, gamma.data_ptr<float>(), b, rows, C,
                      float(epsilon), inverse);
+    else
+      normalize_rows(in, x.stride(0), reinterpret_cast<T*>(y.data_ptr()), second, gamma.data_ptr<float>(), b, rows,
+                     C, float(epsilon), inverse);
   });
-  return y;
+  return {y, y_copy};
 }
 """
 
@@ -135,14 +146,15 @@ def layer_norm(
     epsilon: float,
     axis: int = -1,
     y_scale: float = 0.0,
-) -> torch.Tensor:
+    copy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNormalization of float32 or bf16 `x` over its axes from `axis` on, with float32 `gamma` and `beta` of
     that many values (flat, contiguous; `beta` may be None). The result has x's type (int8, quantized by `y_scale`,
-    when that is positive) and shape, contiguous."""
+    when that is positive) and shape, contiguous; with `copy` (and a `y_scale`), the pair (quantized, in x's type)."""
     begin = axis % x.dim()
     rows = x.reshape(-1, x.shape[begin:].numel())
     if rows.stride(1) != 1:
         rows = rows.contiguous()
-    return (
-        module().layer_norm(rows, gamma, ABSENT if beta is None else beta, float(epsilon), float(y_scale)).view(x.shape)
-    )
+    beta = ABSENT if beta is None else beta
+    y, y_copy = module().layer_norm(rows, gamma, beta, float(epsilon), float(y_scale), copy)
+    return (y.view(x.shape), y_copy.view(x.shape)) if copy else y.view(x.shape)

@@ -9,7 +9,8 @@ float32 and rounding once to the output type.
 - `layer_norm(x, scale, bias, epsilon)`: `(x − mean) / √(var + ε) · scale + bias` over the last axes
   (population variance), with scale and bias of the normalized shape. Rows longer than a tile take a pass
   for the mean, one for the variance (of x − mean: no cancellation) and one to write. With `y_scale` the
-  float32 result is quantized onto the int8 or E4M3 grid of the output's type (the epilogues' `quantize`).
+  float32 result is quantized onto the int8 or E4M3 grid of the output's type (the epilogues' `quantize`), and
+  may also be written, rounded to a float type, into a second output (`copy`) in the same pass.
 """
 
 from __future__ import annotations
@@ -73,15 +74,16 @@ def _softmax_kernel(
 
 @triton.jit
 def _layer_norm_kernel(
-    x, scale, bias, y, ROWS, N, sxr, sxc, syr, syc, epsilon, y_inv_scale,
-    HAS_BIAS: tl.constexpr, QUANT: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    x, scale, bias, y, copy, ROWS, N, sxr, sxc, syr, syc, epsilon, y_inv_scale,
+    HAS_BIAS: tl.constexpr, QUANT: tl.constexpr, HAS_COPY: tl.constexpr, ONE_PASS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rows_in = (rows < ROWS)[:, None]
     cols = tl.arange(0, BLOCK_N)[None, :]
     x_rows = x + rows.to(tl.int64)[:, None] * sxr
     y_rows = y + rows.to(tl.int64)[:, None] * syr
+    copy_rows = copy + rows.to(tl.int64)[:, None] * N  # (contiguous, as y is when there is a copy)
     if ONE_PASS:
         inside = rows_in & (cols < N)
         value = tl.load(x_rows + cols * sxc, mask=inside, other=0.0).to(tl.float32)
@@ -92,6 +94,8 @@ def _layer_norm_kernel(
         if HAS_BIAS:
             out += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)
         tl.store(y_rows + cols * syc, _output(out, y, y_inv_scale, QUANT), mask=inside)
+        if HAS_COPY:
+            tl.store(copy_rows + cols, out.to(copy.dtype.element_ty), mask=inside)
     else:
         total = tl.zeros((BLOCK_R, BLOCK_N), tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -113,6 +117,8 @@ def _layer_norm_kernel(
             if HAS_BIAS:
                 out += tl.load(bias + cols + start, mask=in_row, other=0.0).to(tl.float32)
             tl.store(y_rows + (cols + start) * syc, _output(out, y, y_inv_scale, QUANT), mask=inside)
+            if HAS_COPY:
+                tl.store(copy_rows + cols + start, out.to(copy.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -147,10 +153,12 @@ def layer_norm(
     out: torch.Tensor | None = None,
     config: dict[str, Any] | None = None,
     y_scale: float = 0.0,
+    copy: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LayerNormalization of float `x` over the axes [axis, rank) as ONNX defines it (stash type float32), with
     scale and bias broadcastable to the normalized shape, in `x`'s dtype or into `out`; with a positive `y_scale`,
-    quantized into `out` (int8 or float8_e4m3fn) as `ops.fused.quantize_activation` quantizes."""
+    quantized into `out` (int8 or float8_e4m3fn) as `ops.fused.quantize_activation` quantizes, and, when `copy`
+    (a contiguous float tensor of x's shape) is given, Y unquantized into it as well."""
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"layer_norm: axis {axis} is out of range for a rank-{x.dim()} input")
     quant = QUANT_CODES.get(out.dtype, 0) if out is not None and y_scale else 0
@@ -162,13 +170,20 @@ def layer_norm(
     n = rows_x.shape[1]
     flat_scale = _parameter("scale", scale, normalized, n)
     flat_bias = _parameter("bias", bias, normalized, n) if bias is not None else None
+    if copy is not None:
+        if not quant:
+            raise ValueError("layer_norm: a copy of Y is written beside a quantized output only")
+        _rows("layer_norm", x, copy, normalized)
+        if not copy.is_contiguous():
+            raise ValueError("layer_norm: the copy of Y must be contiguous")
     if y.numel() == 0:
         return y
     launch = _tiling(rows_x.shape, config)
     _layer_norm_kernel[launch.grid](
         rows_x, flat_scale, flat_bias if flat_bias is not None else flat_scale, rows_y,
-        *rows_x.shape, *rows_x.stride(), *rows_y.stride(), float(epsilon), 1.0 / y_scale if quant else 1.0,
-        HAS_BIAS=flat_bias is not None, QUANT=quant, ONE_PASS=launch.one_pass,
+        copy if copy is not None else rows_y, *rows_x.shape, *rows_x.stride(), *rows_y.stride(), float(epsilon),
+        1.0 / y_scale if quant else 1.0, HAS_BIAS=flat_bias is not None, QUANT=quant, HAS_COPY=copy is not None,
+        ONE_PASS=launch.one_pass,
         BLOCK_R=launch.block_r, BLOCK_N=launch.block_n, num_warps=launch.num_warps,
     )  # fmt: skip
     return y
