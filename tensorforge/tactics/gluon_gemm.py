@@ -62,7 +62,15 @@ def gemm_ws_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]
 
 
 def _gemm_config(config: dict[str, Any]) -> GemmConfig:
-    return GemmConfig(**{field: config[field] for field in _FIELDS})
+    return GemmConfig(**{field: config[field] for field in _FIELDS}, promote=config.get("promote", True))
+
+
+def _accumulations(node: Node, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`configs`, and for a layer of E4M3 products each again without the promotion of its sums (`promote` False:
+    the tensor cores' own accumulation, which ptxas keeps pipelined; held to the same check as the others)."""
+    if node.attributes.get("quant") != "fp8e4m3":
+        return configs
+    return configs + [{**config, "promote": False} for config in configs]
 
 
 def _float_out(dtype: torch.dtype, n: int) -> torch.dtype:
@@ -226,7 +234,7 @@ class GluonQuantizedGemmTactic(Tactic):
         return gemm_ws_configs(effort, quantized=True)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitting(node, self.space(effort), quantized=True, widest=torch.float16)
+        return _accumulations(node, _fitting(node, self.space(effort), quantized=True, widest=torch.float16))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes
@@ -273,7 +281,7 @@ class GluonConvTactic(Tactic):
         return gemm_ws_configs(effort, quantized=self.quantized)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitting(node, self.space(effort), quantized=self.quantized)
+        return _accumulations(node, _fitting(node, self.space(effort), quantized=self.quantized))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)

@@ -259,3 +259,20 @@ def test_a_quantized_linear_layer_writes_its_float_output_in_the_variants_type(m
     inputs = [torch.zeros(v.shape, dtype=v.dtype.torch) for v in activations]
     (y,) = kernel(inputs)
     assert outs[0].dtype == written and y.dtype == torch.float16
+
+
+@pytest.mark.parametrize("quant", ["int8", "fp8e4m3"])
+def test_e4m3_layers_also_time_their_configs_without_the_promotion_of_their_sums(quant):
+    """An E4M3 layer's space holds every config twice, promoted and not (the tensor cores' own accumulation, held
+    to the same check by the autotuner); an int8 layer's has nothing to promote."""
+    pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
+    from tensorforge.tactics.gluon_gemm import _gemm_config
+
+    model, _ = chain_quantized(lowered(quant, proto=prenorm_proto(width=64)))
+    fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
+    space = tactic_by_key("gluon.gemm-ws-quantized").space_for(fc2, 0)
+    promoted = [_gemm_config(c).promote for c in space]
+    if quant == "int8":
+        assert all(promoted) and not any("promote" in c for c in space)
+    else:
+        assert promoted.count(False) == promoted.count(True) > 0

@@ -3,10 +3,11 @@ rows (`gemm_ws`) or over boxes of pixels (`conv_ws`: a stride-1 convolution, eac
 
 a is [M, K] and b is [N, K], both K-major (a 1×1 convolution over NHWC activations is this product with the
 pixels as rows), of fp16, bf16, int8 or float8 E4M3; accumulation in float32 (int32 for int8; E4M3 products
-promoted into it after every K step). The epilogue, in order: the per-column scale (a quantized product's
-w_scale·x_scale), the bias, the PRE activation, the residual z (fp16, bf16 or the quantized type, times z_scale),
-the POST activation, then the output: cast to y's type, or quantized (× y_inv_scale, rounded onto int8's or E4M3's
-grid).
+promoted into it after every K step, or, with `GemmConfig.promote` off, left to the tensor cores' own
+accumulation, whose error grows with K: the autotuner's check decides where it is good enough). The epilogue, in
+order: the per-column scale (a quantized product's w_scale·x_scale), the bias, the PRE activation, the residual z
+(fp16, bf16 or the quantized type, times z_scale), the POST activation, then the output: cast to y's type, or
+quantized (× y_inv_scale, rounded onto int8's or E4M3's grid).
 
 Why Gluon: Triton's own pipeliner on sm_90 puts the operand loads, the tensor-core loop and the epilogue in the
 same warps, one after the other. Here one producer warp does nothing but issue TMA loads — the A and B tiles of
@@ -146,7 +147,7 @@ def _consumer(
     pre0, pre1, post0, post1, z_scale, y_inv_scale,
     CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
     HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr, QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr,
-    BOXED: gl.constexpr, WARPS: gl.constexpr,
+    BOXED: gl.constexpr, WARPS: gl.constexpr, PROMOTE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup (WARPS = 4) or two: the products and the epilogue of every CONSUMERS-th of this program's
     tiles, starting at its CONSUMER-th. Boxed tiles ([images, rows, columns, channels] in shared memory) are the
@@ -160,9 +161,12 @@ def _consumer(
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     Z_STAGES: gl.constexpr = z_bufs.type.shape[0]
     ACC: gl.constexpr = gl.int32 if a_bufs.dtype == gl.int8 else gl.float32
-    # E4M3 products add in the tensor cores' reduced precision: promoted into the float32 sums after every K step
-    # (as the Triton kernels' `max_num_imprecise_acc=BLOCK_K`), not once over the whole K
+    # E4M3 products add in the tensor cores' reduced precision: with PROMOTE, promoted into the float32 sums after
+    # every K step (as the Triton kernels' `max_num_imprecise_acc=BLOCK_K`); without (UNPROMOTED), never: the
+    # compiler's default on sm_90, the tensor cores' own accumulation over the whole K, where no FADD reads an
+    # accumulator in flight, so ptxas keeps the pipeline. Other operands have nothing to promote.
     IMPRECISE: gl.constexpr = BLOCK_K if a_bufs.dtype == gl.float8e4nv else 0
+    UNPROMOTED: gl.constexpr = a_bufs.dtype == gl.float8e4nv and not PROMOTE
     K_WIDTH: gl.constexpr = 256 // a_bufs.dtype.primitive_bitwidth
     NARROW: gl.constexpr = y_desc.dtype.primitive_bitwidth <= 16  # a GELU to 16-bit precision (`activate`)
     layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -187,7 +191,10 @@ def _consumer(
             else:
                 a = a_bufs.index(s)
             b = b_bufs.index(s).permute((1, 0))
-            acc = warpgroup_mma(a, b, acc, is_async=True, max_num_imprecise_acc=IMPRECISE)
+            if UNPROMOTED:
+                acc = warpgroup_mma(a, b, acc, is_async=True)
+            else:
+                acc = warpgroup_mma(a, b, acc, is_async=True, max_num_imprecise_acc=IMPRECISE)
             acc, a, b = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
             if k > 0:  # the step before this one has finished reading its buffers
                 mbarrier.arrive(empty.index(previous), count=1)
@@ -252,11 +259,12 @@ def _second_consumer(
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr,
+    PROMOTE: gl.constexpr,
 ):  # fmt: skip
     _consumer(
         y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m, num_n, N,
         k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-        1, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, 4,
+        1, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, 4, PROMOTE,
     )  # fmt: skip
 
 
@@ -267,6 +275,7 @@ def _producer_worker(
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr,
+    PROMOTE: gl.constexpr,
 ):  # fmt: skip
     _producer(
         a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
@@ -281,7 +290,7 @@ def gemm_ws_kernel(
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr,
-    BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr, num_warps: gl.constexpr,
+    BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr, PROMOTE: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """y = epilogue(a @ bᵀ) over tiles of the descriptors' block shapes, persistent programs.
 
@@ -325,21 +334,21 @@ def gemm_ws_kernel(
                     _consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-                     0, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps),
+                     0, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps, PROMOTE),
                 ),
                 (
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
-                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE),
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE),
                 ),
                 (
                     _second_consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
-                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE),
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE),
                 ),
             ],
             [1, 4],
@@ -352,14 +361,14 @@ def gemm_ws_kernel(
                     _consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-                     0, 1, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps),
+                     0, 1, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps, PROMOTE),
                 ),
                 (
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
-                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE),
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE),
                 ),
             ],
             [1],
@@ -391,6 +400,7 @@ class GemmConfig:
     stages: int = 4
     consumers: int = 1
     num_warps: int = 4
+    promote: bool = True  # E4M3 sums promoted into float32 after every K step (False: the tensor cores' own)
 
     def shared_bytes(self, a: torch.dtype, y: torch.dtype, z: torch.dtype | None) -> int:
         """The shared memory this config takes: the operand ring, the residual pair and one output tile a
@@ -479,7 +489,7 @@ def _launch(
         *geometry, float(pre[1]), float(pre[2]), float(post[1]), float(post[2]), float(z_scale), float(y_inv_scale),
         *phases[1:], HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_RES=z_desc is not y_desc,
         PRE=pre[0], POST=post[0], QUANT_Y=quant_y, STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8,
-        BOXED=boxed, KW=kw, STRIDE=2 if len(a_descs) == 4 else 1, num_warps=config.num_warps,
+        BOXED=boxed, KW=kw, STRIDE=2 if len(a_descs) == 4 else 1, PROMOTE=config.promote, num_warps=config.num_warps,
         maxnreg=config.maxnreg(),
     )  # fmt: skip
 
