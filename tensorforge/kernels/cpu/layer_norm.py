@@ -96,7 +96,8 @@ void normalize_rows(const T* x, int64_t stride, U* y, T* y_copy, const float* ga
 _ENTRY = r"""
 // y [rows, C] (contiguous, x's type; int8 for a positive y_scale) = the rows of x [rows, C] (rows of stride
 // x.stride(0), values contiguous) normalized, times gamma and plus beta (float32 [C]; beta may be empty), quantized
-// by y_scale when it is positive; with `copy` (and a y_scale), also unquantized in x's type: returns {y, copy}.
+// by y_scale when it is positive; with `copy` (and a y_scale), also unquantized in x's type: returns {y} or
+// {y, copy} (tensors only: a CPU graph records calls that return nothing else).
 std::vector<torch::Tensor> layer_norm(torch::Tensor x, torch::Tensor gamma, torch::Tensor beta, double epsilon,
                                       double y_scale, bool copy) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "layer_norm: [rows, C] with each row's values contiguous");
@@ -122,7 +123,7 @@ std::vector<torch::Tensor> layer_norm(torch::Tensor x, torch::Tensor gamma, torc
       normalize_rows(in, x.stride(0), reinterpret_cast<T*>(y.data_ptr()), second, gamma.data_ptr<float>(), b, rows,
                      C, float(epsilon), inverse);
   });
-  return {y, y_copy};
+  return copy ? std::vector<torch::Tensor>{y, y_copy} : std::vector<torch::Tensor>{y};
 }
 """
 
@@ -156,5 +157,5 @@ def layer_norm(
     if rows.stride(1) != 1:
         rows = rows.contiguous()
     beta = ABSENT if beta is None else beta
-    y, y_copy = module().layer_norm(rows, gamma, beta, float(epsilon), float(y_scale), copy)
-    return (y.view(x.shape), y_copy.view(x.shape)) if copy else y.view(x.shape)
+    outputs = [y.view(x.shape) for y in module().layer_norm(rows, gamma, beta, float(epsilon), float(y_scale), copy)]
+    return tuple(outputs) if copy else outputs[0]
