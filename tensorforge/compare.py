@@ -27,9 +27,9 @@ from .errors import InputError, ModelLoadError, UnsupportedError
 from .feeds import build_feeds
 from .ir import Value, qualified_op
 from .ops.executor import bind_feeds
-from .passes.quant_chain import is_quantized_layer
 from .runtime.engine import Engine
 from .tactics.autotune import TOLERANCE
+from .tactics.fallback import output_quantization
 from .tensors import to_numpy
 
 
@@ -135,9 +135,9 @@ def compare(
             return
         node = value.producer()
         position, layer = layer_of[node]
-        # A quantized activation between quantized layers (`passes.quant_chain`) is compared as the real values
-        # it stands for, Q(Y) · y_scale.
-        scale = float(node.attributes.get("y_scale", 0.0)) if is_quantized_layer(node) else 0.0
+        # A quantized activation a quantized layer or a layer norm writes for quantized readers
+        # (`passes.quant_chain`) is compared as the real values it stands for, Q(Y) · y_scale.
+        scale = output_quantization(node).get(node.outputs.index(value), (0.0, ""))[0]
         allowed = rtol if rtol is not None else tolerance[value] if value.dtype.is_float or scale else 0.0
         diff = TensorDiff(value.name, original, position, node.label, layer.precision, allowed, value.name in outputs)
         tensor = tensor.detach().cpu()

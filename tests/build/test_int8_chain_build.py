@@ -359,3 +359,22 @@ def test_a_post_norm_blocks_norm_writes_both_outputs_in_the_engine(device):
         want = Executor(engine.model).run(feed)["y"].numpy()
         assert relative_error(context.run(feed)["y"].cpu().numpy(), want) <= 1e-5
     assert not context.eager_shapes  # its kernels record (a CPU graph; a CUDA graph): the second run replays
+
+
+def test_a_layerwise_comparison_reads_a_norms_quantized_output_as_real_values(tmp_path):
+    """`compare --layerwise` on a post-norm block's engine: ln2's int8 output (fc3's input) is compared as
+    Q(n2) · y_scale, ln1's float copy as it is; each within the quantization's error of ONNX Runtime's float."""
+    from tests.quant.chain_support import prenorm_proto
+
+    proto = prenorm_proto(post_norm=True)
+    config = BuildConfig(
+        precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0,
+        quantization=QuantizationConfig(method="minmax", chain="always"),
+    )  # fmt: skip
+    engine = Builder(config, calibration_data=batches()).build(import_model(proto))
+    path = tmp_path / "post_norm.onnx"
+    onnx.save(proto, path)
+    by_origin = {t.original: t for t in compare(path, engine, layerwise=True).tensors}
+    ln2 = next(node for node in engine.model.graph.nodes if node.name == "ln2")
+    assert ln2.outputs[0].dtype == DType.INT8 and by_origin["n2"].tolerance > 0
+    assert 0 < by_origin["n2"].rel < 0.05 and 0 < by_origin["n1"].rel < 0.05
