@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import UnsupportedError
 from ..ir import DType, Value, qualified_op
 from ..tactics.autotune import Candidate
+from ..tactics.fallback import output_quantization
 from ..tactics.variant import Variant, output_dtypes
 from .engine import Engine
 from .environment import Environment, compatibility_problems
@@ -126,10 +127,15 @@ def _layer(engine: Engine, plan: Plan, position: int, layer: Layer) -> dict[str,
 def _math(node, layer: Layer) -> str:
     """The layer's arithmetic: its variant's precision, or for a quantized layer its quantized type (with the
     activation scale; "from int8" when its input comes quantized, "-> int8" with the output scale when it writes
-    a quantized output), or the float precision it fell back to."""
+    a quantized output), or the float precision it fell back to; a layer norm that writes its quantized readers'
+    input says so ("fp16 -> int8 (y_scale s)", "and fp16" when it writes Y too)."""
     quant = node.attributes.get("quant") if node.op_type in ("QuantizedConv", "QuantizedGemm") else None
     if quant is None:
-        return layer.precision
+        written = output_quantization(node).get(0)  # a layer norm writing its quantized readers' input
+        if written is None:
+            return layer.precision
+        beside = f" and {layer.precision}" if len(node.outputs) > 1 else ""
+        return f"{layer.precision} -> {written[1]} (y_scale {written[0]:.4g}){beside}"
     source = node.inputs[0].dtype
     reads = f" from {source}" if source in (DType.INT8, DType.FLOAT8E4M3FN) else ""
     y_scale = node.attributes.get("y_scale", 0.0)

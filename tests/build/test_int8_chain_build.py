@@ -361,9 +361,10 @@ def test_a_post_norm_blocks_norm_writes_both_outputs_in_the_engine(device):
     assert not context.eager_shapes  # its kernels record (a CPU graph; a CUDA graph): the second run replays
 
 
-def test_a_layerwise_comparison_reads_a_norms_quantized_output_as_real_values(tmp_path):
+def test_a_norms_quantized_output_is_compared_as_real_values_and_inspect_says_what_it_writes(tmp_path):
     """`compare --layerwise` on a post-norm block's engine: ln2's int8 output (fc3's input) is compared as
-    Q(n2) · y_scale, ln1's float copy as it is; each within the quantization's error of ONNX Runtime's float."""
+    Q(n2) · y_scale, ln1's float copy as it is; each within the quantization's error of ONNX Runtime's float.
+    `inspect` gives each norm's quantized output and, for ln1, the float one beside it."""
     from tests.quant.chain_support import prenorm_proto
 
     proto = prenorm_proto(post_norm=True)
@@ -378,3 +379,7 @@ def test_a_layerwise_comparison_reads_a_norms_quantized_output_as_real_values(tm
     ln2 = next(node for node in engine.model.graph.nodes if node.name == "ln2")
     assert ln2.outputs[0].dtype == DType.INT8 and by_origin["n2"].tolerance > 0
     assert 0 < by_origin["n2"].rel < 0.05 and 0 < by_origin["n1"].rel < 0.05
+    layers = {layer["name"]: layer for layer in describe_engine(engine)["profiles"][0]["layers"]}
+    ln1, ln2 = layers["ln1"]["precision"], layers["ln2"]["precision"]
+    assert ln1.startswith("fp32 -> int8 (y_scale") and ln1.endswith(" and fp32")  # n1 written too
+    assert ln2.startswith("fp32 -> int8 (y_scale") and " and " not in ln2  # its readers' input alone
