@@ -37,6 +37,10 @@
 #             and BERT's FF1 products beside cuBLAS + torch (EPILOGUE_S=240)
 #   copies    bench/copies.py: our tiled strided copy against torch on concatenations and layout changes
 #             (COPIES_BATCH=64, COPIES_S=120)
+#   fp8acc    bench/fp8_accumulation.py: E4M3 products with their sums promoted and not, beside int8 and fp16
+#             (FP8ACC_S=150)
+#   norms     bench/layer_norm.py: a transformer norm's forms (fp16, int8, both) beside cuda.layernorm and torch
+#             (NORMS_S=90)
 #   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches
 #             (BUILD_MODEL=yolo, BUILD_BATCH=64, BUILDTIME_S=500 for both)
 set -uo pipefail
@@ -179,6 +183,12 @@ for stage in $stages; do
       ;;
     copies)
       timeout "${COPIES_S:-120}" python3 bench/copies.py --batch "${COPIES_BATCH:-64}" --out "$out" 2>&1 | tail -14
+      ;;
+    fp8acc)
+      timeout "${FP8ACC_S:-150}" python3 bench/fp8_accumulation.py --out "$out" 2>&1 | tail -8
+      ;;
+    norms)
+      timeout "${NORMS_S:-90}" python3 bench/layer_norm.py --out "$out" 2>&1 | tail -12
       ;;
     buildtime)
       # The same engine built twice in fresh processes with empty compile caches: without, then with the compile
