@@ -83,3 +83,34 @@ def test_a_quantized_layer_norm_is_checked_as_a_rounding_of_its_float_values():
     choice = autotune(node, 17, [x], "cpu", effort=0)
     cpu = next(c for c in choice.candidates if c.tactic == "cpu.layernorm")
     assert math.isfinite(cpu.median_ms), cpu.note
+
+
+def test_a_norm_writing_its_quantized_output_and_y_runs_where_a_kernel_writes_both():
+    """The domain's norm with `y_scale` and a second output (Y beside Q(Y), `passes.quant_chain`): declined by the
+    tactics that write Y alone, taken by `triton.layernorm` and `cpu.layernorm`; its float twin (the autotuner's
+    reference, Y twice) runs on the reference alone. The CPU kernel writes both and passes the autotuner's check on
+    each (the quantized one as a rounding of the float values, Y against the reference's)."""
+    from tensorforge.kernels.cpu import layer_norm as ln
+    from tensorforge.kernels.cpu.extension import compiler_problem
+    from tensorforge.tactics.fallback import with_float_output
+
+    node = layer_norm_node([2, 197, 384], -1, outputs=("y", "y_float"))
+    node.domain = "tensorforge"
+    node.attributes.update(y_scale=0.02, quant="int8")
+    node.outputs[0].dtype = DType.INT8
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert "y_scale" in tactic_by_key(TACTIC).supports(node, 17, cpu)
+    assert "y_scale" in tactic_by_key("cuda.layernorm").supports(node, 17, cuda)
+    assert tactic_by_key("triton.layernorm").supports(node, 17, cuda) is None
+    twin = with_float_output(node)
+    for key in ("triton.layernorm", "cpu.layernorm", "cuda.layernorm"):
+        assert "Y beside Q(Y)" in tactic_by_key(key).supports(twin, 17, cuda if key != "cpu.layernorm" else cpu)
+    if compiler_problem() or ln.problem():
+        pytest.skip(str(compiler_problem() or ln.problem()))
+    x = torch.randn(2, 197, 384) * 3 + 1
+    choice = autotune(node, 17, [x], "cpu", effort=0)
+    kernel = next(c for c in choice.candidates if c.tactic == "cpu.layernorm")
+    assert math.isfinite(kernel.median_ms), kernel.note
+    quantized, y = build_layer_kernel(tactic_by_key("cpu.layernorm"), node, 17, cpu, kernel.config, {})([x])
+    _, want = build_layer_kernel(tactic_by_key("reference.registry"), node, 17, cpu, {}, {})([x])
+    assert quantized.dtype == torch.int8 and relative_error(y, want) <= 1e-5
