@@ -391,7 +391,7 @@ def layer_normalization(
     impl = REGISTRY.lookup("LayerNormalization", "", 17).impl
     if ctx.num_outputs > 2:
         raise ValueError("the tensorforge domain's LayerNormalization writes Y (or Q(Y)) and Y, no statistics")
-    alone = dataclasses.replace(ctx, node=Node("LayerNormalization", [], [Value("y")]))  # (Y alone of ONNX's)
+    alone = ctx if ctx.num_outputs == 1 else dataclasses.replace(ctx, node=Node("LayerNormalization", [], [Value("y")]))
     if not y_scale:
         y = impl(alone, x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
         return (y, y) if ctx.num_outputs == 2 else y
