@@ -40,6 +40,7 @@ from . import (  # noqa: F401 - registers the tactic families
     cuda_family,
     fallback,
     gluon_gemm,
+    gluon_stem,
     triton_conv,
     triton_family,
     triton_gemm,

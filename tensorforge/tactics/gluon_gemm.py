@@ -61,11 +61,11 @@ def gemm_ws_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]
     return configs
 
 
-def _gemm_config(config: dict[str, Any]) -> GemmConfig:
+def gemm_config(config: dict[str, Any]) -> GemmConfig:
     return GemmConfig(**{field: config[field] for field in _FIELDS}, promote=config.get("promote", True))
 
 
-def _accumulations(node: Node, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def accumulations(node: Node, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`configs`, and for a layer of E4M3 products each again without the promotion of its sums (`promote` False:
     the tensor cores' own accumulation, which ptxas keeps pipelined; held to the same check as the others)."""
     if node.attributes.get("quant") != "fp8e4m3":
@@ -73,7 +73,7 @@ def _accumulations(node: Node, configs: list[dict[str, Any]]) -> list[dict[str, 
     return configs + [{**config, "promote": False} for config in configs]
 
 
-def _float_out(dtype: torch.dtype, n: int) -> torch.dtype:
+def float_out(dtype: torch.dtype, n: int) -> torch.dtype:
     """The type a quantized layer writes a float output of `n` columns in: its variant's, or float32 where TMA
     cannot store rows of `n` such elements (16 bytes at least; the variant's wrapper then casts it)."""
     return dtype if n * dtype.itemsize % 16 == 0 else torch.float32
@@ -93,14 +93,14 @@ def _fitting(
         operands = torch.int8
         weight = node.inputs[1].shape
         n = weight[1] if qualified_op(node) == f"{DOMAIN}::QuantizedGemm" else weight[0]
-        y = torch.int8 if float(a.get("y_scale", 0.0)) else _float_out(widest, n)
+        y = torch.int8 if float(a.get("y_scale", 0.0)) else float_out(widest, n)
         z = torch.int8 if float(a.get("z_scale", 0.0)) else widest
     else:
         operands = y = z = torch.float16
-    return [c for c in configs if _gemm_config(c).shared_bytes(operands, y, z if residual else None) <= SHARED_LIMIT]
+    return [c for c in configs if gemm_config(c).shared_bytes(operands, y, z if residual else None) <= SHARED_LIMIT]
 
 
-def _device_problem(device: torch.device) -> str | None:
+def device_problem(device: torch.device) -> str | None:
     if device.type != "cuda":
         return "needs CUDA"
     if _GLUON_MISSING:
@@ -117,7 +117,7 @@ def _activations(node: Node) -> str | None:
     return None
 
 
-def _epilogue(node: Node) -> dict[str, tuple[int, float, float]]:
+def epilogue_args(node: Node) -> dict[str, tuple[int, float, float]]:
     return dict(zip(("pre", "post"), node_activations(node), strict=True))
 
 
@@ -130,7 +130,7 @@ def _unpadded_1x1(node: Node) -> bool:
     )
 
 
-def _conv_problem(node: Node) -> str | None:
+def conv_problem(node: Node) -> str | None:
     """Why `node` is not a 2-D convolution of one group by a constant weight, of stride 1 or 2 or an unpadded 1×1
     (a stride-2 one reads the input's four phases, a strided 1×1 every s-th input pixel: views TMA reads through
     their strides)."""
@@ -166,7 +166,7 @@ class GluonGemmTactic(Tactic):
     adds_quantized_residual = True  # a `z_scale` on the node: Z arrives 8-bit, added as Z · z_scale
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        problem = _device_problem(device)
+        problem = device_problem(device)
         if problem:
             return problem
         a, b = node.inputs[0], node.inputs[1]
@@ -190,10 +190,10 @@ class GluonGemmTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         trans_b = bool(node.attributes.get("transB", 0)) and node.op_type != "MatMul"
-        epilogue = _epilogue(node) if qualified_op(node) == _FUSED_GEMM else {}
+        epilogue = epilogue_args(node) if qualified_op(node) == _FUSED_GEMM else {}
         z_scale = float(node.attributes.get("z_scale", 0.0))
         k_major = PerWeight(lambda w: (w if trans_b else w.T).contiguous())
-        tiles = _gemm_config(config)
+        tiles = gemm_config(config)
 
         def kernel(inputs, alloc=None):
             a, w, c, z = (list(inputs) + [None] * 4)[:4]
@@ -222,7 +222,7 @@ class GluonQuantizedGemmTactic(Tactic):
     sees_precision = True  # a float output in the variant's type
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        problem = _device_problem(device)
+        problem = device_problem(device)
         if problem:
             return problem
         b = node.inputs[1]
@@ -234,18 +234,18 @@ class GluonQuantizedGemmTactic(Tactic):
         return gemm_ws_configs(effort, quantized=True)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _accumulations(node, _fitting(node, self.space(effort), quantized=True, widest=torch.float16))
+        return accumulations(node, _fitting(node, self.space(effort), quantized=True, widest=torch.float16))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         a = node.attributes
-        epilogue = _epilogue(node)
+        epilogue = epilogue_args(node)
         k_major = PerWeight(lambda w: w.T.contiguous())
         x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
         quant_y = quant_code(a.get("quant", "int8")) if y_scale else 0
-        tiles = _gemm_config(config)
+        tiles = gemm_config(config)
         n = node.inputs[1].shape[1]
-        out_dtype = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else _float_out(float_type(config), n)
+        out_dtype = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else float_out(float_type(config), n)
 
         def kernel(inputs, alloc=None):
             x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
@@ -275,27 +275,27 @@ class GluonConvTactic(Tactic):
     quantized = False
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        return _device_problem(device) or _conv_problem(node)
+        return device_problem(device) or conv_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return gemm_ws_configs(effort, quantized=self.quantized)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _accumulations(node, _fitting(node, self.space(effort), quantized=self.quantized))
+        return accumulations(node, _fitting(node, self.space(effort), quantized=self.quantized))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
         a = node.attributes
-        epilogue = _epilogue(node)
+        epilogue = epilogue_args(node)
         packed = PerWeight(pack_conv_weight)
-        tiles = _gemm_config(config)
+        tiles = gemm_config(config)
         quantized = self.quantized
         x_scale = float(a.get("x_scale", 1.0))
         column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
         y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
         quant_y = quant_code(a.get("quant", "int8")) if quantized and y_scale else 0
         channels = node.inputs[1].shape[0]
-        out_type = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else _float_out(float_type(config), channels)
+        out_type = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else float_out(float_type(config), channels)
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]

@@ -42,7 +42,7 @@ from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .channel_scales import ChannelScales
 from .variant import float_type
 
-_FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
+FLOAT_INPUTS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
 
 
 def _activations(node: Node) -> tuple[tuple[int, float, float], tuple[int, float, float]]:
@@ -53,7 +53,7 @@ def _activations(node: Node) -> tuple[tuple[int, float, float], tuple[int, float
     )
 
 
-def _conv_problem(node: Node, inputs: tuple[DType, ...] = _FLOAT_INPUTS) -> str | None:
+def _conv_problem(node: Node, inputs: tuple[DType, ...] = FLOAT_INPUTS) -> str | None:
     """Why the Triton implicit GEMM cannot run `node` (2-D, constant weight, an input of `inputs`, a Triton
     epilogue)."""
     x, weight = node.inputs[0], node.inputs[1]
@@ -166,7 +166,7 @@ class TritonQuantizedConvTactic(Tactic):
         quant = node.attributes.get("quant", "int8")
         if quant == "fp8e4m3" and torch.cuda.get_device_capability(device) < (8, 9):
             return "float8 tensor cores need compute capability 8.9 or newer"
-        return _conv_problem(node, (*_FLOAT_INPUTS, QUANT_TYPES[quant]))
+        return _conv_problem(node, (*FLOAT_INPUTS, QUANT_TYPES[quant]))
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return quantized_conv_configs(effort)
@@ -293,7 +293,7 @@ class TritonDirectConvTactic(_InputAsItComes):
         return kernel
 
 
-def _s2d_problem(node: Node) -> str | None:
+def s2d_problem(node: Node) -> str | None:
     """Why `kernels.space_to_depth` does not pay for the convolution `node`: stride 2, dilation 1, one group and
     at most 4 input channels (16 blocked: a wider layer gathers well as it is)."""
     a = node.attributes
@@ -307,13 +307,13 @@ def _s2d_problem(node: Node) -> str | None:
     return None
 
 
-def _s2d_channels(node: Node) -> int:
-    """The channels of the column-tap view a stem runs over (`_s2d_input`): its blocked pixels × a row of taps."""
+def s2d_channels(node: Node) -> int:
+    """The channels of the column-tap view a stem runs over (`s2d_input`): its blocked pixels × a row of taps."""
     pads = (node.attributes.get("pads") or [0, 0])[:2]
     return blocked_channels(node.inputs[1].shape[1]) * blocked_taps(node.inputs[1].shape[2:], pads)[1]
 
 
-def _s2d_input(
+def s2d_input(
     x: torch.Tensor, begin, kernel, out_w: int, dtype: torch.dtype, scale: float | None = None, through=None
 ) -> tuple[torch.Tensor, list[int]]:
     """The float input of a stem padded by `begin` as `column_taps`' view of its blocks in `dtype` (quantized by
@@ -343,13 +343,13 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
     precisions = ("fp16", "bf16", "tf32", "fp32")
 
     def stem_problem(self, node: Node) -> str | None:
-        return _s2d_problem(node)
+        return s2d_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return tma_configs(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return fit_configs(self.space(effort), _s2d_channels(node), node.inputs[1].shape[0])
+        return fit_configs(self.space(effort), s2d_channels(node), node.inputs[1].shape[0])
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
@@ -366,7 +366,7 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
             if x.shape[2] % 2 or x.shape[3] % 2:
                 x = x.to(w.dtype, memory_format=torch.channels_last)
                 return (conv2d_nhwc(x, packed(w), b, z, strides=(2, 2), pads_begin=begin, tf32=tf32, **geometry),)
-            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype)
+            view, pads = s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype)
             return (conv2d_nhwc(view, blocked(w, tuple(begin)), b, z, pads_begin=pads, tf32=tf32, **geometry),)
 
         return kernel
@@ -385,8 +385,8 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
     sees_precision = True  # a float output in the variant's type
 
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
-        problem = super().supports(node, opset, device) or _s2d_problem(node)
-        if problem is None and (node.inputs[0].dtype not in _FLOAT_INPUTS or len(node.inputs) > 5):
+        problem = super().supports(node, opset, device) or s2d_problem(node)
+        if problem is None and (node.inputs[0].dtype not in FLOAT_INPUTS or len(node.inputs) > 5):
             return "a float input quantized per tensor only (the blocking copies float values)"
         return problem
 
@@ -394,7 +394,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         return tma_configs(effort, quantized=True) + quantized_conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return fit_configs(self.space(effort), _s2d_channels(node), node.inputs[1].shape[0], 32)
+        return fit_configs(self.space(effort), s2d_channels(node), node.inputs[1].shape[0], 32)
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
@@ -419,7 +419,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
                     x, packed(w), w_scale.float(), x_scale, b, z, strides=(2, 2), pads_begin=begin, **common
                 )
                 return (y,)
-            view, pads = _s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype, x_scale, through)
+            view, pads = s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype, x_scale, through)
             y = conv2d_nhwc_quantized(
                 view, blocked(w, tuple(begin)), w_scale.float(), x_scale, b, z, pads_begin=pads, **common
             )

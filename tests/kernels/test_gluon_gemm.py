@@ -6,7 +6,8 @@ import torch
 
 from tensorforge.kernels.activations import activation_args
 from tensorforge.ops.fused import apply_activation
-from tests.helpers import RecordedLaunches, compile_for_hopper
+from tests.helpers import compile_for_hopper
+from tests.kernels.gluon_support import geometry, producer_reads, recorded_launches
 
 gemm = pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
 GemmConfig, gemm_ws, problem = gemm.GemmConfig, gemm.gemm_ws, gemm.problem
@@ -379,15 +380,7 @@ def test_an_int8_boxed_convolution_with_a_quantized_output(config, stride):
 
 @pytest.fixture
 def launches(monkeypatch):
-    recorded = RecordedLaunches()
-    monkeypatch.setattr(gemm, "gemm_ws_kernel", recorded)
-    monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
-    return recorded
-
-
-def _geometry(args):
-    """(num_m, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW) of a recorded launch."""
-    return tuple(args[6:17])
+    return recorded_launches(monkeypatch)
 
 
 def test_a_product_launches_one_program_a_multiprocessor_over_its_row_and_column_tiles(launches):
@@ -397,7 +390,7 @@ def test_a_product_launches_one_program_a_multiprocessor_over_its_row_and_column
     gemm_ws(a, b, y, GemmConfig(), bias=torch.zeros(264), post=activation_args("Relu"))
     ((grid, args, options),) = launches.calls
     assert grid == (min(132, 8 * 3),)
-    assert _geometry(args) == (8, 264, 4, 4, 200, 1, 1, 0, 0, 1, 1)  # K = 200: 4 steps of 64, the last zero-filled
+    assert geometry(args) == (8, 264, 4, 4, 200, 1, 1, 0, 0, 1, 1)  # K = 200: 4 steps of 64, the last zero-filled
     assert [d.block_shape for d in args[:4]] == [[128, 64], [128, 64], [128, 128], [128, 128]]
     assert args[2] is args[3]  # no residual: z's descriptor is y's, never read
     assert options["HAS_BIAS"] and not options["HAS_RES"] and not options["HAS_SCALE"] and options["POST"] == 1
@@ -422,7 +415,7 @@ def test_a_3x3_convolution_launches_boxes_of_pixels_shifted_by_its_taps(launches
     assert [d.block_shape for d in (args[0], args[2], args[3])] == [[*box, 128], [*box, 128], [*box, 128]]
     assert args[1].block_shape == [128, 128] and list(args[1].shape) == [128, 9 * 80]
     # 7 × 7 boxes of one batch of 8 images; 9 taps × one 128-wide step over 80 channels (zeros past them)
-    assert _geometry(args) == (49, 128, 9, 1, 80, 7, 7, 1, 1, 1, 1)
+    assert geometry(args) == (49, 128, 9, 1, 80, 7, 7, 1, 1, 1, 1)
     assert options["BOXED"] and options["KW"] == 3 and options["HAS_RES"] and options["QUANT_Y"] == 1
     assert options["CONSUMERS"] == 2 and options["maxnreg"] == 168 and grid == (49,)
 
@@ -434,35 +427,8 @@ def test_an_unpadded_1x1_convolution_over_dense_tensors_is_a_product_of_pixel_ro
     gemm.conv_ws(x, gemm.pack_conv_weight(torch.zeros(256, 64, 1, 1, dtype=torch.float16)), y, GemmConfig(),
                  kernel=(1, 1))  # fmt: skip
     ((_, args, options),) = launches.calls
-    assert not options["BOXED"] and _geometry(args)[:5] == (2, 256, 1, 1, 64)  # 200 pixel rows in 2 row tiles
+    assert not options["BOXED"] and geometry(args)[:5] == (2, 256, 1, 1, 64)  # 200 pixel rows in 2 row tiles
     assert args[3].base.data_ptr() == y.data_ptr()  # y's own storage, written in place
-
-
-def _producer_reads(args, options) -> torch.Tensor:
-    """What a recorded boxed launch computes, assembled on the CPU the way its producer loads: for each tap, the
-    box of the input (or, at stride 2, of the phase the kernel's own `_phase` picks) shifted by the tap, zeros off
-    its edges, times the tap's columns of the packed weight; the sums in float64, [N, OH, OW, C_out]."""
-    stride = options["STRIDE"]
-    phases = [args[0], *args[23:26]] if stride == 2 else [args[0]]
-    sources = [torch.as_strided(d.base, d.shape, d.strides).double() for d in phases]
-    weight = args[1].base.double()
-    _, _, k_steps, c_steps, channels, _, _, ph, pw, dh, dw = _geometry(args)
-    kw = options["KW"]
-    n, oh, ow, _ = args[3].shape
-    margin = oh + ow + 8  # past any shift: what lies there reads as zeros, as TMA reads off a tensor's edges
-    out = torch.zeros(n, oh, ow, weight.shape[0], dtype=torch.float64)
-    for tap in range(k_steps // c_steps):
-        row, column = tap // kw * dh - ph, tap % kw * dw - pw
-        if stride == 2:
-            row_phase, row = gemm._phase.fn(row, ph, stride)
-            column_phase, column = gemm._phase.fn(column, pw, stride)
-            source = sources[row_phase * 2 + column_phase]
-        else:
-            source = sources[0]
-        padded = torch.nn.functional.pad(source, (0, 0, margin, margin, margin, margin))
-        box = padded[:, margin + row : margin + row + oh, margin + column : margin + column + ow]
-        out += box @ weight[:, tap * channels : (tap + 1) * channels].T
-    return out
 
 
 @pytest.mark.parametrize(
@@ -494,7 +460,7 @@ def test_a_stride_2_convolution_reads_the_input_s_four_phases(launches, size, ke
     for (row, column), phase in zip([(0, 0), (0, 1), (1, 0), (1, 1)], phases, strict=True):
         assert phase.base.data_ptr() == x.data_ptr() + row * row_bytes + column * pixel_bytes
         assert list(phase.shape) == [2, (size[0] - row + 1) // 2, (size[1] - column + 1) // 2, 16]
-    got = _producer_reads(args, options).permute(0, 3, 1, 2)
+    got = producer_reads(args, options).permute(0, 3, 1, 2)
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-9)
 
 
@@ -507,7 +473,7 @@ def test_a_stride_1_boxed_launch_passes_its_one_input_as_every_phase(launches):
     ((_, args, options),) = launches.calls
     assert options["STRIDE"] == 1 and all(d is args[0] for d in args[23:26])
     want = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
-    assert torch.allclose(_producer_reads(args, options).permute(0, 3, 1, 2), want, rtol=1e-12, atol=1e-9)
+    assert torch.allclose(producer_reads(args, options).permute(0, 3, 1, 2), want, rtol=1e-12, atol=1e-9)
 
 
 def test_strides_the_kernel_cannot_take_are_refused_with_the_reason():

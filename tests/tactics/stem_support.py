@@ -2,11 +2,14 @@
 tests of the few-channel tactics."""
 
 import numpy as np
+import torch
 from onnx import helper, numpy_helper
 
 from tensorforge.frontend import import_model
-from tensorforge.ir import Node
+from tensorforge.ir import Model, Node
 from tensorforge.passes.pipeline import optimize
+from tensorforge.quant import calibrate
+from tensorforge.quant.lower import quantize_layers
 from tests.helpers import make_model, tensor_info
 
 
@@ -28,3 +31,16 @@ def stem_node(channels=3, cout=16, kernel=3, pad=1, stride=2, size=9, group=1, a
     (node,) = model.graph.nodes
     assert node.op_type == "FusedConv"
     return node
+
+
+def quantized_stem(size=16, kernel=7, pad=3, cout=16, quant="int8") -> tuple[Node, list[torch.Tensor]]:
+    """A ReLU stem of 3 channels calibrated on random batches (minmax) and lowered to a QuantizedConv of type
+    `quant`, with a feed."""
+    node = stem_node(3, cout, kernel, pad, 2, size, activation="relu", scale=kernel)
+    model = Model(node.graph, {"": 17, "tensorforge": 1})
+    rng = np.random.default_rng(4)
+    batches = [{"x": rng.standard_normal((2, 3, size, size)).astype(np.float32)} for _ in range(2)]
+    quantize_layers(model, calibrate(model, batches, "minmax"), quant=quant)
+    (quantized,) = model.graph.nodes
+    assert quantized.op_type == "QuantizedConv"
+    return quantized, [torch.from_numpy(batches[0]["x"])]

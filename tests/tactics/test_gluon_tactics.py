@@ -14,7 +14,7 @@ from tensorforge.passes.pipeline import optimize
 from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.tactics.autotune import autotune, candidate_groups
 from tensorforge.tactics.base import tactic_by_key
-from tensorforge.tactics.gluon_gemm import _conv_problem, gemm_ws_configs
+from tensorforge.tactics.gluon_gemm import conv_problem, gemm_ws_configs
 from tests.helpers import RecordedLaunches, make_model, tensor_info
 from tests.quant.chain_support import lowered, prenorm_proto, skip_proto
 
@@ -72,12 +72,12 @@ def test_the_family_is_among_every_builds_candidates():
 
 
 def test_the_convolutions_are_those_of_stride_1_or_2_and_one_group():
-    assert _conv_problem(_conv(64, 128, 1, 1, True)[0]) is None
-    assert _conv_problem(_conv(64, 128, 3, 1, False)[0]) is None
-    assert _conv_problem(_conv(64, 128, 1, 2, False)[0]) is None  # an unpadded strided 1×1: a view of every 2nd pixel
-    assert _conv_problem(_conv(64, 128, 1, 3, False)[0]) is None
-    assert _conv_problem(_conv(64, 128, 3, 2, False)[0]) is None  # the input's four phases
-    assert "stride 1 or 2" in _conv_problem(_conv(64, 128, 3, 3, False)[0])
+    assert conv_problem(_conv(64, 128, 1, 1, True)[0]) is None
+    assert conv_problem(_conv(64, 128, 3, 1, False)[0]) is None
+    assert conv_problem(_conv(64, 128, 1, 2, False)[0]) is None  # an unpadded strided 1×1: a view of every 2nd pixel
+    assert conv_problem(_conv(64, 128, 1, 3, False)[0]) is None
+    assert conv_problem(_conv(64, 128, 3, 2, False)[0]) is None  # the input's four phases
+    assert "stride 1 or 2" in conv_problem(_conv(64, 128, 3, 3, False)[0])
 
 
 def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
@@ -226,7 +226,7 @@ def test_the_float_fallback_hands_the_gluon_product_its_int8_residual(monkeypatc
     launches = RecordedLaunches()
     monkeypatch.setattr(gemm, "gemm_ws_kernel", launches)
     monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
-    monkeypatch.setattr(gluon_gemm, "_device_problem", lambda device: None)
+    monkeypatch.setattr(gluon_gemm, "device_problem", lambda device: None)
     model, _ = chain_quantized(lowered("int8", proto=prenorm_proto(width=64, first_norm=False)))
     fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
     assert fc2.attributes["z_scale"] > 0
@@ -266,12 +266,12 @@ def test_e4m3_layers_also_time_their_configs_without_the_promotion_of_their_sums
     """An E4M3 layer's space holds every config twice, promoted and not (the tensor cores' own accumulation, held
     to the same check by the autotuner); an int8 layer's has nothing to promote."""
     pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
-    from tensorforge.tactics.gluon_gemm import _gemm_config
+    from tensorforge.tactics.gluon_gemm import gemm_config
 
     model, _ = chain_quantized(lowered(quant, proto=prenorm_proto(width=64)))
     fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
     space = tactic_by_key("gluon.gemm-ws-quantized").space_for(fc2, 0)
-    promoted = [_gemm_config(c).promote for c in space]
+    promoted = [gemm_config(c).promote for c in space]
     if quant == "int8":
         assert all(promoted) and not any("promote" in c for c in space)
     else:

@@ -4,22 +4,18 @@ boxes; an odd map through the plain strided kernel), and its place among the can
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tensorforge.ir import Model
 from tensorforge.kernels import space_to_depth
 from tensorforge.kernels.quantize import quantize_activation
 from tensorforge.kernels.triton import conv_tma, copy
-from tensorforge.quant import calibrate
-from tensorforge.quant.lower import quantize_layers
 from tensorforge.tactics import triton_conv
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
 from tests.helpers import record_returns
-from tests.tactics.stem_support import stem_node
+from tests.tactics.stem_support import quantized_stem, stem_node
 
 S2D = "triton.conv-s2d"
 TINY = {"block_m": 16, "block_n": 16, "block_k": 16, "num_warps": 1, "num_stages": 1, "split_k": 1}
@@ -213,25 +209,13 @@ def test_the_s2d_conv_is_a_correct_candidate_on_cuda():
     assert all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]
 
 
-def _quantized_stem(size=16, kernel=7, pad=3):
-    """`_stem` calibrated on random batches (minmax) and lowered to a QuantizedConv, with a feed."""
-    node = _stem(kernel=kernel, pad=pad, size=size)
-    model = Model(node.graph, {"": 17, "tensorforge": 1})
-    rng = np.random.default_rng(4)
-    batches = [{"x": rng.standard_normal((2, 3, size, size)).astype(np.float32)} for _ in range(2)]
-    quantize_layers(model, calibrate(model, batches, "minmax"))
-    (quantized,) = model.graph.nodes
-    assert quantized.op_type == "QuantizedConv"
-    return quantized, [torch.from_numpy(batches[0]["x"])]
-
-
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("tma", [False, True])
 def test_a_quantized_stem_blocks_then_quantizes_on_load(precision, tma, monkeypatch):
     """int8: the float32 NCHW input blocked into the variant's type, quantized by the kernel as it loads it, against
     the reference QuantizedConv; a TMA configuration runs the TMA kernel."""
     launches = record_returns(monkeypatch, conv_tma, "launch")
-    node, feeds = _quantized_stem()
+    node, feeds = quantized_stem()
     tactic = tactic_by_key(S2D + "-quantized")
     assert "needs CUDA" in tactic.supports(node, 1, CPU)
     fitted = tactic.space_for(node, 0)
@@ -248,7 +232,7 @@ def test_a_quantized_stem_blocks_then_quantizes_on_load(precision, tma, monkeypa
 @pytest.mark.gpu
 def test_the_quantized_s2d_conv_is_a_correct_candidate_on_cuda():
     torch.manual_seed(5)
-    node, (x,) = _quantized_stem(size=224)
+    node, (x,) = quantized_stem(size=224)
     choice = autotune(node, 1, [x.cuda(), None, None], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == S2D + "-quantized"]
     assert len(ours) == 2 * len(tactic_by_key(S2D + "-quantized").space_for(node, 0))
