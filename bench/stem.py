@@ -5,7 +5,8 @@ in its parts, each timed on its own beside cuDNN's fused fp16 convolution in the
 - space to depth (`kernels.space_to_depth`): the blocking pass, then the blocked layer's convolution in two forms,
   per tap (4×4 taps of 16 channels) and per row of taps (`column_taps`: 4 × 1 taps of 64 channels), over the
   effort-0 configurations of `triton.conv-s2d`; in fp16, and int8 (quantized by the blocking pass, int8 out, as
-  a chained int8 stem writes);
+  a chained int8 stem writes), the int8 one also on the warp-specialized Gluon kernel (`gluon.conv-s2d-quantized`'s
+  `conv_ws`) over its effort-1 tiles fitted to the stem;
 - the blocking pass's tiles (pixels a program × warps), fp16 and int8;
 - the 3×3 stride-2 max pool that reads the stem's output: torch's in fp16, ours (`kernels.triton.pool`) over its
   effort-1 tiles in fp16 and int8.
@@ -50,6 +51,7 @@ from tensorforge.kernels.triton.conv import (
 from tensorforge.kernels.triton.copy import space_to_depth
 from tensorforge.kernels.triton.epilogue import activation_args
 from tensorforge.kernels.triton.pool import max_pool2d, pool_configs
+from tensorforge.tactics.gluon_gemm import GemmConfig, conv_ws, gemm_ws_configs, pack_conv_weight
 from tensorforge.tactics.timing import measure
 
 KERNEL, PAD, COUT = 7, 3, 64
@@ -176,6 +178,21 @@ def main() -> None:
     quantized = tma_configs(0, quantized=True) + quantized_conv_configs(0)
     ms, cfg, rows = best(run8, error8, 1.01, fit_configs(quantized, 16 * taps, COUT, 32), device)
     record("s2d conv int8 -> int8, per row of taps", ms, cfg, rows)
+    if device.type == "cuda" and GemmConfig is not None:
+        packed_ws = pack_conv_weight(column_tap_weight(wq))
+        rows_of_taps = blocked_taps((KERNEL, KERNEL), [PAD, PAD])[0]
+
+        def run_ws(cfg):
+            out8.fill_(-7)
+            return conv_ws(
+                view8, packed_ws, out8, GemmConfig(**cfg), kernel=(rows_of_taps, 1), pads=(begin[0], 0),
+                scale=(ws.double() * sx).float(), bias=bias, post=relu, quant_y=1, y_inv_scale=1 / sy,
+            )  # fmt: skip
+
+        gluon = fit_configs(gemm_ws_configs(1, quantized=True), 16 * taps, COUT, 32)
+        named = "{block_m}x{block_n}x{block_k} s{stages} c{consumers} w{num_warps}".format_map
+        ms, cfg, rows = best(run_ws, error8, 1.01, gluon, device, named)
+        record("s2d conv int8 -> int8, Gluon warp-specialized", ms, cfg, rows)
 
     for name, dtype, scale in (("fp16", torch.float16, None), ("int8", torch.int8, sx)):
         want = blocked_input(x, dtype, columns=columns, scale=scale)

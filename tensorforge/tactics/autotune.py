@@ -85,6 +85,20 @@ CONFIRM_TOP, CONFIRM_ROUNDS = 3, 3
 _REFERENCE_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def on_device(device: torch.device) -> Iterator[None]:
+    """Work on `device` from any thread: on CUDA, the device current and its primary context current in this
+    thread. A fresh worker thread has no current context until a runtime call makes one current, and Triton's
+    launcher encodes TMA descriptors through the driver first: a candidate that ran first in its thread failed
+    with "invalid device context"."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device):
+        torch.cuda.current_stream(device).query()  # a runtime call: binds the primary context to this thread
+        yield
+
+
 @dataclass
 class Candidate:
     """One candidate of a layer and its score (inf: unsupported, failed or wrong; `note` says which)."""
@@ -421,11 +435,10 @@ class _Search:
     def _prepare_one(self, tactic: Tactic, config: dict[str, Any]) -> tuple[LayerKernel | None, str]:
         """The candidate's kernel and "" when it runs correctly; else None or the kernel, and what went wrong."""
         variant = Variant.of(config)
-        device_guard = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
         started = time.perf_counter()
         first_run = 0.0
         try:
-            with device_guard:
+            with on_device(self.device):
                 kernel = build_layer_kernel(tactic, self.node, self.opset, self.device, config, self.constants)
                 with torch.inference_mode(), full_float32():
                     run_started = time.perf_counter()

@@ -16,7 +16,6 @@ running beside them (the tuning prepares them alone).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -29,7 +28,7 @@ import torch
 from ..ir import Model, Node, Value
 from ..ir.walk import Walk
 from ..ops.math_flags import full_float32
-from .autotune import build_layer_kernel, candidate_groups
+from .autotune import build_layer_kernel, candidate_groups, on_device
 from .base import Tactic, tactic_by_key
 from .variant import ConstantCache
 
@@ -108,9 +107,8 @@ def _compiling(
 def _compile(tactic: Tactic, node: Node, opset: int, device: torch.device, config, constants, args) -> None:
     """Build and run one candidate once, which compiles its kernels into the caches; its failures are the
     tuning's to report."""
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     try:
-        with guard, torch.inference_mode(), full_float32():
+        with on_device(device), torch.inference_mode(), full_float32():
             build_layer_kernel(tactic, node, opset, device, config, constants)(args)
     except Exception:  # met again, and reported, when the layer is tuned
         pass
