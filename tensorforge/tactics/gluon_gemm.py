@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from ..ir import Node, qualified_op
-from ..kernels.triton.conv import fit_configs
 from ..kernels.triton.conv_tma import hopper_problem
 from ..kernels.triton.epilogue import quant_code
 from ..ops.fused import DOMAIN, QUANT_TYPES
@@ -282,11 +281,7 @@ class GluonConvTactic(Tactic):
         return gemm_ws_configs(effort, quantized=self.quantized)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        """The space with K tiles no wider than a tap's channels and N tiles no wider than the output's (a
-        64-channel layer's 128-wide tiles would carry zeros through half the ring and the products)."""
-        cout, channels = node.inputs[1].shape[:2]
-        fitted = fit_configs(self.space(effort), channels, cout, 32 if self.quantized else 16)
-        return accumulations(node, _fitting(node, fitted, quantized=self.quantized))
+        return accumulations(node, _fitting(node, self.space(effort), quantized=self.quantized))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)

@@ -11,8 +11,10 @@ persistent walk with stores in flight is for.
   pass; the int8 (E4M3) products, the per-channel scales, the epilogue and the output requantized (or written in
   the variant's float type).
 
-Both take static, even input maps only (an odd map has no 2×2 blocks: `triton.conv-s2d` takes it through its plain
-strided kernel, which has no Gluon counterpart here).
+Measured slower than `triton.conv-s2d-quantized` on an H100, so offered from effort 1 only (`EFFORT`): both run
+64-wide N tiles whose products read both operands from shared memory. Both take static, even input maps only (an
+odd map has no 2×2 blocks: `triton.conv-s2d` takes it through its plain strided kernel, which has no Gluon
+counterpart here).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ from .gluon_gemm import (
 from .triton_conv import FLOAT_INPUTS, s2d_channels, s2d_input, s2d_problem
 from .variant import float_type
 
+# Offered from this effort on: on an H100, ResNet-50's int8 stem at batch 256 ran 0.416 ms here against 0.395 on
+# `triton.conv-s2d-quantized` (the kernels alone, `bench/stem.py`; 0.421 against 0.397 with the blocking pass, in
+# the engine's build), and every compiled Gluon kernel lengthens a default build.
+EFFORT = 1
+
 
 def _stem_problem(node: Node) -> str | None:
     """Why `node` is not a stem these tactics take: `s2d_problem`'s, and an input map of static even size."""
@@ -60,8 +67,10 @@ def _packed(weight: torch.Tensor, begin: tuple[int, ...]) -> torch.Tensor:
 
 
 def _space(node: Node, effort: int, quantized: bool) -> list[dict[str, Any]]:
-    """The Gluon GEMM space with its tiles fitted to the stem: K tiles no wider than the view's channels (a row of
-    taps), N tiles no wider than the output channels."""
+    """From effort 1 (`EFFORT`), the Gluon GEMM space with its tiles fitted to the stem: K tiles no wider than the
+    view's channels (a row of taps), N tiles no wider than the output channels."""
+    if effort < EFFORT:
+        return []
     fitted = fit_configs(
         gemm_ws_configs(effort, quantized), s2d_channels(node), node.inputs[1].shape[0], 32 if quantized else 16
     )

@@ -43,13 +43,14 @@ def test_the_tiles_fit_a_row_of_taps_and_the_output_channels(kernel, pad, channe
     wider than the 64 output channels. The quantized space is the same tiles (8-bit K steps fitted alike)."""
     node = _stem(cout=64, kernel=kernel, pad=pad)
     for key in (FLOAT, QUANTIZED):
-        fitted = tactic_by_key(key).space_for(node, 0)
+        assert tactic_by_key(key).space_for(node, 0) == []  # offered from effort 1 (slower on an H100)
+        fitted = tactic_by_key(key).space_for(node, 1)
         assert fitted and all(c["block_k"] == channels and c["block_n"] == 64 for c in fitted)
 
 
 def test_e4m3_stems_also_time_their_configs_without_the_promotion_of_their_sums():
     node, _ = quantized_stem(size=16, quant="fp8e4m3")
-    fitted = tactic_by_key(QUANTIZED).space_for(node, 0)
+    fitted = tactic_by_key(QUANTIZED).space_for(node, 1)
     assert [c.get("promote", True) for c in fitted].count(False) == len(fitted) // 2 > 0
 
 
@@ -67,7 +68,7 @@ def test_a_float_stem_launches_the_strided_convolution_over_the_column_taps(monk
     weight, are the stride-2 convolution of the fp16 input and weight (float64 sums)."""
     torch.manual_seed(0)
     node = _stem(kernel=kernel, pad=pad)
-    config = {"precision": "fp16", "layout": "NHWC", **tactic_by_key(FLOAT).space_for(node, 0)[0]}
+    config = {"precision": "fp16", "layout": "NHWC", **tactic_by_key(FLOAT).space_for(node, 1)[0]}
     x = torch.randn(2, 3, 16, 16)
     out, args, options = _launch(monkeypatch, FLOAT, node, config, x)
     assert out.dtype == torch.float16 and out.is_contiguous(memory_format=torch.channels_last)
@@ -83,7 +84,7 @@ def test_a_quantized_stem_launches_the_int8_products_of_the_blocked_quantized_in
     """int8: the blocking pass quantizes the fp16-rounded input (the variant's, as the reference does); the launch's
     sums are the strided convolution of those steps by the int8 weight, exactly; the column scales x_scale · Ws."""
     node, (x,) = quantized_stem(size=16)
-    config = {"precision": "fp16", "layout": "NHWC", **tactic_by_key(QUANTIZED).space_for(node, 0)[0]}
+    config = {"precision": "fp16", "layout": "NHWC", **tactic_by_key(QUANTIZED).space_for(node, 1)[0]}
     out, args, options = _launch(monkeypatch, QUANTIZED, node, config, x)
     assert out.dtype == torch.float16 and options["HAS_SCALE"] and options["QUANT_Y"] == 0
     a = node.attributes
@@ -101,9 +102,9 @@ def test_every_float_stem_candidate_is_correct_on_cuda():
     torch.manual_seed(2)
     node = _stem(cout=64, size=224)
     x = torch.randn(8, 3, 224, 224, device="cuda")
-    choice = autotune(node, 1, [x, None, None], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
+    choice = autotune(node, 1, [x, None, None], "cuda", effort=1, precisions=("fp32", "fp16"), exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == FLOAT]
-    assert len(ours) == len(tactic_by_key(FLOAT).space_for(node, 0))
+    assert len(ours) == len(tactic_by_key(FLOAT).space_for(node, 1))
     assert all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]
 
 
@@ -112,7 +113,7 @@ def test_every_float_stem_candidate_is_correct_on_cuda():
 def test_every_quantized_stem_candidate_is_correct_on_cuda(quant):
     torch.manual_seed(5)
     node, (x,) = quantized_stem(size=224, cout=64, quant=quant)
-    choice = autotune(node, 1, [x.cuda(), None, None], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
+    choice = autotune(node, 1, [x.cuda(), None, None], "cuda", effort=1, precisions=("fp32", "fp16"), exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == QUANTIZED]
-    assert len(ours) == 2 * len(tactic_by_key(QUANTIZED).space_for(node, 0))  # the fp16 and fp32 variants
+    assert len(ours) == 2 * len(tactic_by_key(QUANTIZED).space_for(node, 1))  # the fp16 and fp32 variants
     assert all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]

@@ -87,19 +87,6 @@ def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
     assert [c["block_k"] for c in gemm_ws_configs(1, quantized=True)] == [2 * k for k in float_steps]
 
 
-@pytest.mark.parametrize(("channels", "out_channels", "kernel"), [(64, 64, 3), (64, 256, 1), (256, 64, 1)])
-def test_a_convolutions_tiles_are_no_wider_than_its_channels(channels, out_channels, kernel):
-    """K tiles no wider than a tap's input channels, N tiles no wider than the output channels (at least one
-    32-byte wgmma K step), duplicates dropped; a wide layer keeps the whole space."""
-    node, _ = _conv(channels, out_channels, kernel, 1, False)
-    for key, bytes_a_channel in (("gluon.conv-ws", 2), ("gluon.conv-ws-quantized", 1)):
-        space = tactic_by_key(key).space_for(node, 0)
-        assert space and len({tuple(sorted(c.items())) for c in space}) == len(space)
-        assert all(c["block_k"] <= max(channels, 32 // bytes_a_channel) and c["block_n"] <= out_channels for c in space)
-    wide, _ = _conv(256, 256, 3, 1, False)
-    assert tactic_by_key("gluon.conv-ws").space_for(wide, 0) == gemm_ws_configs(0)
-
-
 def _every_candidate_passes(node, opset: int, inputs, precisions: tuple[str, ...], tactic: str) -> None:
     """Every config of `tactic` for `node` (inputs moved to CUDA) timed and checked by the autotuner, all finite."""
     inputs = [t.cuda() if t is not None else None for t in inputs]
