@@ -11,8 +11,8 @@ persistent walk with stores in flight is for.
   pass; the int8 (E4M3) products, the per-channel scales, the epilogue and the output requantized (or written in
   the variant's float type).
 
-Measured slower than `triton.conv-s2d-quantized` on an H100, so offered from effort 1 only (`EFFORT`): both run
-64-wide N tiles whose products read both operands from shared memory. Both take static, even input maps only (an
+Measured slower than `triton.conv-s2d-quantized` on an H100, so offered from effort 1 only (`EFFORT`; why neither
+reaches the stem's bounds is open: docs/design.md, "Stems"). Both take static, even input maps only (an
 odd map has no 2×2 blocks: `triton.conv-s2d` takes it through its plain strided kernel, which has no Gluon
 counterpart here).
 """
