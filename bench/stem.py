@@ -6,7 +6,8 @@ in its parts, each timed on its own beside cuDNN's fused fp16 convolution in the
   per tap (4×4 taps of 16 channels) and per row of taps (`column_taps`: 4 × 1 taps of 64 channels), over the
   effort-0 configurations of `triton.conv-s2d`; in fp16, and int8 (quantized by the blocking pass, int8 out, as
   a chained int8 stem writes), the int8 one also on the warp-specialized Gluon kernel (`gluon.conv-s2d-quantized`'s
-  `conv_ws`) over its effort-1 tiles fitted to the stem;
+  `conv_ws`) over its effort-1 tiles fitted to the stem, and two probes of what bounds it: its input as a dense copy
+  of the overlapping view, its output in fp16;
 - the blocking pass's tiles (pixels a program × warps), fp16 and int8;
 - the 3×3 stride-2 max pool that reads the stem's output: torch's in fp16, ours (`kernels.triton.pool`) over its
   effort-1 tiles in fp16 and int8.
@@ -176,8 +177,36 @@ def main() -> None:
         return ((y.float() * sy - qref).abs().max() / sy).item()
 
     quantized = tma_configs(0, quantized=True) + quantized_conv_configs(0)
-    ms, cfg, rows = best(run8, error8, 1.01, fit_configs(quantized, 16 * taps, COUT, 32), device)
+    fitted8 = fit_configs(quantized, 16 * taps, COUT, 32)
+    ms, cfg, rows = best(run8, error8, 1.01, fitted8, device)
     record("s2d conv int8 -> int8, per row of taps", ms, cfg, rows)
+
+    # Probes of what bounds that layer: the same values from a dense copy of the overlapping view (4x the bytes,
+    # but rows the loads do not share), and the same product written in fp16 (2x the bytes out, no requantizing)
+    dense8 = view8.contiguous(memory_format=torch.channels_last)
+    out16 = torch.empty_like(out8, dtype=torch.float16)
+
+    def run_dense(cfg):
+        out8.fill_(-7)
+        return conv2d_nhwc_quantized(
+            dense8, packed8, ws, sx, bias, None, out=out8, out_hw=(side, side), pads_begin=[begin[0], 0],
+            post=relu, config=cfg, y_scale=sy,
+        )  # fmt: skip
+
+    def run_fp16_out(cfg):
+        out16.fill_(float("nan"))
+        return conv2d_nhwc_quantized(
+            view8, packed8, ws, sx, bias, None, out=out16, out_hw=(side, side), pads_begin=[begin[0], 0],
+            post=relu, config=cfg,
+        )  # fmt: skip
+
+    def error8_fp16(y: torch.Tensor) -> float:
+        return ((y.float() - qref).abs().max() / sy).item()
+
+    ms, cfg, rows = best(run_dense, error8, 1.01, fitted8, device)
+    record("probe: int8 -> int8 from a dense copy of the view", ms, cfg, rows)
+    ms, cfg, rows = best(run_fp16_out, error8_fp16, 1.01, fitted8, device)
+    record("probe: int8 -> fp16 (no requantizing)", ms, cfg, rows)
     if device.type == "cuda" and GemmConfig is not None:
         packed_ws = pack_conv_weight(column_tap_weight(wq))
         rows_of_taps = blocked_taps((KERNEL, KERNEL), [PAD, PAD])[0]
