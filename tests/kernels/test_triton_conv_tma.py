@@ -14,6 +14,7 @@ from tensorforge.ir import Node, Value
 from tensorforge.kernels.quantize import KINDS, quantize_activation
 from tensorforge.kernels.triton import conv_tma
 from tensorforge.kernels.triton.conv import (
+    ConvConfig,
     conv2d_nhwc,
     conv2d_nhwc_quantized,
     pack_weight,
@@ -253,6 +254,30 @@ def test_int8_into_int8_with_an_int8_residual(device, persistent, launches):
     assert quantized_mismatch(got.cpu(), want.cpu(), y_scale, "int8", quantized.TOLERANCE[torch.float32]) == ""
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("persistent", [0, 2])
+def test_a_transposed_tile_computes_the_same_layer(device, persistent, launches):
+    """`swap`: each tile computed as W · Xᵀ and read back transposed, in rows and in boxes of pixels, ragged (50
+    pixels, 24 channels), float16 with either weight packing, int8 from float16 or int8 into float."""
+    torch.manual_seed(13)
+    config = {**FLOAT_TMA, "swap": True, "persistent": persistent}
+    _float_case(device, "fp16", (2, 32, 5, 5), 24, floats.FULL_EPILOGUE, config=config)
+    _float_case(device, "fp16", (2, 32, 5, 5), 24, floats.FULL_EPILOGUE, config=config, kernel=3,
+                attrs={"pads": [1, 1, 1, 1]})  # fmt: skip
+    quantized_config = {**QUANTIZED_TMA, "swap": True, "persistent": persistent}
+    for x_type, k_major in (("fp16", True), ("int8", True), ("int8", False)):
+        quantized._check_case(
+            device, "int8", x_type, torch.float32, "1x1", quantized.FULL_EPILOGUE, config=quantized_config,
+            k_major=k_major,
+        )  # fmt: skip
+    assert launches == [None] * 5
+
+
+def test_a_transposed_tile_is_the_tma_kernels_only():
+    with pytest.raises(ValueError, match="swap"):
+        ConvConfig.of({"swap": True})
+
+
 # -- configurations and the tactics' spaces ---------------------------------------------------------------
 
 
@@ -262,8 +287,9 @@ def _conv_node(op: str, kernel: int, **attributes) -> Node:
 
 
 def test_the_tma_tactics_time_their_own_configs_on_stride_1_layers_of_one_group():
-    assert len(tma_configs(0)) == 3 and len(tma_configs(1)) == 6 and len(tma_configs(2)) == 6
-    assert [c["persistent"] for c in tma_configs(1)] == [0, 0, 2, 0, 0, 1]
+    assert len(tma_configs(0)) == 3 and len(tma_configs(1)) == 7 and len(tma_configs(2)) == 7
+    assert [c["persistent"] for c in tma_configs(1)] == [0, 0, 2, 0, 0, 1, 0]
+    assert [c["swap"] for c in tma_configs(1)] == [False] * 6 + [True]  # a transposed tile from effort 1
     assert all(c["tma"] and c["block_k"] == 128 for c in tma_configs(1, quantized=True))
     pairs = [
         (TritonConvTactic(), TritonTmaConvTactic(), "FusedConv", tma_configs(0)),
@@ -311,18 +337,22 @@ def stores_in_innermost_loop(ir):
 
 
 floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
-cases = [(quant, k, False) for quant in (0, 1) for k in (1, 3)] + [(1, 1, True), (0, 3, True)]
-for quant, k, persistent in cases:
+# (quant, kernel, persistent, swap, BLOCK_M, BLOCK_N); the last two: a 64-channel layer's 256-pixel tile, as it
+# is and computed transposed, by one warpgroup
+cases = [(quant, k, False, False, 128, 128) for quant in (0, 1) for k in (1, 3)]
+cases += [(1, 1, True, False, 128, 128), (0, 3, True, False, 128, 128)]
+cases += [(1, 1, False, False, 256, 64), (1, 1, False, True, 256, 64)]
+for quant, k, persistent, swap, bm, bn in cases:
     a, mma, bk = ("fp16", ".f16.f16", 64) if quant == 0 else ("i8", ".s8.s8", 128)
     constants = dict(
         KH=k, KW=k, PH=k // 2, PW=k // 2, BOXES=k > 1, BI=1, BH=8, BW=16, HAS_BIAS=True, HAS_RES=True, PRE=0,
         POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True, DOT_PRECISION="ieee",
-        PERSISTENT=persistent, BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8,
+        PERSISTENT=persistent, SWAP=swap, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
     )
-    pixels = "1, 8, 16" if k > 1 else "128"
+    pixels = "1, 8, 16" if k > 1 else str(bm)
     descriptors = {
-        "a_desc": f"tensordesc<{a}[{pixels}, {bk}]>", "b_desc": f"tensordesc<{a}[128, {bk}]>",
-        "z_desc": f"tensordesc<{a}[{pixels}, 128]>", "y_desc": f"tensordesc<{a}[{pixels}, 128]>",
+        "a_desc": f"tensordesc<{a}[{pixels}, {bk}]>", "b_desc": f"tensordesc<{a}[{bn}, {bk}]>",
+        "z_desc": f"tensordesc<{a}[{pixels}, {bn}]>", "y_desc": f"tensordesc<{a}[{pixels}, {bn}]>",
     }
     signature = {
         n: "constexpr" if n in constants else descriptors.get(n) or ("*fp32" if n in ("bias", "w_scale") else
@@ -330,12 +360,15 @@ for quant, k, persistent in cases:
         for n in fn.arg_names
     }
     source = ASTSource(fn, signature, constants)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+    options = {"num_warps": 4 if swap else 8, "num_stages": 3}
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = kernel.asm["ptx"]
-    wgmma = len(re.findall(r"wgmma\\.mma_async[^ ]*" + re.escape(mma), ptx))
+    shapes = re.findall(r"wgmma\\.mma_async[^ ]*\\.m64n(\\d+)k\\d+[^ ]*" + re.escape(mma), ptx)
     loads = len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.shared[^ ]*\\.global", ptx))
     stores = len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.global\\.shared", ptx))
-    print(quant, k, int(persistent), wgmma, loads, stores, stores_in_innermost_loop(kernel.asm["ttgir"]))
+    widest = max(map(int, shapes), default=0)
+    flat = stores_in_innermost_loop(kernel.asm["ttgir"])
+    print(quant, k, int(persistent), int(swap), len(shapes), widest, loads, stores, flat)
 """
 
 
@@ -345,10 +378,13 @@ def test_the_tma_kernel_compiles_for_hopper_with_bulk_tensor_copies_and_wgmma():
     output stored by TMA bulk tensor copies (2-D for rows, 4-D for boxes); with a persistent walk, the tiles'
     loop and the K loop flattened into one (Triton still keeps the nested form for an empty K loop)."""
     counts = compile_for_hopper(_COMPILE_FOR_HOPPER)
-    assert len(counts) == 6, counts
-    for _, _, persistent, wgmma, loads, stores, flattened in counts:
+    assert len(counts) == 8, counts
+    for _, _, persistent, _, wgmma, _, loads, stores, flattened in counts:
         assert int(wgmma) > 0 and int(loads) > 0 and int(stores) > 0, counts
         assert flattened == persistent, counts  # a persistent walk's tiles and K steps are one pipelined loop
+    # the instructions' N: 128 for 128 channels; a 64-channel tile's 64, or, transposed, its pixels' (Triton issues
+    # n128 halves of the 256)
+    assert [int(row[5]) for row in counts] == [128] * 6 + [64, 128], counts
 
 
 # ResNet-50's layers at batch 8: (input shape, output channels, kernel, attributes); the 3×3 ones in boxes of

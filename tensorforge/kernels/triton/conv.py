@@ -275,7 +275,8 @@ class ConvConfig:
     the output tiles would fill less than one wave of the device (see `split_k_for`). `tma`: a stride-1 call of
     one group whose operands allow it runs `conv_tma`'s kernel with these tiles (split-K aside), any other call
     the gathering kernel; `persistent` (TMA kernel only): that many programs per multiprocessor walk all the
-    output tiles, overlapping one tile's epilogue with the next one's loads (0: a program per tile)."""
+    output tiles, overlapping one tile's epilogue with the next one's loads (0: a program per tile); `swap` (TMA
+    kernel only): each tile computed transposed, its BLOCK_M pixels the product's N (`conv_tma`)."""
 
     block_m: int = 64
     block_n: int = 64
@@ -286,6 +287,7 @@ class ConvConfig:
     split_k: int | str = "auto"
     tma: bool = False
     persistent: int = 0
+    swap: bool = False
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> ConvConfig:
@@ -303,11 +305,15 @@ class ConvConfig:
             raise ValueError(f"split_k must be a positive integer or 'auto', got {made.split_k!r}")
         if not (isinstance(made.persistent, int) and made.persistent >= 0):
             raise ValueError(f"persistent: programs per multiprocessor (0: none), got {made.persistent!r}")
+        if made.swap and not made.tma:
+            raise ValueError("swap: a transposed tile is the TMA kernel's (tma=True) only")
         return made
 
 
-def _config(bm, bn, bk, warps, stages, split_k="auto", group_m=8, tma=False, persistent=0) -> dict[str, Any]:
-    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, tma, persistent))
+def _config(
+    bm, bn, bk, warps, stages, split_k="auto", group_m=8, tma=False, persistent=0, swap=False
+) -> dict[str, Any]:
+    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, tma, persistent, swap))
 
 
 # Effort 0: the shapes of ResNet / MobileNet layers on Hopper: wide tiles for the large layers, 64-wide ones
@@ -391,8 +397,9 @@ _QUANTIZED_MIN_BLOCK_K = 32
 # Tiles of `conv_tma`'s kernel, for stride-1 layers of one group, by effort: 128-byte K rows, the widest swizzle
 # of a TMA copy (64 16-bit channels; 8-bit products take K tiles twice as long); a persistent walk of narrow tiles,
 # two programs per multiprocessor, for the memory-bound 1×1 layers of few input channels (one or two K steps: the
-# next tile's loads overlap this one's epilogue); effort 1 adds the usual best Hopper GEMM tiles, and those
-# persistent.
+# next tile's loads overlap this one's epilogue); effort 1 adds the usual best Hopper GEMM tiles, those
+# persistent, and a 256-pixel tile computed transposed for layers of 64 output channels (`swap`; not yet timed on
+# a GPU).
 _TMA_EFFORT = [
     [
         _config(128, 128, 64, 8, 3, tma=True),
@@ -403,12 +410,13 @@ _TMA_EFFORT = [
         _config(128, 256, 64, 8, 3, tma=True),
         _config(64, 128, 64, 4, 4, tma=True),
         _config(128, 128, 64, 8, 3, tma=True, persistent=1),
+        _config(256, 64, 64, 4, 3, tma=True, swap=True),
     ],
 ]
 
 
 def tma_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
-    """The `tma` configurations worth timing at `effort` for a stride-1 layer of one group: 3 at 0, 6 from 1."""
+    """The `tma` configurations worth timing at `effort` for a stride-1 layer of one group: 3 at 0, 7 from 1."""
     configs = [dict(c) for c in itertools.chain.from_iterable(_TMA_EFFORT[: max(0, min(effort, 1)) + 1])]
     return [{**c, "block_k": 2 * c["block_k"]} for c in configs] if quantized else configs
 

@@ -60,7 +60,7 @@ def _conv_tma(
     BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """[BLOCK_M, BLOCK_N] output tiles: BLOCK_M pixels (M of them with rows, BI·BH·BW boxes of the (IMAGES, OH,
@@ -68,7 +68,10 @@ def _conv_tma(
     when W_K_MAJOR, else [K, N]). Tiles are swizzled (`tiles.swizzle`); one per program, or with PERSISTENT a
     grid-stride walk over all of them in one flattened loop, so the next tile's loads are issued while this one's
     epilogue runs (a 1×1 layer of 64 input channels is one K step: without it, each program waits for its loads,
-    then for its stores)."""
+    then for its stores). With SWAP each tile is computed transposed, Yᵀ = W · Xᵀ: the weight's
+    BLOCK_N rows are the product's M and the BLOCK_M pixels its N, so a layer of 64 output channels runs
+    instructions as wide as its pixel tile allows (m64n128 against m64n64: less shared memory read a product;
+    8-bit operands K-major, as wgmma needs them); the epilogue reads the tile back in the usual orientation."""
     if BOXES:
         m_tiles = tl.cdiv(IMAGES, BI) * tl.cdiv(OH, BH) * tl.cdiv(OW, BW)
     else:
@@ -79,15 +82,15 @@ def _conv_tma(
             _conv_tile(
                 tile, m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
                 pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH,
-                BW, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, BLOCK_M,
-                BLOCK_N, BLOCK_K, GROUP_M,
+                BW, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, SWAP,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _conv_tile(
             tl.program_id(0), m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
             pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH, BW,
-            HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, BLOCK_M, BLOCK_N,
-            BLOCK_K, GROUP_M,
+            HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, SWAP, BLOCK_M,
+            BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -99,7 +102,7 @@ def _conv_tile(
     BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """Output tile number `tile` of `_conv_tma`."""
@@ -114,7 +117,11 @@ def _conv_tile(
     else:
         off_m = pid_m * BLOCK_M
 
-    if QUANT == 1:
+    if SWAP and QUANT == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
+    elif SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif QUANT == 1:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -131,7 +138,13 @@ def _conv_tile(
         if QUANTIZE_X:
             a = quantize(a, x_inv_scale, QUANT, OPERAND=True)  # zeros quantize to 0
         k = tap * CIN + c0
-        if W_K_MAJOR:
+        if SWAP:  # Yᵀ += W[n, k] · X[m, k]ᵀ
+            b = a.T
+            if W_K_MAJOR:
+                a = b_desc.load([off_n, k])
+            else:
+                a = b_desc.load([k, off_n]).T
+        elif W_K_MAJOR:
             b = b_desc.load([off_n, k]).T
         else:
             b = b_desc.load([k, off_n])
@@ -141,6 +154,8 @@ def _conv_tile(
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)  # see conv._conv2d_igemm
         else:
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if SWAP:
+        acc = acc.T
 
     cols = off_n + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -321,7 +336,7 @@ def launch(
         (m_tiles, bm, bn), cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent,
         KH=kh, KW=kw, PH=pads_begin[0], PW=pads_begin[1], BOXES=box is not None, BI=bi, BH=bh, BW=bw,
         PRE=pre[0], POST=post[0], QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype,
-        QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, BLOCK_K=bk,
+        QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, SWAP=cfg.swap, BLOCK_K=bk,
     )  # fmt: skip
     return None
 
@@ -385,7 +400,7 @@ def gemm_rows(
         (triton.cdiv(m, block_m), block_m, block_n), group_m, warps, stages, persistent, KH=1, KW=1, PH=0, PW=0,
         BOXES=False, BI=1, BH=1, BW=1, PRE=pre[0], POST=post[0], QUANT=quant,
         QUANTIZE_X=quant != 0 and a.dtype != b.dtype, QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major,
-        DOT_PRECISION=dot_precision, BLOCK_K=block_k,
+        DOT_PRECISION=dot_precision, SWAP=False, BLOCK_K=block_k,
     )  # fmt: skip
     return None
 
