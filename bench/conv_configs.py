@@ -182,6 +182,7 @@ def describe(row: dict) -> str:
     return (
         "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**row)
         + (" tma" if row.get("tma") else "")
+        + (" swap" if row.get("swap") else "")
         + walk
     )
 

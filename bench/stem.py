@@ -6,8 +6,8 @@ in its parts, each timed on its own beside cuDNN's fused fp16 convolution in the
   per tap (4×4 taps of 16 channels) and per row of taps (`column_taps`: 4 × 1 taps of 64 channels), over the
   effort-0 configurations of `triton.conv-s2d`; in fp16, and int8 (quantized by the blocking pass, int8 out, as
   a chained int8 stem writes), the int8 one also on the warp-specialized Gluon kernel (`gluon.conv-s2d-quantized`'s
-  `conv_ws`) over its effort-1 tiles fitted to the stem, and two probes of what bounds it: its input as a dense copy
-  of the overlapping view, its output in fp16;
+  `conv_ws`) over its effort-1 tiles fitted to the stem, and probes of what bounds it: its input as a dense copy of
+  the overlapping view, its output in fp16, its tiles computed transposed (`swap`: the pixels as the products' N);
 - the blocking pass's tiles (pixels a program × warps), fp16 and int8;
 - the 3×3 stride-2 max pool that reads the stem's output: torch's in fp16, ours (`kernels.triton.pool`) over its
   effort-1 tiles in fp16 and int8.
@@ -207,6 +207,10 @@ def main() -> None:
     record("probe: int8 -> int8 from a dense copy of the view", ms, cfg, rows)
     ms, cfg, rows = best(run_fp16_out, error8_fp16, 1.01, fitted8, device)
     record("probe: int8 -> fp16 (no requantizing)", ms, cfg, rows)
+    swapped = [c for c in fit_configs(tma_configs(1, quantized=True), 16 * taps, COUT, 32) if c["swap"]]
+    swapped += [{**c, "num_stages": 4} for c in swapped]
+    ms, cfg, rows = best(run8, error8, 1.01, swapped, device)
+    record("probe: int8 -> int8, tiles computed transposed", ms, cfg, rows)
     if device.type == "cuda" and GemmConfig is not None:
         packed_ws = pack_conv_weight(column_tap_weight(wq))
         rows_of_taps = blocked_taps((KERNEL, KERNEL), [PAD, PAD])[0]
