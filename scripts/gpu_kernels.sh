@@ -148,6 +148,11 @@ for stage in $stages; do
       for precision in ${PROFILE_PRECISION:-fp16}; do
         name="$model-b$batch-$precision"
         engine="$out/engines/$name.engine"  # the suite's engine when it built this one
+        if [[ ! -f $engine && ( $precision == int8 || $precision == fp8 ) ]]; then
+          echo "profile: no $name engine; a quantized one needs calibration data: run the int8 or suite stage" \
+            "before profile in the same call (it keeps its engines until the script ends)"
+          continue
+        fi
         build=""
         [[ -f $engine ]] || build="
           python3 -c \"from tensorforge import zoo; import onnx; onnx.save(zoo.export('$model', batch=$batch,
