@@ -255,7 +255,7 @@ def candidate_groups(
             continue
         space = tactic.space_for(node, effort)
         if not space:
-            yield tactic, "no configuration of its tuning space fits this layer", []
+            yield tactic, f"no configuration of its tuning space at effort {effort} fits this layer", []
             continue
         for variant in variants(tactic, node, precisions, device):
             yield tactic, "", [{"precision": variant.precision, "layout": variant.layout, **c} for c in space]
