@@ -166,11 +166,12 @@ def main() -> None:
     out8 = torch.empty(args.batch, COUT, side, side, dtype=torch.int8, device=device, memory_format=torch.channels_last)
     packed8 = pack_weight(column_tap_weight(wq), 1, k_major=True)
 
-    def run8(cfg):
-        out8.fill_(-7)
+    def run8(cfg, source=view8, out=out8):
+        """The int8 products over `source` into `out`: requantized when it is int8, else written in float."""
+        out.fill_(-7 if out.dtype == torch.int8 else float("nan"))
         return conv2d_nhwc_quantized(
-            view8, packed8, ws, sx, bias, None, out=out8, out_hw=(side, side), pads_begin=[begin[0], 0],
-            post=relu, config=cfg, y_scale=sy,
+            source, packed8, ws, sx, bias, None, out=out, out_hw=(side, side), pads_begin=[begin[0], 0],
+            post=relu, config=cfg, y_scale=sy if out.dtype == torch.int8 else 0.0,
         )  # fmt: skip
 
     def error8(y: torch.Tensor) -> float:  # in output steps, against the same quantized operands
@@ -186,26 +187,12 @@ def main() -> None:
     dense8 = view8.contiguous(memory_format=torch.channels_last)
     out16 = torch.empty_like(out8, dtype=torch.float16)
 
-    def run_dense(cfg):
-        out8.fill_(-7)
-        return conv2d_nhwc_quantized(
-            dense8, packed8, ws, sx, bias, None, out=out8, out_hw=(side, side), pads_begin=[begin[0], 0],
-            post=relu, config=cfg, y_scale=sy,
-        )  # fmt: skip
-
-    def run_fp16_out(cfg):
-        out16.fill_(float("nan"))
-        return conv2d_nhwc_quantized(
-            view8, packed8, ws, sx, bias, None, out=out16, out_hw=(side, side), pads_begin=[begin[0], 0],
-            post=relu, config=cfg,
-        )  # fmt: skip
-
     def error8_fp16(y: torch.Tensor) -> float:
         return ((y.float() - qref).abs().max() / sy).item()
 
-    ms, cfg, rows = best(run_dense, error8, 1.01, fitted8, device)
+    ms, cfg, rows = best(lambda c: run8(c, source=dense8), error8, 1.01, fitted8, device)
     record("probe: int8 -> int8 from a dense copy of the view", ms, cfg, rows)
-    ms, cfg, rows = best(run_fp16_out, error8_fp16, 1.01, fitted8, device)
+    ms, cfg, rows = best(lambda c: run8(c, out=out16), error8_fp16, 1.01, fitted8, device)
     record("probe: int8 -> fp16 (no requantizing)", ms, cfg, rows)
     swapped = [c for c in fit_configs(tma_configs(1, quantized=True), 16 * taps, COUT, 32) if c["swap"]]
     swapped += [{**c, "num_stages": 4} for c in swapped]

@@ -20,6 +20,7 @@ cannot take (unaligned rows, a tile that does not fit in shared memory) raises, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,6 +78,42 @@ def float_out(dtype: torch.dtype, n: int) -> torch.dtype:
     """The type a quantized layer writes a float output of `n` columns in: its variant's, or float32 where TMA
     cannot store rows of `n` such elements (16 bytes at least; the variant's wrapper then casts it)."""
     return dtype if n * dtype.itemsize % 16 == 0 else torch.float32
+
+
+@dataclass(frozen=True)
+class QuantizedEpilogue:
+    """A quantized layer's epilogue terms, worked out once at build: the column factors x_scale · Ws (per weight
+    scale tensor), the output's quantize code (0: written in float) and inverse scale, the residual's z_scale (0:
+    none given) and the output's type (float in the variant's type, `float_out`, for `columns` output columns)."""
+
+    column_scales: PerWeight
+    quant_y: int
+    y_inv_scale: float
+    z_scale: float
+    out_type: torch.dtype
+
+    @classmethod
+    def of(cls, node: Node, config: dict[str, Any], columns: int) -> QuantizedEpilogue:
+        a = node.attributes
+        x_scale, y_scale = float(a.get("x_scale", 1.0)), float(a.get("y_scale", 0.0))
+        quant = a.get("quant", "int8")
+        quant_y = quant_code(quant) if y_scale else 0
+        return cls(
+            column_scales=PerWeight(lambda s: (s.double() * x_scale).float().contiguous()),
+            quant_y=quant_y,
+            y_inv_scale=1.0 / y_scale if quant_y else 1.0,
+            z_scale=float(a.get("z_scale", 0.0)),
+            out_type=QUANT_TYPES[quant].torch if quant_y else float_out(float_type(config), columns),
+        )
+
+    def conv_args(self, w: torch.Tensor, w_scale: torch.Tensor, z: torch.Tensor | None) -> dict[str, Any]:
+        """`conv_ws`'s quantized keywords for a call: a residual of the weight's quantized type is dequantized by
+        z_scale, a float one added as it is."""
+        quantized_z = z is not None and z.dtype == w.dtype
+        return dict(
+            scale=self.column_scales(w_scale), z_scale=self.z_scale if quantized_z else 1.0, quant_y=self.quant_y,
+            y_inv_scale=self.y_inv_scale,
+        )  # fmt: skip
 
 
 def _fitting(
@@ -237,24 +274,20 @@ class GluonQuantizedGemmTactic(Tactic):
         return accumulations(node, _fitting(node, self.space(effort), quantized=True, widest=torch.float16))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        a = node.attributes
         epilogue = epilogue_args(node)
         k_major = PerWeight(lambda w: w.T.contiguous())
-        x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
-        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
-        quant_y = quant_code(a.get("quant", "int8")) if y_scale else 0
         tiles = gemm_config(config)
         n = node.inputs[1].shape[1]
-        out_dtype = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else float_out(float_type(config), n)
+        terms = QuantizedEpilogue.of(node, config, n)
 
         def kernel(inputs, alloc=None):
             x, w, c, z, w_scale = (list(inputs) + [None] * 5)[:5]
             b = k_major(w)
-            out = allocate(alloc, 0, (*x.shape[:-1], n), out_dtype, x.device)
+            out = allocate(alloc, 0, (*x.shape[:-1], n), terms.out_type, x.device)
             gemm_ws(
-                x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=column_scales(w_scale), bias=c,
-                z=z.reshape(-1, n) if z is not None else None, z_scale=z_scale or 1.0, quant_y=quant_y,
-                y_inv_scale=1.0 / y_scale if quant_y else 1.0, **epilogue,
+                x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=terms.column_scales(w_scale), bias=c,
+                z=z.reshape(-1, n) if z is not None else None, z_scale=terms.z_scale or 1.0, quant_y=terms.quant_y,
+                y_inv_scale=terms.y_inv_scale, **epilogue,
             )  # fmt: skip
             return (out,)
 
@@ -285,32 +318,22 @@ class GluonConvTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
-        a = node.attributes
         epilogue = epilogue_args(node)
         packed = PerWeight(pack_conv_weight)
         tiles = gemm_config(config)
-        quantized = self.quantized
-        x_scale = float(a.get("x_scale", 1.0))
-        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
-        y_scale, z_scale = float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
-        quant_y = quant_code(a.get("quant", "int8")) if quantized and y_scale else 0
-        channels = node.inputs[1].shape[0]
-        out_type = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else float_out(float_type(config), channels)
+        terms = QuantizedEpilogue.of(node, config, node.inputs[1].shape[0]) if self.quantized else None
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             x = x.contiguous(memory_format=torch.channels_last)
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out_dtype = out_type if quantized else x.dtype
+            out_dtype = terms.out_type if terms else x.dtype
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
-            quantized_z = z is not None and quantized and z.dtype == w.dtype
             conv_ws(
                 x, packed(w), out, tiles, kernel=tuple(w.shape[2:]), strides=tuple(windows.strides), pads=tuple(begin),
-                dilations=tuple(windows.dilations),
-                scale=column_scales(w_scale) if quantized else None, bias=b, z=z,
-                z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y,
-                y_inv_scale=1.0 / y_scale if quant_y else 1.0, **epilogue,
+                dilations=tuple(windows.dilations), bias=b, z=z, **(terms.conv_args(w, w_scale, z) if terms else {}),
+                **epilogue,
             )  # fmt: skip
             return (out,)
 

@@ -26,17 +26,16 @@ import torch
 from ..ir import Node
 from ..kernels.space_to_depth import blocked_taps, blocked_weight, column_tap_weight
 from ..kernels.triton.conv import fit_configs
-from ..kernels.triton.epilogue import quant_code
-from ..ops.fused import DOMAIN, QUANT_TYPES
+from ..ops.fused import DOMAIN
 from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .gluon_gemm import (
+    QuantizedEpilogue,
     accumulations,
     conv_problem,
     conv_ws,
     device_problem,
     epilogue_args,
-    float_out,
     gemm_config,
     gemm_ws_configs,
     pack_conv_weight,
@@ -150,29 +149,24 @@ class GluonSpaceToDepthQuantizedConvTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)
-        a = node.attributes
         epilogue = epilogue_args(node)
         tiles = gemm_config(config)
         packed = PerWeight(_packed)
-        x_scale, y_scale, z_scale = float(a["x_scale"]), float(a.get("y_scale", 0.0)), float(a.get("z_scale", 0.0))
-        column_scales = PerWeight(lambda s: (s.double() * x_scale).float().contiguous())
-        quant_y = quant_code(a.get("quant", "int8")) if y_scale else 0
+        x_scale = float(node.attributes["x_scale"])
+        terms = QuantizedEpilogue.of(node, config, node.inputs[1].shape[0])
         dtype = float_type(config)
         through = dtype if dtype in (torch.float16, torch.bfloat16) else None  # the variant's rounded input
-        out_type = QUANT_TYPES[a.get("quant", "int8")].torch if quant_y else float_out(dtype, node.inputs[1].shape[0])
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
-            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_type, x.device, torch.channels_last)
+            out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), terms.out_type, x.device, torch.channels_last)
             z = z.contiguous(memory_format=torch.channels_last) if z is not None else None
-            quantized_z = z is not None and z.dtype == w.dtype
             view, pads = s2d_input(x, begin, w.shape[2:], out_hw[1], w.dtype, x_scale, through)
             rows = blocked_taps(w.shape[2:], begin)[0]
             conv_ws(
-                view, packed(w, tuple(begin)), out, tiles, kernel=(rows, 1), pads=tuple(pads),
-                scale=column_scales(w_scale), bias=b, z=z, z_scale=z_scale if quantized_z else 1.0, quant_y=quant_y,
-                y_inv_scale=1.0 / y_scale if quant_y else 1.0, **epilogue,
+                view, packed(w, tuple(begin)), out, tiles, kernel=(rows, 1), pads=tuple(pads), bias=b, z=z,
+                **terms.conv_args(w, w_scale, z), **epilogue,
             )  # fmt: skip
             return (out,)
 

@@ -15,7 +15,8 @@ from tensorforge.passes.quant_chain import chain_quantized
 from tensorforge.tactics.autotune import autotune, candidate_groups
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.gluon_gemm import conv_problem, gemm_ws_configs
-from tests.helpers import RecordedLaunches, make_model, tensor_info
+from tests.helpers import make_model, tensor_info
+from tests.kernels.gluon_support import recorded_launches
 from tests.quant.chain_support import lowered, prenorm_proto, skip_proto
 
 TACTICS = ("gluon.gemm-ws", "gluon.gemm-ws-quantized", "gluon.conv-ws", "gluon.conv-ws-quantized")
@@ -167,11 +168,7 @@ def test_the_quantized_tactic_hands_the_kernel_the_layers_scales(monkeypatch):
     """On the CPU, with the launch recorded instead of run: conv3 of a 64-wide int8 chain (int8 in, an int8
     residual, int8 out) reaches the kernel as a product of pixel rows with its per-column scales x_scale · w_scale,
     the residual's z_scale, its ReLU, and the output requantized by 1 / y_scale."""
-    from tensorforge.kernels.gluon import gemm
-
-    launches = RecordedLaunches()
-    monkeypatch.setattr(gemm, "gemm_ws_kernel", launches)
-    monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
+    launches = recorded_launches(monkeypatch)
     model, _ = chain_quantized(lowered("int8", width=64))
     node = next(n for n in model.graph.nodes if n.name == "conv3")
     tactic = tactic_by_key("gluon.conv-ws-quantized")
@@ -220,12 +217,9 @@ def test_the_float_fallback_hands_the_gluon_product_its_int8_residual(monkeypatc
     (which adds a quantized residual itself) reaches the kernel with the residual int8 and its z_scale, not
     dequantized by a torch pass first."""
     pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
-    from tensorforge.kernels.gluon import gemm
     from tensorforge.tactics import gluon_gemm
 
-    launches = RecordedLaunches()
-    monkeypatch.setattr(gemm, "gemm_ws_kernel", launches)
-    monkeypatch.setattr(gemm, "_multiprocessors", lambda index: 132)
+    launches = recorded_launches(monkeypatch)
     monkeypatch.setattr(gluon_gemm, "device_problem", lambda device: None)
     model, _ = chain_quantized(lowered("int8", proto=prenorm_proto(width=64, first_norm=False)))
     fc2 = next(n for n in model.graph.nodes if n.name == "fc2")
