@@ -7,8 +7,7 @@ in its parts, each timed on its own beside cuDNN's fused fp16 convolution in the
   effort-0 configurations of `triton.conv-s2d`; in fp16, and int8 (quantized by the blocking pass, int8 out, as
   a chained int8 stem writes), the int8 one also on the warp-specialized Gluon kernel (`gluon.conv-s2d-quantized`'s
   `conv_ws`) over its effort-1 tiles fitted to the stem, and probes of what bounds it: its input as a dense copy of
-  the overlapping view, its output in fp16, its tiles computed transposed (`swap`: the pixels as the products' N),
-  its int32 sums made float without the conversion instruction (`small_sums`: the weight bounds them);
+  the overlapping view, its output in fp16, its tiles computed transposed (`swap`: the pixels as the products' N);
 - the blocking pass's tiles (pixels a program × warps), fp16 and int8;
 - the 3×3 stride-2 max pool that reads the stem's output: torch's in fp16, ours (`kernels.triton.pool`) over its
   effort-1 tiles in fp16 and int8.
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.conv_configs import describe
-from tensorforge.kernels.quantize import quantize_activation, quantize_weight, small_sums
+from tensorforge.kernels.quantize import quantize_activation, quantize_weight
 from tensorforge.kernels.space_to_depth import (
     blocked_input,
     blocked_pads,
@@ -167,15 +166,12 @@ def main() -> None:
     out8 = torch.empty(args.batch, COUT, side, side, dtype=torch.int8, device=device, memory_format=torch.channels_last)
     packed8 = pack_weight(column_tap_weight(wq), 1, k_major=True)
 
-    small = small_sums(wq)
-
-    def run8(cfg, source=view8, out=out8, small=False):
-        """The int8 products over `source` into `out`: requantized when it is int8, else written in float; with
-        `small`, the sums made float without the conversion instruction."""
+    def run8(cfg, source=view8, out=out8):
+        """The int8 products over `source` into `out`: requantized when it is int8, else written in float."""
         out.fill_(-7 if out.dtype == torch.int8 else float("nan"))
         return conv2d_nhwc_quantized(
             source, packed8, ws, sx, bias, None, out=out, out_hw=(side, side), pads_begin=[begin[0], 0],
-            post=relu, config=cfg, y_scale=sy if out.dtype == torch.int8 else 0.0, small_sums=small,
+            post=relu, config=cfg, y_scale=sy if out.dtype == torch.int8 else 0.0,
         )  # fmt: skip
 
     def error8(y: torch.Tensor) -> float:  # in output steps, against the same quantized operands
@@ -185,9 +181,6 @@ def main() -> None:
     fitted8 = fit_configs(quantized, 16 * taps, COUT, 32)
     ms, cfg, rows = best(run8, error8, 1.01, fitted8, device)
     record("s2d conv int8 -> int8, per row of taps", ms, cfg, rows)
-    if small:
-        ms, cfg, rows = best(lambda c: run8(c, small=True), error8, 1.01, fitted8, device)
-        record("s2d conv int8 -> int8, small sums (no I2F)", ms, cfg, rows)
 
     # Probes of what bounds that layer: the same values from a dense copy of the overlapping view (4x the bytes,
     # but rows the loads do not share), and the same product written in fp16 (2x the bytes out, no requantizing)
@@ -209,21 +202,17 @@ def main() -> None:
         packed_ws = pack_conv_weight(column_tap_weight(wq))
         rows_of_taps = blocked_taps((KERNEL, KERNEL), [PAD, PAD])[0]
 
-        def run_ws(cfg, small=False):
+        def run_ws(cfg):
             out8.fill_(-7)
             return conv_ws(
                 view8, packed_ws, out8, GemmConfig(**cfg), kernel=(rows_of_taps, 1), pads=(begin[0], 0),
                 scale=(ws.double() * sx).float(), bias=bias, post=relu, quant_y=1, y_inv_scale=1 / sy,
-                small_sums=small,
             )  # fmt: skip
 
         gluon = fit_configs(gemm_ws_configs(1, quantized=True), 16 * taps, COUT, 32)
         named = "{block_m}x{block_n}x{block_k} s{stages} c{consumers} w{num_warps}".format_map
         ms, cfg, rows = best(run_ws, error8, 1.01, gluon, device, named)
         record("s2d conv int8 -> int8, Gluon warp-specialized", ms, cfg, rows)
-        if small:
-            ms, cfg, rows = best(lambda c: run_ws(c, small=True), error8, 1.01, gluon, device, named)
-            record("s2d conv int8 -> int8, Gluon, small sums", ms, cfg, rows)
 
     for name, dtype, scale in (("fp16", torch.float16, None), ("int8", torch.int8, sx)):
         want = blocked_input(x, dtype, columns=columns, scale=scale)

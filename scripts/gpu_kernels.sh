@@ -30,8 +30,6 @@
 #             PROFILE_CANDIDATES="name ..." lists every candidate timed for the layers whose names contain those)
 #   stem      bench/stem.py: ResNet-50's stem in its parts (space to depth, per tap and per row of taps, fp16 and int8)
 #             beside cuDNN (STEM_BATCH=256, STEM_S=150)
-#   sums      bench/int8_sums.py: ResNet-50's int8 layers with their sums converted by instruction and without, on
-#             the Gluon and the Triton TMA kernels, E4M3 beside them (SUMS_S=240, SUMS_BATCH=256)
 #   merge     bench/residual_merge.py: ResNet-50's projection shortcuts as today's two layers against one convolution
 #             over the concatenation, each autotuned over every family (fp16; MERGE_BATCH=256, MERGE_S=300,
 #             MERGE_STAGES="layer1 layer2 layer3 layer4")
@@ -177,10 +175,6 @@ for stage in $stages; do
     stem)
       timeout "${STEM_S:-150}" python3 bench/stem.py --batch "${STEM_BATCH:-256}" --out "$out" > "$out/stem.txt" 2>&1
       cat "$out/stem.txt" | cut -c1-160 | tail -12
-      ;;
-    sums)
-      timeout "${SUMS_S:-240}" python3 bench/int8_sums.py --batch "${SUMS_BATCH:-256}" --out "$out" > "$out/sums.txt" 2>&1
-      cut -c1-160 "$out/sums.txt" | tail -9
       ;;
     merge)
       # shellcheck disable=SC2086 - MERGE_STAGES is a list of names

@@ -67,19 +67,3 @@ def quantize_activation(x: torch.Tensor, scale: float, kind: str) -> torch.Tenso
         raise ValueError(f"quantize_activation: the scale must be positive, got {scale!r}")
     inverse = torch.tensor(1.0 / scale, dtype=torch.float32)
     return _saturate(x.float() * inverse.to(x.device), dtype, qmax)
-
-
-SMALL_SUM = 2**22  # int32 sums under this in magnitude become float32 through the rounding constant's bits
-
-
-def small_sums(rows: torch.Tensor) -> bool:
-    """Whether every int32 sum of int8 products with this weight stays under `SMALL_SUM` in magnitude for any int8
-    input (|x| ≤ 128): 128 · max over outputs of Σ |w|. `rows`: the int8 weight with each output's K values along
-    its first axis's rows (a convolution's [Cout, Cin/G, KH, KW] as it is; further axes are flattened into K).
-    Such sums convert to float32 exactly with an integer add and a float subtract (`epilogue.sums_to_float`)
-    instead of a conversion instruction, which on Hopper issues at an eighth of the float32 rate. Other types:
-    False (E4M3 sums are float already)."""
-    if rows.dtype != torch.int8 or rows.numel() == 0:
-        return False
-    largest = rows.reshape(rows.shape[0], -1).to(torch.int32).abs().sum(dim=1).max()
-    return 128 * int(largest) < SMALL_SUM

@@ -70,17 +70,17 @@ def statistics_reason(node: Node, quantizes: bool = False) -> str | None:
 
 
 class PerWeight:
-    """A tensor (or a fact) derived once from each weight a kernel is called with (packed, reordered, cast; a
-    bound on its sums), kept beside that weight so its id is not reused while the entry lives.
-    `derive(weight, *key)`: `key` (e.g. the dtype asked for) is part of the entry's identity."""
+    """A tensor derived once from each weight a kernel is called with (packed, reordered, cast), kept beside that
+    weight so its id is not reused while the entry lives. `derive(weight, *key)`: `key` (e.g. the dtype asked
+    for) is part of the entry's identity."""
 
     __slots__ = ("_derive", "_entries")
 
-    def __init__(self, derive: Callable[..., Any]) -> None:
+    def __init__(self, derive: Callable[..., torch.Tensor]) -> None:
         self._derive = derive
-        self._entries: dict[tuple, tuple[torch.Tensor, Any]] = {}
+        self._entries: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, weight: torch.Tensor, *key: Any) -> Any:
+    def __call__(self, weight: torch.Tensor, *key: Any) -> torch.Tensor:
         entry = self._entries.get((id(weight), *key))
         if entry is None:
             entry = self._entries[(id(weight), *key)] = (weight, self._derive(weight, *key))

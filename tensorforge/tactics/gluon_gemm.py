@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from ..ir import Node, qualified_op
-from ..kernels.quantize import small_sums
 from ..kernels.triton.conv_tma import hopper_problem
 from ..kernels.triton.epilogue import quant_code
 from ..ops.fused import DOMAIN, QUANT_TYPES
@@ -84,13 +83,10 @@ def float_out(dtype: torch.dtype, n: int) -> torch.dtype:
 @dataclass(frozen=True)
 class QuantizedEpilogue:
     """A quantized layer's epilogue terms, worked out once at build: the column factors x_scale · Ws (per weight
-    scale tensor), whether a weight keeps its int8 sums small (`kernels.quantize.small_sums`, per weight: rows of
-    one output's K values), the output's quantize code (0: written in float) and inverse scale, the residual's
-    z_scale (0: none given) and the output's type (float in the variant's type, `float_out`, for `columns` output
-    columns)."""
+    scale tensor), the output's quantize code (0: written in float) and inverse scale, the residual's z_scale (0:
+    none given) and the output's type (float in the variant's type, `float_out`, for `columns` output columns)."""
 
     column_scales: PerWeight
-    small: PerWeight
     quant_y: int
     y_inv_scale: float
     z_scale: float
@@ -104,7 +100,6 @@ class QuantizedEpilogue:
         quant_y = quant_code(quant) if y_scale else 0
         return cls(
             column_scales=PerWeight(lambda s: (s.double() * x_scale).float().contiguous()),
-            small=PerWeight(small_sums),
             quant_y=quant_y,
             y_inv_scale=1.0 / y_scale if quant_y else 1.0,
             z_scale=float(a.get("z_scale", 0.0)),
@@ -117,7 +112,7 @@ class QuantizedEpilogue:
         quantized_z = z is not None and z.dtype == w.dtype
         return dict(
             scale=self.column_scales(w_scale), z_scale=self.z_scale if quantized_z else 1.0, quant_y=self.quant_y,
-            y_inv_scale=self.y_inv_scale, small_sums=self.small(w),
+            y_inv_scale=self.y_inv_scale,
         )  # fmt: skip
 
 
@@ -292,7 +287,7 @@ class GluonQuantizedGemmTactic(Tactic):
             gemm_ws(
                 x.reshape(-1, x.shape[-1]), b, out.view(-1, n), tiles, scale=terms.column_scales(w_scale), bias=c,
                 z=z.reshape(-1, n) if z is not None else None, z_scale=terms.z_scale or 1.0, quant_y=terms.quant_y,
-                y_inv_scale=terms.y_inv_scale, small_sums=terms.small(b), **epilogue,
+                y_inv_scale=terms.y_inv_scale, **epilogue,
             )  # fmt: skip
             return (out,)
 

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType, Node
-from ..kernels.quantize import small_sums
 from ..kernels.space_to_depth import (
     blocked_channels,
     blocked_input,
@@ -181,7 +180,6 @@ class TritonQuantizedConvTactic(Tactic):
         y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
         pre, post = _activations(node)
         packed = PerWeight(lambda w: pack_weight(w, windows.groups, k_major=True))
-        small = PerWeight(small_sums)
         channel_scales = ChannelScales(x_scale)
         tiles = {k: v for k, v in config.items() if k != "precision"}
         out_dtype = QUANT_TYPES[node.attributes.get("quant", "int8")].torch if y_scale else float_type(config)
@@ -197,7 +195,7 @@ class TritonQuantizedConvTactic(Tactic):
             y = conv2d_nhwc_quantized(
                 x, packed(w), w_scale, scale, b, z, out_hw=out_hw, strides=windows.strides, pads_begin=begin,
                 dilations=windows.dilations, pre=pre, post=post, out=out, config=tiles, y_scale=y_scale,
-                z_scale=z_scale, x_inv_channels=inverse, small_sums=small(w),
+                z_scale=z_scale, x_inv_channels=inverse,
             )  # fmt: skip
             return (y,)
 
@@ -408,16 +406,13 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         tiles = {k: v for k, v in config.items() if k not in ("precision", "layout")}
         packed = PerWeight(lambda w: pack_weight(w, 1, k_major=True))
         blocked = PerWeight(lambda w, begin: _s2d_weight(w, begin, k_major=True))
-        small = PerWeight(small_sums)
 
         def kernel(inputs, alloc=None):
             x, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             begin, _, out_hw = windows.at(x.shape[2:], w.shape[2:])
             out_dtype = w.dtype if y_scale else dtype
             out = allocate(alloc, 0, (x.shape[0], w.shape[0], *out_hw), out_dtype, x.device, torch.channels_last)
-            common = dict(
-                out_hw=out_hw, pre=pre, post=post, out=out, config=tiles, y_scale=y_scale, small_sums=small(w)
-            )
+            common = dict(out_hw=out_hw, pre=pre, post=post, out=out, config=tiles, y_scale=y_scale)
             if x.shape[2] % 2 or x.shape[3] % 2:
                 x = x.to(dtype, memory_format=torch.channels_last)
                 y = conv2d_nhwc_quantized(

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from ..ir import DType, Node, qualified_op
-from ..kernels.quantize import small_sums
 from ..kernels.triton import conv_tma
 from ..kernels.triton.epilogue import ACTIVATION_CODES, activation_args, quant_code
 from ..kernels.triton.gemm import gemm, gemm_configs, gemm_tma_configs
@@ -150,7 +149,6 @@ class TritonQuantizedGemmTactic(Tactic):
         tile = dict(config) if config else gemm_tma_configs(0, quantized=True)[0]
         sizes = tuple(tile[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"))
         k_major = PerWeight(lambda w: w.t().contiguous().t())  # [K, N] with K contiguous
-        small = PerWeight(lambda w: small_sums(w.T))
         out_dtype = QUANT_TYPES[a.get("quant", "int8")].torch if y_scale else float_type(config)
 
         def kernel(inputs, alloc=None):
@@ -161,7 +159,7 @@ class TritonQuantizedGemmTactic(Tactic):
             problem = conv_tma.gemm_rows(
                 rows, k_major(w), c, z.reshape(-1, z.shape[-1]) if z is not None else None, y.view(-1, w.shape[1]),
                 pre, post, sizes, quant=quant, weight_scale=w_scale.float().contiguous(), x_scale=x_scale,
-                y_scale=y_scale, z_scale=z_scale, persistent=tile.get("PERSISTENT", 0), small_sums=small(w),
+                y_scale=y_scale, z_scale=z_scale, persistent=tile.get("PERSISTENT", 0),
             )  # fmt: skip
             if problem:
                 raise ValueError(f"triton.gemm-quantized: {problem}")

@@ -346,8 +346,8 @@ for quant, k, persistent, swap, bm, bn in cases:
     a, mma, bk = ("fp16", ".f16.f16", 64) if quant == 0 else ("i8", ".s8.s8", 128)
     constants = dict(
         KH=k, KW=k, PH=k // 2, PW=k // 2, BOXES=k > 1, BI=1, BH=8, BW=16, HAS_BIAS=True, HAS_RES=True, PRE=0,
-        POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, SMALL_SUMS=quant == 1, W_K_MAJOR=True,
-        DOT_PRECISION="ieee", PERSISTENT=persistent, SWAP=swap, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+        POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True, DOT_PRECISION="ieee",
+        PERSISTENT=persistent, SWAP=swap, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
     )
     pixels = "1, 8, 16" if k > 1 else str(bm)
     descriptors = {

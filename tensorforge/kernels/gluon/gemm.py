@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..triton.conv_tma import spatial_box
-from ..triton.epilogue import activate, quantize, sums_to_float, widen
+from ..triton.epilogue import activate, quantize, widen
 
 # Triton 3.7 renamed the TMA copies (3.6 is the oldest Gluon this kernel is written for).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -147,7 +147,7 @@ def _consumer(
     pre0, pre1, post0, post1, z_scale, y_inv_scale,
     CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
     HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr, QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr,
-    BOXED: gl.constexpr, WARPS: gl.constexpr, PROMOTE: gl.constexpr, SMALL_SUMS: gl.constexpr,
+    BOXED: gl.constexpr, WARPS: gl.constexpr, PROMOTE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup (WARPS = 4) or two: the products and the epilogue of every CONSUMERS-th of this program's
     tiles, starting at its CONSUMER-th. Boxed tiles ([images, rows, columns, channels] in shared memory) are the
@@ -205,7 +205,7 @@ def _consumer(
         if CONSUMERS == 2:
             mbarrier.arrive(turn.index(local % 2), count=1)
 
-        v = sums_to_float(acc, SMALL_SUMS)
+        v = acc.to(gl.float32)
         cols = off_n + gl.arange(0, BLOCK_N, layout=columns)
         if HAS_SCALE:
             v = v * gl.load(scale + cols, mask=cols < N, other=0.0)[None, :]
@@ -259,12 +259,12 @@ def _second_consumer(
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr,
-    PROMOTE: gl.constexpr, SMALL_SUMS: gl.constexpr,
+    PROMOTE: gl.constexpr,
 ):  # fmt: skip
     _consumer(
         y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m, num_n, N,
         k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-        1, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, 4, PROMOTE, SMALL_SUMS,
+        1, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, 4, PROMOTE,
     )  # fmt: skip
 
 
@@ -275,7 +275,7 @@ def _producer_worker(
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, GROUP_M: gl.constexpr, BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr,
-    PROMOTE: gl.constexpr, SMALL_SUMS: gl.constexpr,
+    PROMOTE: gl.constexpr,
 ):  # fmt: skip
     _producer(
         a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, a_bufs, b_bufs, z_bufs, ready, empty, z_ready, z_empty,
@@ -290,8 +290,7 @@ def gemm_ws_kernel(
     pre0, pre1, post0, post1, z_scale, y_inv_scale, a01_desc, a10_desc, a11_desc,
     HAS_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, PRE: gl.constexpr, POST: gl.constexpr,
     QUANT_Y: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr,
-    BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr, PROMOTE: gl.constexpr, SMALL_SUMS: gl.constexpr,
-    num_warps: gl.constexpr,
+    BOXED: gl.constexpr, KW: gl.constexpr, STRIDE: gl.constexpr, PROMOTE: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """y = epilogue(a @ bᵀ) over tiles of the descriptors' block shapes, persistent programs.
 
@@ -302,7 +301,7 @@ def gemm_ws_kernel(
     STRIDE (1 or 2 along both axes), with a and a01 / a10 / a11 the input's four phases when it is 2 (`_phase`;
     all a_desc otherwise, never read). z_desc is y_desc again when there is no residual (never read). The default
     partition (num_warps warps) is the first consumer; the workers are the producer (one warp) and, with
-    CONSUMERS = 2, the second consumer (four). SMALL_SUMS: int8 sums bounded by 2^22 (`epilogue.sums_to_float`).
+    CONSUMERS = 2, the second consumer (four).
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no starred lists in Gluon
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)  # noqa: RUF005 - no starred lists in Gluon
@@ -335,22 +334,21 @@ def gemm_ws_kernel(
                     _consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-                     0, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps, PROMOTE,
-                     SMALL_SUMS),
+                     0, 2, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps, PROMOTE),
                 ),
                 (
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
-                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE, SMALL_SUMS),
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE),
                 ),
                 (
                     _second_consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
-                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE, SMALL_SUMS),
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE),
                 ),
             ],
             [1, 4],
@@ -363,15 +361,14 @@ def gemm_ws_kernel(
                     _consumer,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, boxes_h, boxes_w, pre0, pre1, post0, post1, z_scale, y_inv_scale,
-                     0, 1, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps, PROMOTE,
-                     SMALL_SUMS),
+                     0, 1, HAS_SCALE, HAS_BIAS, HAS_RES, PRE, POST, QUANT_Y, GROUP_M, BOXED, num_warps, PROMOTE),
                 ),
                 (
                     _producer_worker,
                     (y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn, scale, bias, num_m,
                      num_n, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW, pre0, pre1, post0, post1, z_scale,
                      y_inv_scale, a_desc, b_desc, z_desc, a01_desc, a10_desc, a11_desc, HAS_SCALE, HAS_BIAS, HAS_RES,
-                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE, SMALL_SUMS),
+                     PRE, POST, QUANT_Y, GROUP_M, BOXED, KW, STRIDE, PROMOTE),
                 ),
             ],
             [1],
@@ -480,7 +477,7 @@ def _multiprocessors(index: int) -> int:
 
 def _launch(
     a_descs: list, b_desc, z_desc, y_desc, y, config: GemmConfig, geometry: tuple, boxed: bool, kw: int,
-    scale, bias, z_scale, pre, post, quant_y, y_inv_scale, small_sums,
+    scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
 ) -> None:  # fmt: skip
     """One launch over `geometry` = (num_m, N, k_steps, c_steps, C, boxes_h, boxes_w, PH, PW, DH, DW): a program
     a multiprocessor, at most one a tile. `a_descs`: the input's one descriptor, or its four phases' (stride 2)."""
@@ -492,8 +489,7 @@ def _launch(
         *geometry, float(pre[1]), float(pre[2]), float(post[1]), float(post[2]), float(z_scale), float(y_inv_scale),
         *phases[1:], HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_RES=z_desc is not y_desc,
         PRE=pre[0], POST=post[0], QUANT_Y=quant_y, STAGES=config.stages, CONSUMERS=config.consumers, GROUP_M=8,
-        BOXED=boxed, KW=kw, STRIDE=2 if len(a_descs) == 4 else 1, PROMOTE=config.promote,
-        SMALL_SUMS=small_sums, num_warps=config.num_warps,
+        BOXED=boxed, KW=kw, STRIDE=2 if len(a_descs) == 4 else 1, PROMOTE=config.promote, num_warps=config.num_warps,
         maxnreg=config.maxnreg(),
     )  # fmt: skip
 
@@ -512,15 +508,12 @@ def gemm_ws(
     post: tuple[int, float, float] = (0, 0.0, 0.0),
     quant_y: int = 0,
     y_inv_scale: float = 1.0,
-    small_sums: bool = False,
 ) -> torch.Tensor:
     """y = quantize_or_cast(post(pre(a @ bᵀ · scale + bias) + z · z_scale)), written into y; returns y.
 
     scale: float32 [N] or None; bias: [N] (any float type) or None; pre / post: (activation code, p0, p1) as
     `kernels.activations.activation_args` gives them; quant_y: 0 (cast to y's type), 1 (int8) or 2 (E4M3) with
-    y_inv_scale; small_sums: the caller vouches that b keeps every int8 sum within ±2^22
-    (`kernels.quantize.small_sums`), which then becomes float32 without a conversion instruction (E4M3's sums are
-    float already). Check `problem` first: a config it refuses raises here."""
+    y_inv_scale. Check `problem` first: a config it refuses raises here."""
     reason = problem(a, b, y, z, config)
     if reason is not None:
         raise ValueError(f"gemm_ws {config}: {reason}")
@@ -532,7 +525,7 @@ def gemm_ws(
     geometry = (triton.cdiv(m, bm), n, steps, steps, k, 1, 1, 0, 0, 1, 1)
     _launch(
         [_descriptor(a, [bm, bk])], _descriptor(b, [bn, bk]), z_desc, y_desc, y, config, geometry, False, 1,
-        scale, bias, z_scale, pre, post, quant_y, y_inv_scale, small_sums,
+        scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
     )  # fmt: skip
     return y
 
@@ -560,7 +553,6 @@ def conv_ws(
     post: tuple[int, float, float] = (0, 0.0, 0.0),
     quant_y: int = 0,
     y_inv_scale: float = 1.0,
-    small_sums: bool = False,
 ) -> torch.Tensor:
     """A convolution of one group over channels_last tensors: x [N, C, H, W], w from `pack_conv_weight`, y (and
     z) [N, C_out, OH, OW]; each tile a box of output pixels (`spatial_box`) whose taps read the same box of input
@@ -587,7 +579,7 @@ def conv_ws(
         # a product over pixel rows, no box lanes wasted; rows(y) of a dense tensor is a view: written in place
         gemm_ws(
             rows(x), w, rows(y), config, scale=scale, bias=bias, z=None if z is None else rows(z), z_scale=z_scale,
-            pre=pre, post=post, quant_y=quant_y, y_inv_scale=y_inv_scale, small_sums=small_sums,
+            pre=pre, post=post, quant_y=quant_y, y_inv_scale=y_inv_scale,
         )  # fmt: skip
         return y
     nhwc = x.permute(0, 2, 3, 1)  # a view; TMA takes its strides
@@ -619,6 +611,6 @@ def conv_ws(
     )  # fmt: skip
     _launch(
         [_descriptor(source, [*box, bk]) for source in sources], _descriptor(w, [bn, bk]), z_desc, y_desc, y,
-        config, geometry, True, kernel[1], scale, bias, z_scale, pre, post, quant_y, y_inv_scale, small_sums,
+        config, geometry, True, kernel[1], scale, bias, z_scale, pre, post, quant_y, y_inv_scale,
     )  # fmt: skip
     return y

@@ -64,7 +64,7 @@ def _epilogue(
     y, syn, syc, syh, syw,
     pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
-    QUANT_Y: tl.constexpr, SMALL_SUMS: tl.constexpr,
+    QUANT_Y: tl.constexpr,
 ):  # fmt: skip
     """Store `post(pre(acc + bias) + Z · z_scale)` for output pixels `rows` × channels `cols` of group g (z_scale
     1 for a float Z, its scale for a quantized one); a quantized product (`QUANT` 1 or 2) is first dequantized,
@@ -78,9 +78,7 @@ def _epilogue(
     col_ok = cols < KG
     mask = (rows < M)[:, None] & col_ok[None, :]
     narrow: tl.constexpr = QUANT_Y != 0 or y.dtype.element_ty.primitive_bitwidth <= 16
-    acc = dequantize_bias_pre(
-        acc, channels, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE, narrow, SMALL_SUMS
-    )
+    acc = dequantize_bias_pre(acc, channels, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE, narrow)
     if HAS_RES:
         res_rows = image * srn + oh * srh + ow * srw
         z = tl.load(res + res_rows[:, None] + (channels * src)[None, :], mask=mask, other=0.0)
@@ -108,7 +106,7 @@ def _conv2d_igemm(
     DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr,
-    X_CHANNELS: tl.constexpr, QUANT_Y: tl.constexpr, SMALL_SUMS: tl.constexpr,
+    X_CHANNELS: tl.constexpr, QUANT_Y: tl.constexpr,
     W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -120,8 +118,7 @@ def _conv2d_igemm(
     QUANT: 0 float, 1 int8, 2 float8 E4M3 (w is then quantized, w_scale its per-channel scales, x_scale the
     input's); QUANTIZE_X: x is float and is quantized as it is loaded, multiplied by x_inv_scale, or with
     X_CHANNELS by x_inv[channel] (float32, one per input channel); QUANT_Y: y is
-    of the quantized type and the result is quantized as it is stored, multiplied by y_inv_scale; SMALL_SUMS: the
-    int8 sums are bounded by 2^22 (`epilogue.sums_to_float`).
+    of the quantized type and the result is quantized as it is stored, multiplied by y_inv_scale.
     """
     # The channel counts and pixel strides arrive divided by ALIGN: multiplied back here, their divisibility is
     # known to the compiler (vector loads along channels), which Triton's own specialization gives only for 16.
@@ -235,7 +232,7 @@ def _conv2d_igemm(
         _epilogue(
             acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
             pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
-            QUANT_Y, SMALL_SUMS,
+            QUANT_Y,
         )  # fmt: skip
 
 
@@ -246,7 +243,7 @@ def _split_k_epilogue(
     y, syn, syc, syh, syw,
     pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
-    QUANT_Y: tl.constexpr, SMALL_SUMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUANT_Y: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Sum the `splits` partial products of one tile (float32 in split order; int8 products' int32 ones exactly)
     and apply the epilogue once."""
@@ -265,7 +262,7 @@ def _split_k_epilogue(
     _epilogue(
         acc, rows, cols, g, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
         pre0, pre1, post0, post1, w_scale, x_scale, y_inv_scale, z_scale, HAS_BIAS, HAS_RES, PRE, POST, QUANT,
-        QUANT_Y, SMALL_SUMS,
+        QUANT_Y,
     )  # fmt: skip
 
 
@@ -685,7 +682,7 @@ def _scaled(strides: Sequence[int], align: int) -> tuple[int, ...]:
 def _launch(
     name: str, x, weight, bias, residual, y, out_shape, strides, pads_begin, dilations, pre, post, cfg, *,
     dot_precision: str = "ieee", quant: int = 0, weight_scale: torch.Tensor | None = None, x_scale: float = 1.0,
-    x_inv_channels: torch.Tensor | None = None, y_scale: float = 0.0, z_scale: float = 0.0, small_sums: bool = False,
+    x_inv_channels: torch.Tensor | None = None, y_scale: float = 0.0, z_scale: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel (and with split-K the epilogue kernel) into `y`; operands checked by the caller."""
     n, _, oh, ow = out_shape
@@ -699,7 +696,7 @@ def _launch(
         problem = conv_tma.launch(
             x, weight, _k_major(name, weight), bias, residual, y, (strides, pads_begin, dilations), pre, post, cfg,
             dot_precision=dot_precision, quant=quant, weight_scale=weight_scale, x_scale=x_scale, y_scale=y_scale,
-            z_scale=z_scale, small_sums=small_sums,
+            z_scale=z_scale,
         )  # fmt: skip
         if problem is None:
             return y
@@ -730,7 +727,7 @@ def _launch(
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
         SPLIT=plan.splits > 1, DOT_PRECISION=dot_precision,
         QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, X_CHANNELS=x_inv_channels is not None,
-        QUANT_Y=quant_y, SMALL_SUMS=small_sums,
+        QUANT_Y=quant_y,
         W_K_MAJOR=_k_major(name, weight), ALIGN=align,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -742,7 +739,7 @@ def _launch(
             bias if bias is not None else y, res, *res_strides,
             y, *y.stride(), *epilogue_args,
             HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0], QUANT=quant,
-            QUANT_Y=quant_y, SMALL_SUMS=small_sums, BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
+            QUANT_Y=quant_y, BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
         )  # fmt: skip
     return y
 
@@ -801,7 +798,6 @@ def conv2d_nhwc_quantized(
     y_scale: float = 0.0,
     z_scale: float = 0.0,
     x_inv_channels: torch.Tensor | None = None,
-    small_sums: bool = False,
 ) -> torch.Tensor:
     """The int8 or float8 E4M3 convolution `post(pre(Σ q_x·q_w · (x_scale · weight_scale[c]) + bias) + residual)`
     into (N, Cout, *out_hw) of `out_dtype`, channels_last, or into `out`.
@@ -830,9 +826,6 @@ def conv2d_nhwc_quantized(
     contiguous, on x's device) instead of `x · (1/x_scale)`; the dequantization stays `x_scale · weight_scale[o]`,
     so the channels' scales belong in weight_scale: exact for a depthwise convolution, whose output channel o
     reads input channel o // (Cout / Cin) alone (`ops.fused.dequantize_scales`).
-    `small_sums`: the caller vouches that the weight keeps every int8 sum within ±2^22
-    (`kernels.quantize.small_sums` of the unpacked weight): the sums then become float32 without a conversion
-    instruction (the same values). Ignored for E4M3.
 
     How to call it, for a Conv with weight `w` (Cout, Cin/G, KH, KW), input scale `s_x` and NHWC `x`::
 
@@ -865,7 +858,6 @@ def conv2d_nhwc_quantized(
         "conv2d_nhwc_quantized", x, weight_q, bias, residual, y, out_shape, strides, pads_begin, dilations,
         pre, post, cfg, quant=quant, weight_scale=weight_scale, x_scale=float(x_scale), y_scale=float(y_scale),
         z_scale=float(z_scale), x_inv_channels=_check_channels(x, weight_q, x_inv_channels),
-        small_sums=small_sums and quant == 1,
     )  # fmt: skip
 
 
@@ -924,6 +916,6 @@ def conv_epilogue_nhwc(
         bias if bias is not None else out, res, *(residual.stride() if residual is not None else (0, 0, 0, 0)),
         out, *out.stride(), *pre[1:], *post[1:], out, 1.0, 1.0, 1.0,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0], QUANT=0, QUANT_Y=0,
-        SMALL_SUMS=False, BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
+        BLOCK_M=_REDUCE_BLOCK_M, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
     )  # fmt: skip
     return out

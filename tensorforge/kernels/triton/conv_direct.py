@@ -78,7 +78,7 @@ def _conv2d_direct(
                 acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
     _epilogue(
         acc, rows, cols, 0, M, OH, OW, KG, bias, res, srn, src, srh, srw, y, syn, syc, syh, syw,
-        pre0, pre1, post0, post1, y, 1.0, 1.0, 1.0, HAS_BIAS, HAS_RES, PRE, POST, 0, 0, False,
+        pre0, pre1, post0, post1, y, 1.0, 1.0, 1.0, HAS_BIAS, HAS_RES, PRE, POST, 0, 0,
     )  # fmt: skip
 
 

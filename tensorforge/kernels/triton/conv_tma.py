@@ -59,8 +59,8 @@ def _conv_tma(
     KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
-    QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, SMALL_SUMS: tl.constexpr,
-    W_K_MAJOR: tl.constexpr, DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, SWAP: tl.constexpr,
+    QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """[BLOCK_M, BLOCK_N] output tiles: BLOCK_M pixels (M of them with rows, BI·BH·BW boxes of the (IMAGES, OH,
@@ -82,15 +82,15 @@ def _conv_tma(
             _conv_tile(
                 tile, m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
                 pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH,
-                BW, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, SMALL_SUMS, W_K_MAJOR, DOT_PRECISION,
-                SWAP, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                BW, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, SWAP,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _conv_tile(
             tl.program_id(0), m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
             pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH, BW,
-            HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, SMALL_SUMS, W_K_MAJOR, DOT_PRECISION, SWAP,
-            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, SWAP, BLOCK_M,
+            BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -101,8 +101,8 @@ def _conv_tile(
     KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
-    QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, SMALL_SUMS: tl.constexpr,
-    W_K_MAJOR: tl.constexpr, DOT_PRECISION: tl.constexpr, SWAP: tl.constexpr,
+    QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """Output tile number `tile` of `_conv_tma`."""
@@ -160,9 +160,7 @@ def _conv_tile(
     cols = off_n + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     narrow: tl.constexpr = QUANT_Y != 0 or y_desc.dtype.primitive_bitwidth <= 16
-    acc = dequantize_bias_pre(
-        acc, cols, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE, narrow, SMALL_SUMS
-    )
+    acc = dequantize_bias_pre(acc, cols, col_ok, w_scale, x_scale, bias, pre0, pre1, QUANT, HAS_BIAS, PRE, narrow)
     if HAS_RES:
         if BOXES:
             z = tl.reshape(z_desc.load([i0, oh0, ow0, off_n]), [BLOCK_M, BLOCK_N])
@@ -299,7 +297,7 @@ def hopper_problem(device: torch.device) -> str | None:
 def launch(
     x: torch.Tensor, weight: torch.Tensor, k_major: bool, bias: torch.Tensor | None, residual: torch.Tensor | None,
     y: torch.Tensor, geometry: tuple, pre, post, cfg, *, dot_precision: str, quant: int,
-    weight_scale: torch.Tensor | None, x_scale: float, y_scale: float, z_scale: float, small_sums: bool = False,
+    weight_scale: torch.Tensor | None, x_scale: float, y_scale: float, z_scale: float,
 ) -> str | None:  # fmt: skip
     """Run the TMA kernel into `y` (operands checked by `conv`'s callers; `geometry` as `tma_problem` takes it);
     returns why it did not run (`tma_problem`'s reason, or which operand's strides or address TMA cannot
@@ -338,8 +336,7 @@ def launch(
         (m_tiles, bm, bn), cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent,
         KH=kh, KW=kw, PH=pads_begin[0], PW=pads_begin[1], BOXES=box is not None, BI=bi, BH=bh, BW=bw,
         PRE=pre[0], POST=post[0], QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype,
-        QUANT_Y=quant if y_scale else 0, SMALL_SUMS=small_sums, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision,
-        SWAP=cfg.swap, BLOCK_K=bk,
+        QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, SWAP=cfg.swap, BLOCK_K=bk,
     )  # fmt: skip
     return None
 
@@ -369,14 +366,14 @@ def gemm_rows(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, y: torch.Tensor,
     pre, post, tile: tuple[int, int, int, int, int, int], dot_precision: str = "ieee", *, quant: int = 0,
     weight_scale: torch.Tensor | None = None, x_scale: float = 1.0, y_scale: float = 0.0, z_scale: float = 0.0,
-    persistent: int = 0, small_sums: bool = False,
+    persistent: int = 0,
 ) -> str | None:  # fmt: skip
     """`Y = post(pre(A · B + bias) + residual)` for 2-D A [M, K], B [K, N] (either of its axes contiguous: a
     weight stored [N, K] is read K-major), bias [N] (contiguous) and residual, Y [M, N] rows, through the rows
     kernel; `tile` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages). Quantized (`quant` 1 int8, 2 E4M3: B of
     that type, A too or float and quantized on load by `x_scale`): `A · B · x_scale · weight_scale[n]`, and
     with `y_scale` Y requantized as it is stored, and a quantized residual added as residual · z_scale, as
-    `conv2d_nhwc_quantized` (`small_sums` as its). `persistent`: programs per
+    `conv2d_nhwc_quantized`. `persistent`: programs per
     multiprocessor walking the tiles (0: one per tile). Returns why TMA cannot take the operands, None when it
     ran."""
     problem = hopper_problem(a.device)
@@ -402,8 +399,7 @@ def gemm_rows(
         (m, 1, 1, 1, n, k), (*pre[1:], *post[1:]), (x_scale, y_scale, z_scale),
         (triton.cdiv(m, block_m), block_m, block_n), group_m, warps, stages, persistent, KH=1, KW=1, PH=0, PW=0,
         BOXES=False, BI=1, BH=1, BW=1, PRE=pre[0], POST=post[0], QUANT=quant,
-        QUANTIZE_X=quant != 0 and a.dtype != b.dtype, QUANT_Y=quant if y_scale else 0,
-        SMALL_SUMS=small_sums and quant == 1, W_K_MAJOR=k_major,
+        QUANTIZE_X=quant != 0 and a.dtype != b.dtype, QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major,
         DOT_PRECISION=dot_precision, SWAP=False, BLOCK_K=block_k,
     )  # fmt: skip
     return None

@@ -10,9 +10,8 @@ libdevice's erff; reciprocals and powers of two are PTX's approximate ones on th
 Clamps are written as selects so that NaN propagates, as in the reference (min/max would drop it); ReLU is a
 NaN-propagating maximum.
 `quantize(v, inv_scale, QUANT)` rounds a float block onto the int8 (1) or float8 E4M3 (2) grid, for kernels
-that quantize an operand as they load it or a result as they store it, `widen(z)` reads a quantized block back
-as float32 and `sums_to_float` an int8 product's int32 sums, where the weight bounds them; none uses a conversion
-instruction for int8. `dequantize_bias_pre` is the head of the
+that quantize an operand as they load it or a result as they store it, and `widen(z)` reads a quantized block back
+as float32; neither uses a conversion instruction for int8. `dequantize_bias_pre` is the head of the
 convolution kernels' epilogue.
 """
 
@@ -27,15 +26,7 @@ import triton.language as tl
 from ..activations import ACTIVATION_CODES, GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16, activation_args
 from ..quantize import KINDS
 
-__all__ = [
-    "ACTIVATION_CODES",
-    "activate",
-    "activation_args",
-    "dequantize_bias_pre",
-    "quantize",
-    "sums_to_float",
-    "widen",
-]
+__all__ = ["ACTIVATION_CODES", "activate", "activation_args", "dequantize_bias_pre", "quantize", "widen"]
 
 
 # On the GPU a reciprocal and a power of two are PTX's approximate flush-to-zero instructions, one MUFU each (at most
@@ -188,25 +179,15 @@ def widen(z):
 
 
 @triton.jit
-def sums_to_float(acc, SMALL_SUMS: tl.constexpr):
-    """A product's sums as float32: int32 sums known to lie within ±2^22 (`SMALL_SUMS`, from the weight:
-    `kernels.quantize.small_sums`) through the rounding constant's bits, exactly, without the conversion
-    instruction; any other sums converted."""
-    if SMALL_SUMS and acc.dtype == tl.int32:
-        return (acc + _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC
-    return acc.to(tl.float32)
-
-
-@triton.jit
 def dequantize_bias_pre(
     acc, channels, ok, w_scale, x_scale, bias, pre0, pre1, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PRE: tl.constexpr, NARROW: tl.constexpr = False, SMALL_SUMS: tl.constexpr = False,
+    PRE: tl.constexpr, NARROW: tl.constexpr = False,
 ):  # fmt: skip
     """The head of FusedConv's epilogue on an accumulator tile whose columns are output `channels` (`ok`: those
     inside): a quantized product (`QUANT` 1 or 2) dequantized, `acc · (x_scale · w_scale[channel])`, then
-    `pre(acc + bias)`, in float32 (`NARROW` as `activate`'s; `SMALL_SUMS` as `sums_to_float`'s)."""
+    `pre(acc + bias)`, in float32 (`NARROW` as `activate`'s)."""
     if QUANT != 0:
-        acc = sums_to_float(acc, SMALL_SUMS) * (x_scale * tl.load(w_scale + channels, mask=ok, other=0.0))[None, :]
+        acc = acc.to(tl.float32) * (x_scale * tl.load(w_scale + channels, mask=ok, other=0.0))[None, :]
     if HAS_BIAS:
         acc += tl.load(bias + channels, mask=ok, other=0.0).to(tl.float32)[None, :]
     return activate(acc, PRE, pre0, pre1, NARROW)
