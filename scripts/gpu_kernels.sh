@@ -30,6 +30,8 @@
 #             PROFILE_CANDIDATES="name ..." lists every candidate timed for the layers whose names contain those)
 #   stem      bench/stem.py: ResNet-50's stem in its parts (space to depth, per tap and per row of taps, fp16 and int8)
 #             beside cuDNN (STEM_BATCH=256, STEM_S=150)
+#   epilogue8 bench/int8_epilogue.py: an int8 layer's epilogue in several forms, each in its own process
+#             (EPILOGUE8_S=240, EPILOGUE8_BATCH=256)
 #   merge     bench/residual_merge.py: ResNet-50's projection shortcuts as today's two layers against one convolution
 #             over the concatenation, each autotuned over every family (fp16; MERGE_BATCH=256, MERGE_S=300,
 #             MERGE_STAGES="layer1 layer2 layer3 layer4")
@@ -175,6 +177,11 @@ for stage in $stages; do
     stem)
       timeout "${STEM_S:-150}" python3 bench/stem.py --batch "${STEM_BATCH:-256}" --out "$out" > "$out/stem.txt" 2>&1
       cat "$out/stem.txt" | cut -c1-160 | tail -12
+      ;;
+    epilogue8)
+      timeout "${EPILOGUE8_S:-240}" python3 bench/int8_epilogue.py --batch "${EPILOGUE8_BATCH:-256}" --out "$out" \
+        > "$out/epilogue8.txt" 2>&1
+      cut -c1-220 "$out/epilogue8.txt" | tail -9
       ;;
     merge)
       # shellcheck disable=SC2086 - MERGE_STAGES is a list of names

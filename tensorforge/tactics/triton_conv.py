@@ -346,7 +346,7 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
         return s2d_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
-        return tma_configs(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
+        return stem_tiles(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
         return fit_configs(self.space(effort), s2d_channels(node), node.inputs[1].shape[0])
@@ -391,7 +391,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         return problem
 
     def space(self, effort: int) -> list[dict[str, Any]]:
-        return tma_configs(effort, quantized=True) + quantized_conv_configs(effort)
+        return stem_tiles(effort, quantized=True) + quantized_conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
         return fit_configs(self.space(effort), s2d_channels(node), node.inputs[1].shape[0], 32)
@@ -426,6 +426,14 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
             return (y,)
 
         return kernel
+
+
+def stem_tiles(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
+    """The TMA tiles of a space-to-depth stem: `tma_configs(effort)` and, at any effort, the 256-pixel tile computed
+    transposed (the stem's 64 output channels as the products' M, its pixels as their N): ResNet-50's int8 stem at
+    batch 256 ran it in 0.347 ms against 0.392 for the best effort-0 tile on an H100 (`bench/stem.py`)."""
+    tiles = tma_configs(effort, quantized)
+    return tiles + [c for c in tma_configs(1, quantized) if c["swap"] and c not in tiles]
 
 
 @register_tactic
