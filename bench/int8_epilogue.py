@@ -3,12 +3,12 @@ residual, ReLU, int8 out) on the warp-specialized Gluon kernel, and its first 3�
 the epilogue's helpers (`kernels.triton.epilogue.widen` and `quantize`) replaced by other forms of the same
 arithmetic, each form in its own process (Triton keys its compiled kernels by their helpers' source):
 
-- base: as the library has them (the residual widened through the rounding constant's bits, the result
-  clipped to [−128, 127] and rounded through them);
+- base: as the library has them (the residual widened through the rounding constant's bits; after the ReLU the
+  result clipped to 127 only, `NONNEG`, and rounded through those bits);
+- clip-both: the result clipped to [−128, 127] as before `NONNEG`;
 - widen-cvt: the residual converted with `cvt` (one `I2F.S8` against PRMT + integer add + float subtract);
-- nonneg: no lower clip (after a ReLU the value is ≥ 0 or NaN; NaN then saturates high instead of low);
-- folded: nonneg, and 1 / y_scale folded into the column scales and the residual's scale on the host (ReLU is
-  positively homogeneous), so the epilogue does not multiply by it;
+- folded: 1 / y_scale folded into the column scales and the residual's scale on the host (ReLU is positively
+  homogeneous), so the epilogue does not multiply by it;
 - widen-cvt+folded: both.
 
 Every form's int8 output is checked against the base form's: equal, or (folded) off by one step where the base
@@ -51,14 +51,13 @@ def _widen_cvt(z):
 
 
 @triton.jit
-def _quantize_nonneg(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False):
-    v = v.to(tl.float32) * inv_scale
-    v = tl.minimum(v, 127.0) + _MAGIC
+def _quantize_clip_both(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False):
+    v = tl.minimum(tl.maximum(v.to(tl.float32) * inv_scale, -128.0), 127.0) + _MAGIC
     return v.to(tl.int32, bitcast=True).to(tl.int8)
 
 
 @triton.jit
-def _quantize_folded(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False):
+def _quantize_folded(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False):
     v = tl.minimum(v.to(tl.float32), 127.0) + _MAGIC
     return v.to(tl.int32, bitcast=True).to(tl.int8)
 
@@ -66,7 +65,7 @@ def _quantize_folded(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = 
 FORMS = {  # name: (widen, quantize, 1 / y_scale folded into the scales)
     "base": (None, None, False),
     "widen-cvt": (_widen_cvt, None, False),
-    "nonneg": (None, _quantize_nonneg, False),
+    "clip-both": (None, _quantize_clip_both, False),
     "folded": (None, _quantize_folded, True),
     "widen-cvt+folded": (_widen_cvt, _quantize_folded, True),
 }

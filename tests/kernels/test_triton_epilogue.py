@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from tensorforge.kernels.activations import GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16
-from tensorforge.kernels.triton.epilogue import ACTIVATION_CODES, activate, activation_args
+from tensorforge.kernels.triton.epilogue import ACTIVATION_CODES, activate, activation_args, quantize
 from tensorforge.ops.fused import ACTIVATIONS, apply_activation
 from tests.helpers import DEVICES
 
@@ -92,3 +92,34 @@ def test_gelu_tail_of_degree_5_is_within_its_stated_error():
     tail = t * np.exp2(np.polynomial.polynomial.polyval(t, GELU_TAIL_16) - GELU_SQUARE * a * a)
     exact = np.array([math.erfc(v / math.sqrt(2.0)) / 2.0 for v in a])
     assert np.max(np.abs(tail / exact - 1.0)) < 1.2e-5
+
+
+@triton.jit
+def _quantize_relu(x, y, n, inv_scale, QUANT: tl.constexpr, NONNEG: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    value = activate(tl.load(x + offsets, mask=inside), ACTIVATION_CODES["Relu"], 0.0, 0.0)
+    tl.store(y + offsets, quantize(value, inv_scale, QUANT, NONNEG=NONNEG), mask=inside)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", [torch.int8, torch.float8_e4m3fn], ids=["int8", "e4m3"])
+def test_a_relu_output_quantizes_the_same_without_the_lower_clip(device, kind):
+    """`quantize(..., NONNEG=True)` after a ReLU gives the same values as with both clips (zeros, ties, values
+    past the top saturating), for int8 and E4M3; an int8 NaN saturates to 127 (to −128 with both clips). E4M3 on
+    the GPU only: the interpreter's float8 cast does not round to nearest."""
+    if kind == torch.float8_e4m3fn and device == "cpu":
+        pytest.skip("the interpreter's float32 → float8 cast does not round to nearest")
+    torch.manual_seed(4)
+    x = torch.cat([torch.randn(500) * 200, torch.tensor([0.0, -0.0, 2.5, 3.5, -7.0, 1e6, float("nan")])]).to(device)
+    quant = 1 if kind == torch.int8 else 2
+    got = {}
+    for nonneg in (False, True):
+        y = torch.full(x.shape, 77, dtype=torch.int8, device=device).view(kind)
+        _quantize_relu[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), 0.9, quant, nonneg, BLOCK=128)
+        got[nonneg] = y.view(torch.int8)
+    assert torch.equal(got[False][:-1], got[True][:-1])
+    if kind == torch.int8:
+        assert (got[False][-1].item(), got[True][-1].item()) == (-128, 127)
+        want = torch.relu(x[:-1]).mul(torch.tensor(0.9, device=device)).round().clamp(-128, 127).to(torch.int8)
+        assert torch.equal(got[True][:-1], want)

@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..triton.conv_tma import spatial_box
-from ..triton.epilogue import activate, quantize, widen
+from ..triton.epilogue import RELU, activate, quantize, widen
 
 # Triton 3.7 renamed the TMA copies (3.6 is the oldest Gluon this kernel is written for).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -223,7 +223,7 @@ def _consumer(
             v = v + widen(z) * z_scale
         v = activate(v, POST, post0, post1, NARROW)
         if QUANT_Y:
-            out = quantize(v, y_inv_scale, QUANT_Y)
+            out = quantize(v, y_inv_scale, QUANT_Y, NONNEG=POST == RELU)
         else:
             out = v.to(y_desc.dtype)
         tma.store_wait(pendings=0)  # this consumer's previous tile has left its buffer

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from . import conv_tma
-from .epilogue import QUANT_CODES, activate, activation_args, dequantize_bias_pre, quantize, widen
+from .epilogue import QUANT_CODES, RELU, activate, activation_args, dequantize_bias_pre, quantize, widen
 from .tiles import swizzle, wave_slots
 
 Activation = tuple[int, float, float]  # (code, p0, p1) as `epilogue.activation_args` gives them
@@ -86,7 +86,7 @@ def _epilogue(
     acc = activate(acc, POST, post0, post1, narrow)
     out_rows = image * syn + oh * syh + ow * syw
     if QUANT_Y != 0:
-        out = quantize(acc, y_inv_scale, QUANT_Y)
+        out = quantize(acc, y_inv_scale, QUANT_Y, NONNEG=POST == RELU)
     else:
         out = acc.to(y.dtype.element_ty)
     tl.store(y + out_rows[:, None] + (channels * syc)[None, :], out, mask=mask)

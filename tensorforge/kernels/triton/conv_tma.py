@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .epilogue import activate, dequantize_bias_pre, quantize, widen
+from .epilogue import RELU, activate, dequantize_bias_pre, quantize, widen
 from .tiles import swizzle, wave_slots
 
 _ALIGN_BYTES = 16  # TMA: global addresses and every stride but the last in multiples of 16 bytes
@@ -169,7 +169,7 @@ def _conv_tile(
         acc += widen(z) * z_scale
     acc = activate(acc, POST, post0, post1, narrow)
     if QUANT_Y != 0:
-        out = quantize(acc, y_inv_scale, QUANT_Y)
+        out = quantize(acc, y_inv_scale, QUANT_Y, NONNEG=POST == RELU)
     else:
         out = acc.to(y_desc.dtype)
     if BOXES:  # pixels and channels outside the output are not written

@@ -26,7 +26,7 @@ import triton.language as tl
 from ..activations import ACTIVATION_CODES, GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16, activation_args
 from ..quantize import KINDS
 
-__all__ = ["ACTIVATION_CODES", "activate", "activation_args", "dequantize_bias_pre", "quantize", "widen"]
+__all__ = ["ACTIVATION_CODES", "RELU", "activate", "activation_args", "dequantize_bias_pre", "quantize", "widen"]
 
 
 # On the GPU a reciprocal and a power of two are PTX's approximate flush-to-zero instructions, one MUFU each (at most
@@ -149,22 +149,31 @@ def quant_code(kind: str) -> int:
     return QUANT_CODES[KINDS[kind][0]]
 
 
+RELU = tl.constexpr(ACTIVATION_CODES["Relu"])
+
+
 @triton.jit
-def quantize(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False):
+def quantize(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False):
     """A float block on the quantized grid: `v · inv_scale` in float32, clipped, then int8 rounding half to even
     or E4M3 rounding to nearest even (its clip as selects, so NaN stays NaN; an int8 has no NaN, and a NaN clips
-    to a bound). A stored int8 result is the low byte of the rounding sum's bits (no conversion instruction); an
-    `OPERAND` (quantized on load, for the tensor cores) is converted with `cvt`: rounded through the bits, the
-    operands of a 128×16-tile layer quantizing float32 on load gave wrong products with Triton 3.6 on the H200
-    (every output 0), while stored results rounded that way were exact in every test and engine build."""
+    to a bound). `NONNEG`: v is ≥ 0 or NaN (a ReLU's output, `POST == RELU`), so the lower clip is left out, one
+    instruction of an epilogue's dozen (an int8 NaN then saturates to 127 instead of −128). A stored int8 result
+    is the low byte of the rounding sum's bits (no conversion instruction); an `OPERAND` (quantized on load, for
+    the tensor cores) is converted with `cvt`: rounded through the bits, the operands of a 128×16-tile layer
+    quantizing float32 on load gave wrong products with Triton 3.6 on the H200 (every output 0), while stored
+    results rounded that way were exact in every test and engine build."""
     v = v.to(tl.float32) * inv_scale
     if QUANT == 1:
-        v = tl.minimum(tl.maximum(v, -128.0), 127.0) + _MAGIC
+        if not NONNEG:
+            v = tl.maximum(v, -128.0)
+        v = tl.minimum(v, 127.0) + _MAGIC
         if OPERAND:
             return (v - _MAGIC).to(tl.int8)
         return v.to(tl.int32, bitcast=True).to(tl.int8)
     else:
-        v = tl.where(v < -448.0, -448.0, tl.where(v > 448.0, 448.0, v))
+        if not NONNEG:
+            v = tl.where(v < -448.0, -448.0, v)
+        v = tl.where(v > 448.0, 448.0, v)
         return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
 
 
