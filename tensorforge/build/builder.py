@@ -367,6 +367,7 @@ class Builder:
             done = precompile(
                 model, dict(env), self.device, effort=self.config.effort, precisions=precisions,
                 families=self.config.tactic_families, constants=constants, workers=compile_workers(self.device),
+                cache=cache,
             )  # fmt: skip
             tuning["precompile_s"] = tuning.get("precompile_s", 0.0) + done.seconds
             tuning["precompiled"] = tuning.get("precompiled", 0) + done.submitted

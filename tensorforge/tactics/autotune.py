@@ -156,6 +156,12 @@ def layer_signature(node: Node, inputs: Sequence[torch.Tensor | None], device: t
     return key, describe(op, shapes, dtypes, layout)
 
 
+def layer_key(node: Node, inputs: Sequence[torch.Tensor | None], device: torch.device) -> str:
+    """The timing-cache key `autotune` files `node`'s candidates under, for its inputs as the producers deliver
+    them (None for constants: the graph's give their shapes and types where they are)."""
+    return layer_signature(node, _with_constants(node, inputs, torch.device("cpu")), device)[0]
+
+
 def _strided(tensor: torch.Tensor | None) -> bool:
     """A view whose strides are not the contiguous ones (a transposed or reshaped channels_last map): the
     kernels' speed depends on them, so its timings are kept apart from a contiguous tensor's."""

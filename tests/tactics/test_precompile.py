@@ -16,8 +16,11 @@ from tensorforge.build.config import BuildConfig
 from tensorforge.frontend import import_model
 from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics import base
+from tensorforge.tactics.autotune import layer_key
 from tensorforge.tactics.base import Tactic
 from tensorforge.tactics.precompile import precompile
+from tensorforge.tactics.timing import Timing
+from tensorforge.tactics.timing_cache import TimingCache
 from tensorforge.tactics.vendor import ReferenceTactic
 from tests.helpers import make_model, tensor_info
 
@@ -128,3 +131,25 @@ def test_the_build_config_keeps_the_switch():
     off = BuildConfig(device="cpu", precompile=False)
     assert BuildConfig.from_dict(off.to_dict()) == off
     assert BuildConfig.from_dict({k: v for k, v in off.to_dict().items() if k != "precompile"}).precompile
+
+
+def test_candidates_the_timing_cache_holds_are_not_compiled(compiling, monkeypatch):
+    """A rebuild with the cache of an earlier build: the first layer's candidates are timed in it under the key of
+    fp16 channels_last inputs (what the layers before it would hand it in an fp16 build), so they are left to the
+    tuning, which takes their times from the cache; the second layer's, not in it, are compiled."""
+    monkeypatch.setattr(compiling, "precisions", ("fp16", "fp32"))
+    model = _two_convs()
+    first, second = model.graph.nodes
+    cache = TimingCache()
+    x = torch.empty(2, 4, 10, 10, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    key = layer_key(first, [x, None], CPU)  # as the builder hands autotune a layer's inputs
+    timing = Timing.from_samples([1.0])
+    for precision, configs in (("fp16", compiling().space(1)), ("fp32", compiling().space(1)[:1])):
+        for config in configs:
+            cache.record(key, compiling().key, {"precision": precision, "layout": "any", **config}, timing)
+    done = precompile(
+        model, _env(model), CPU, effort=1, precisions=("fp32", "fp16"), families=None, constants={}, workers=2,
+        cache=cache,
+    )  # fmt: skip
+    assert {run[0] for run in compiling.runs} == {second.name}, compiling.runs
+    assert done.submitted == 3 + 1  # the second layer's fp16 configs and its fp32 first one
