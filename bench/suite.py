@@ -228,10 +228,11 @@ class Case:
         engines: Path | None = None,
         precompile: bool = True,
         families: tuple[str, ...] | None = None,
+        timing_caches: Path | None = None,
     ):
         self.name, self.batch, self.size, self.device = name, batch, size, device
         self.runs, self.warmup, self.effort, self.engines = runs, warmup, effort, engines
-        self.precompile, self.families = precompile, families
+        self.precompile, self.families, self.timing_caches = precompile, families, timing_caches
         self.built: dict[str, tuple[Engine, float]] = {}  # by precision: tensorforge and tensorforge-eager share one
         self.feeds = zoo.example_inputs(name, batch, size, seed=1)
         self.proto = zoo.export(name, batch=batch, size=size, dynamic_batch=False)
@@ -266,6 +267,10 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
         precisions = ("fp32", *half, precision)
         calibration = [{k: v.numpy() for k, v in case.feeds.items()}]
     with tempfile.TemporaryDirectory() as scratch:
+        seed = case.timing_caches / f"{case.name}-b{case.batch}-{precision}.timing.json" if case.timing_caches else None
+        if seed is not None and seed.exists():  # an earlier build's timings: only what they lack is compiled and timed
+            shutil.copyfile(seed, Path(scratch) / "timing.json")
+            print(f"{case.name} batch {case.batch} {precision}: timing cache seeded from {seed}", flush=True)
         config = BuildConfig(
             device=str(case.device),
             precisions=precisions,
@@ -301,8 +306,10 @@ def run_tensorforge(case: Case, precision: str, graphs: bool = True) -> Prepared
     for layer in engine.plans[0].layers:
         key = f"{layer.tactic} {layer.config.get('precision', '')}".strip()
         tactics[key] = tactics.get(key, 0) + 1
+    seed = case.timing_caches / f"{case.name}-b{case.batch}-{precision}.timing.json" if case.timing_caches else None
     measured = {
         "build_s": build_s,
+        "timing_cache_seeded": seed is not None and seed.exists(),  # the build time is then not a cold build's
         "error_vs_fp64": case.error(context.run(feeds)["output"]),
         "tuning": engine.report.get("tuning", {}),
         "tactics": dict(sorted(tactics.items(), key=lambda item: -item[1])),
@@ -532,7 +539,7 @@ def _cell(rows: Sequence[dict], row: dict | None) -> str:
     vs = "-" if ratio is None else f"{ratio:.2f}×"
     return (
         f"{row['ms']:.3f} ms · {row['throughput']:,.0f}/s · {vs} · {row['error_vs_fp64']:.1e} · "
-        f"build {row['build_s']:.1f} s"
+        f"build {row['build_s']:.1f} s" + (" (cached timings)" if row.get("timing_cache_seeded") else "")
     )
 
 
@@ -647,7 +654,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         for batch in args.batch or [1]:
             case = Case(
                 name, batch, size, device, args.runs, args.warmup, args.effort, args.engines, args.precompile,
-                tuple(args.families) if args.families else None,
+                tuple(args.families) if args.families else None, args.timing_caches,
             )  # fmt: skip
             pairs = []
             for precision in args.precision or ["fp32"]:
@@ -709,6 +716,14 @@ def run_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="keep each engine as DIR/MODEL-bBATCH-PREC.engine and its build's timing cache as "
         "DIR/MODEL-bBATCH-PREC.timing.json",
+    )
+    parser.add_argument(
+        "--timing-caches",
+        type=Path,
+        metavar="DIR",
+        help="start each tensorforge build from DIR/MODEL-bBATCH-PREC.timing.json where it exists (an earlier "
+        "--engines DIR): a rebuild on the same kind of device compiles and times only what the cache lacks; the "
+        "table marks such builds' times",
     )
     return parser
 

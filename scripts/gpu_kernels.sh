@@ -18,6 +18,8 @@
 #             quantized engines' `inspect` output: *.inspect.txt, which says the chainings tried and kept)
 #   int8      ResNet-50 engines in fp16, int8 and fp8 (INT8_S=500; INT8_BATCHES="1 256", INT8_PRECISIONS="fp16 int8 fp8";
 #             engines kept for `profile`; INT8_ARGS, e.g. "--families vendor triton fallback")
+#             (suite and int8: TIMING_CACHES=DIR starts each build from DIR/MODEL-bBATCH-PREC.timing.json, an earlier
+#             call's OUTPUT_DIR/engines carried back: on the same kind of device the build compiles a kernel a layer)
 #   layers    bench/quantized_layers.py: ResNet-50's quantized layers, quantized kernels against the float fallback
 #             (LAYERS="int8:always fp8:always" precision:chain pairs, LAYERS_BATCH=256, LAYERS_S=400 in all, LAYERS_ARGS)
 #   zoo       MobileNetV3 and EfficientNet-B0 fp16 at batch 1 and 256 against eager + graph and torch.compile (ZOO_S=500
@@ -92,7 +94,8 @@ for stage in $stages; do
     suite)
       # shellcheck disable=SC2086 - SUITE_ARGS is a list of arguments
       timeout "${SUITE_S:-400}" python3 bench/suite.py ${SUITE_ARGS:---models resnet50 --precision fp16} --merge \
-        --out "$out/suite" --engines "$out/engines" > "$out/suite.txt" 2>&1
+        --out "$out/suite" --engines "$out/engines" ${TIMING_CACHES:+--timing-caches "$TIMING_CACHES"} \
+        > "$out/suite.txt" 2>&1
       tail -25 "$out/suite.txt"
       for engine in "$out"/engines/*-int8.engine "$out"/engines/*-fp8.engine; do
         if [[ -f $engine ]]; then
@@ -107,7 +110,7 @@ for stage in $stages; do
       for precision in ${INT8_PRECISIONS:-fp16 int8 fp8}; do precisions+=(--precision "$precision"); done
       timeout "${INT8_S:-500}" python3 bench/suite.py --models resnet50 "${batches[@]}" --systems tensorforge \
         "${precisions[@]}" --effort 0 --runs 30 --merge --out "$out/suite" --engines "$out/engines" ${INT8_ARGS:-} \
-        > "$out/int8.txt" 2>&1
+        ${TIMING_CACHES:+--timing-caches "$TIMING_CACHES"} > "$out/int8.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/int8.txt" | cut -c1-160
       ;;
     layers)

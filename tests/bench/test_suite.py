@@ -120,6 +120,23 @@ def test_the_engines_measured_are_kept_and_load(tmp_path):
     assert len(timings) > 0
 
 
+def test_a_build_starts_from_the_timing_cache_an_earlier_one_kept(tmp_path):
+    """`--timing-caches DIR` seeds each build with the cache `--engines DIR` kept: the rebuild finds every layer's
+    timings there (no candidate timed again), and the table says its build time is not a cold build's."""
+    engines, again = tmp_path / "engines", tmp_path / "again"
+    suite.main([*TINY, "--systems", "tensorforge", "--engines", str(engines), "--out", str(tmp_path / "first")])
+    suite.main(
+        [*TINY, "--systems", "tensorforge", "--timing-caches", str(engines), "--engines", str(again), "--out",
+         str(again)]
+    )  # fmt: skip
+    _, rows = _rows(again)
+    (row,) = rows.values()
+    assert row["timing_cache_seeded"] and "(cached timings)" in (again / suite.RESULTS_MD).read_text()
+    first = TimingCache.load(engines / "inception-b1-fp32.timing.json")
+    report = suite.Engine.load(again / "inception-b1-fp32.engine").report["timing_cache"]
+    assert len(first) > 0 and report["entries_before"] == len(first) == report["entries"]  # nothing new to time
+
+
 def test_nothing_measured_writes_a_report_without_a_plot(tmp_path):
     suite.main([*TINY, "--systems", "eager+graph", "--out", str(tmp_path)])  # CUDA graphs: nothing on the CPU
     data, rows = _rows(tmp_path)
