@@ -85,7 +85,7 @@ def precompile(
             try:
                 args = [env[v] for v in node.inputs if v is not None and not v.is_const]
                 candidates = list(_compiling(node, opset, device, effort, precisions, families))
-                if cache is not None and candidates:
+                if cache and candidates:  # a cache with timings in it
                     inputs = [None if v is None or v.is_const else env[v] for v in node.inputs]
                     keys = _likely_keys(node, inputs, device, precisions)
                     candidates = [(t, c) for t, c in candidates if all(cache.get(k, t.key, c) is None for k in keys)]
