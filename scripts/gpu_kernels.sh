@@ -112,6 +112,11 @@ for stage in $stages; do
         "${precisions[@]}" --effort 0 --runs 30 --merge --out "$out/suite" --engines "$out/engines" ${INT8_ARGS:-} \
         ${TIMING_CACHES:+--timing-caches "$TIMING_CACHES"} > "$out/int8.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/int8.txt" | cut -c1-160
+      for engine in "$out"/engines/*-int8.engine "$out"/engines/*-fp8.engine; do
+        if [[ -f $engine ]]; then  # the layers' tactics and runner-ups, and the chainings tried
+          python3 -m tensorforge inspect "$engine" > "${engine%.engine}.inspect.txt" 2>&1
+        fi
+      done
       ;;
     layers)
       deadline=$(( $(date +%s) + ${LAYERS_S:-400} ))
