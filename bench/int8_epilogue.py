@@ -37,12 +37,9 @@ from tensorforge.kernels import quantize as quantizing
 from tensorforge.kernels.gluon import gemm as gluon_gemm
 from tensorforge.kernels.triton import conv_tma
 from tensorforge.kernels.triton.conv import conv2d_nhwc_quantized, fit_configs, pack_weight, tma_configs
-from tensorforge.kernels.triton.epilogue import activation_args
+from tensorforge.kernels.triton.epilogue import _MAGIC, activation_args  # the library's rounding constant
 from tensorforge.tactics.gluon_gemm import GemmConfig, conv_ws, gemm_ws_configs, pack_conv_weight
 from tensorforge.tactics.timing import measure
-
-_MAGIC = tl.constexpr(12582912.0)
-_MAGIC_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit

@@ -243,6 +243,13 @@ class Case:
             )
         del reference
 
+    def timing_cache_seed(self, precision: str) -> Path | None:
+        """The earlier build's timing cache this build starts from (`--timing-caches`), where there is one."""
+        if self.timing_caches is None:
+            return None
+        seed = self.timing_caches / f"{self.name}-b{self.batch}-{precision}.timing.json"
+        return seed if seed.exists() else None
+
     def error(self, output: Any) -> float:
         output = torch.as_tensor(output).to(self.reference.device)
         return relative_error(output, self.reference)
@@ -267,8 +274,8 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
         precisions = ("fp32", *half, precision)
         calibration = [{k: v.numpy() for k, v in case.feeds.items()}]
     with tempfile.TemporaryDirectory() as scratch:
-        seed = case.timing_caches / f"{case.name}-b{case.batch}-{precision}.timing.json" if case.timing_caches else None
-        if seed is not None and seed.exists():  # an earlier build's timings: only what they lack is compiled and timed
+        seed = case.timing_cache_seed(precision)
+        if seed is not None:  # an earlier build's timings: only what they lack is compiled and timed
             shutil.copyfile(seed, Path(scratch) / "timing.json")
             print(f"{case.name} batch {case.batch} {precision}: timing cache seeded from {seed}", flush=True)
         config = BuildConfig(
@@ -306,10 +313,9 @@ def run_tensorforge(case: Case, precision: str, graphs: bool = True) -> Prepared
     for layer in engine.plans[0].layers:
         key = f"{layer.tactic} {layer.config.get('precision', '')}".strip()
         tactics[key] = tactics.get(key, 0) + 1
-    seed = case.timing_caches / f"{case.name}-b{case.batch}-{precision}.timing.json" if case.timing_caches else None
     measured = {
         "build_s": build_s,
-        "timing_cache_seeded": seed is not None and seed.exists(),  # the build time is then not a cold build's
+        "timing_cache_seeded": case.timing_cache_seed(precision) is not None,  # then not a cold build's time
         "error_vs_fp64": case.error(context.run(feeds)["output"]),
         "tuning": engine.report.get("tuning", {}),
         "tactics": dict(sorted(tactics.items(), key=lambda item: -item[1])),

@@ -29,23 +29,17 @@ import torch
 
 from ..ir import Model, Node, Value
 from ..ir.walk import Walk
+from ..kernels.quantize import KINDS
 from ..ops.math_flags import full_float32
 from .autotune import build_layer_kernel, candidate_groups, layer_key, on_device
 from .base import Tactic, tactic_by_key
 from .timing_cache import TimingCache
-from .variant import ConstantCache
+from .variant import PRECISION_DTYPE, ConstantCache
 
 COMPILING_FAMILIES = ("triton", "gluon", "cuda")
 _LAYERS_IN_FLIGHT = 24  # layers whose candidates may be queued at once (they hold their inputs until compiled)
 # the activation type each precision a build allows may hand a layer (the timing cache keys its inputs' types)
-_ACTIVATION_TYPES = {
-    "fp32": torch.float32,
-    "tf32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "int8": torch.int8,
-    "fp8": torch.float8_e4m3fn,
-}
+_ACTIVATION_TYPES = {**PRECISION_DTYPE, "int8": KINDS["int8"][0], "fp8": KINDS["fp8e4m3"][0]}
 
 
 @dataclass(frozen=True)
