@@ -1,20 +1,19 @@
 """What an int8 layer's epilogue forms cost: ResNet-50's block-final 1×1 layers at batch 256 (int8 in, an int8
-residual, ReLU, int8 out) on the warp-specialized Gluon kernel, and its first 3×3 on Triton's TMA kernel, with
-the epilogue's helpers (`kernels.triton.epilogue.widen` and `quantize`) replaced by other forms of the same
-arithmetic, each form in its own process (Triton keys its compiled kernels by their helpers' source):
+residual, ReLU, int8 out) on the warp-specialized Gluon kernel and on Triton's TMA kernel, and two layers without a
+residual, with the epilogue's helpers replaced by other forms of the same arithmetic, each form in its own process
+(Triton keys its compiled kernels by their helpers' source):
 
-- base: as the library has them (the residual widened through the rounding constant's bits; after the ReLU the
-  result clipped to 127 only, `NONNEG`, and rounded through those bits);
-- clip-both: the result clipped to [−128, 127] as before `NONNEG`;
-- widen-cvt: the residual converted with `cvt` (one `I2F.S8` against PRMT + integer add + float subtract);
-- folded: 1 / y_scale folded into the column scales and the residual's scale on the host (ReLU is positively
-  homogeneous), so the epilogue does not multiply by it;
-- widen-cvt+folded: both.
+- base: as the library has them (the residual widened by `cvt`; after the ReLU the result clipped to 127 only;
+  on the Gluon kernel 1 / y_scale folded into the column factors, the bias and z_scale);
+- widen-bits: the residual widened through the rounding constant's bits (a byte permute, an integer add and a
+  float subtract instead of one `I2F.S8`), as the library did before;
+- unfolded: the Gluon kernel multiplies every output by 1 / y_scale;
+- clip-both: the result clipped to [−128, 127].
 
-Every form's int8 output is checked against the base form's: equal, or (folded) off by one step where the base
-value lies within float32 rounding of a tie. The fastest of each layer's effort-0 tiles (found with the base
-form; on Triton's kernel every effort-1 tile, the transposed one among them) is timed in every form; the base form
-runs first and last to show the drift between processes.
+Every form's int8 output is checked against the base form's: equal, or off by one step where a value lies within
+float32 rounding of a tie. The fastest of each layer's effort-0 tiles (found with the base form; on Triton's kernel
+every effort-1 tile, the transposed one among them) is timed in every form; the base form runs first and last to
+show the drift between processes.
 
     python bench/int8_epilogue.py --out DIR      (writes int8-epilogue-bBATCH.json, prints a table)
 """
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tensorforge.kernels import quantize as quantizing
@@ -43,34 +43,40 @@ from tensorforge.tactics.timing import measure
 
 
 @triton.jit
-def _widen_cvt(z):
-    return z.to(tl.float32)
+def _widen_bits(z):
+    return (z.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - _MAGIC
 
 
 @triton.jit
-def _quantize_clip_both(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False):
-    v = tl.minimum(tl.maximum(v.to(tl.float32) * inv_scale, -128.0), 127.0) + _MAGIC
+def _quantize_clip_both(
+    v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False,
+    FOLDED: tl.constexpr = False,
+):  # fmt: skip
+    v = v.to(tl.float32)
+    if not FOLDED:
+        v = v * inv_scale
+    v = tl.minimum(tl.maximum(v, -128.0), 127.0) + _MAGIC
     return v.to(tl.int32, bitcast=True).to(tl.int8)
 
 
-@triton.jit
-def _quantize_folded(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False):
-    v = tl.minimum(v.to(tl.float32), 127.0) + _MAGIC
-    return v.to(tl.int32, bitcast=True).to(tl.int8)
+@gluon.constexpr_function
+def _never_folds(quant_y, has_scale, pre, post):
+    return False
 
 
-FORMS = {  # name: (widen, quantize, 1 / y_scale folded into the scales)
-    "base": (None, None, False),
-    "widen-cvt": (_widen_cvt, None, False),
-    "clip-both": (None, _quantize_clip_both, False),
-    "folded": (None, _quantize_folded, True),
-    "widen-cvt+folded": (_widen_cvt, _quantize_folded, True),
+FORMS = {  # name: {module attribute: replacement}
+    "base": {},
+    "widen-bits": {"widen": _widen_bits},
+    "unfolded": {"_folds_output_scale": _never_folds},
+    "clip-both": {"quantize": _quantize_clip_both},
 }
 # name: (input channels, output channels, kernel, side, residual, kernel family)
 LAYERS = {
     "layer1 1x1 64->256 +z": (64, 256, 1, 56, True, "gluon"),
     "layer2 1x1 128->512 +z": (128, 512, 1, 28, True, "gluon"),
     "layer3 1x1 256->1024 +z": (256, 1024, 1, 14, True, "gluon"),
+    "layer1 1x1 64->256 +z, Triton": (64, 256, 1, 56, True, "triton"),
+    "layer3 1x1 256->1024 +z, Triton": (256, 1024, 1, 14, True, "triton"),
     "layer1 1x1 64->256": (64, 256, 1, 56, False, "gluon"),
     "layer1 3x3 64->64": (64, 64, 3, 56, False, "triton"),
     "layer1 1x1 256->64": (256, 64, 1, 56, False, "triton"),
@@ -80,12 +86,10 @@ Y_INV_SCALE, Z_SCALE, X_SCALE = 0.37, 0.013, 0.021
 
 def _install(form: str) -> None:
     """Replace the helpers the Gluon and TMA kernels call (before either compiles)."""
-    widen, quantize, _ = FORMS[form]
-    for module in (gluon_gemm, conv_tma):
-        if widen is not None:
-            module.widen = widen
-        if quantize is not None:
-            module.quantize = quantize
+    for attribute, replacement in FORMS[form].items():
+        for module in (gluon_gemm, conv_tma):
+            if hasattr(module, attribute):
+                setattr(module, attribute, replacement)
 
 
 def _layer(name: str, batch: int, device: torch.device):
@@ -101,23 +105,21 @@ def _layer(name: str, batch: int, device: torch.device):
     return family, k, x, z, wq, w_scale, bias
 
 
-def _runner(name: str, batch: int, device: torch.device, folded: bool):
+def _runner(name: str, batch: int, device: torch.device):
     """(run(config) -> int8 output, the effort-0 tiles) for the layer in one epilogue form."""
     family, k, x, z, wq, w_scale, bias = _layer(name, batch, device)
-    inv = Y_INV_SCALE if not folded else 1.0
-    fold = 1.0 if not folded else Y_INV_SCALE
     out = torch.empty(x.shape[0], wq.shape[0], *x.shape[2:], dtype=torch.int8, device=device)
     out = out.contiguous(memory_format=torch.channels_last)
     pads = (k // 2, k // 2)
     if family == "gluon":
         packed = pack_conv_weight(wq)
-        scale = (w_scale.double() * X_SCALE * fold).float()
-        b = (bias * fold).float()
+        scale = (w_scale.double() * X_SCALE).float()
+        b = bias.float()
 
         def run(config):
             return conv_ws(
                 x, packed, out, GemmConfig(**config), kernel=(k, k), pads=pads, scale=scale, bias=b, z=z,
-                z_scale=Z_SCALE * fold, post=activation_args("Relu"), quant_y=1, y_inv_scale=inv,
+                z_scale=Z_SCALE, post=activation_args("Relu"), quant_y=1, y_inv_scale=Y_INV_SCALE,
             )  # fmt: skip
 
         configs = [c for c in gemm_ws_configs(0, quantized=True) if GemmConfig(**c).shared_bytes(
@@ -127,11 +129,10 @@ def _runner(name: str, batch: int, device: torch.device, folded: bool):
     cin = x.shape[1]
 
     def run(config):
-        # the TMA kernel dequantizes by x_scale · w_scale and requantizes by 1 / y_scale: fold into w_scale
         return conv2d_nhwc_quantized(
-            x, packed, (w_scale * fold).float(), X_SCALE, bias * fold, z, out=out, out_hw=x.shape[2:],
-            pads_begin=pads, post=activation_args("Relu"), config=config, y_scale=1.0 / inv,
-            z_scale=Z_SCALE * fold if z is not None else 0.0,
+            x, packed, w_scale.float(), X_SCALE, bias, z, out=out, out_hw=x.shape[2:],
+            pads_begin=pads, post=activation_args("Relu"), config=config, y_scale=1.0 / Y_INV_SCALE,
+            z_scale=Z_SCALE if z is not None else 0.0,
         )  # fmt: skip
 
     return run, fit_configs(tma_configs(1, quantized=True), cin, wq.shape[0], 32)  # the transposed tile among them
@@ -141,12 +142,11 @@ def child(form: str, batch: int, configs: dict, reference: Path, device: torch.d
     """Time every layer in `form` (with `configs`, or the fastest of each layer's tiles when empty); saves the
     outputs under `reference` (the base form) or checks them against it."""
     _install(form)
-    folded = FORMS[form][2]
     result = {}
     for name in LAYERS:
         if device.type == "cpu" and LAYERS[name][5] == "gluon":
             continue  # Gluon runs on Hopper only
-        run, tiles = _runner(name, batch, device, folded)
+        run, tiles = _runner(name, batch, device)
         if name in configs:
             tiles = [configs[name]]
         best = (float("inf"), None)

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from tensorforge.kernels.activations import GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16
-from tensorforge.kernels.triton.epilogue import ACTIVATION_CODES, activate, activation_args, quantize
+from tensorforge.kernels.triton.epilogue import ACTIVATION_CODES, RELU, activate, activation_args, quantize
 from tensorforge.ops.fused import ACTIVATIONS, apply_activation
 from tests.helpers import DEVICES
 
@@ -98,7 +98,7 @@ def test_gelu_tail_of_degree_5_is_within_its_stated_error():
 def _quantize_relu(x, y, n, inv_scale, QUANT: tl.constexpr, NONNEG: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n
-    value = activate(tl.load(x + offsets, mask=inside), ACTIVATION_CODES["Relu"], 0.0, 0.0)
+    value = activate(tl.load(x + offsets, mask=inside), RELU, 0.0, 0.0)
     tl.store(y + offsets, quantize(value, inv_scale, QUANT, NONNEG=NONNEG), mask=inside)
 
 

@@ -140,6 +140,14 @@ def _producer(
         local += 1
 
 
+@gluon.constexpr_function
+def _folds_output_scale(quant_y, has_scale, pre, post):
+    """Whether a quantized output's 1 / y_scale goes into the column factors, the bias and z_scale (one multiply
+    a column instead of one an output: the int8 layers' epilogue is what bounds them): exact up to float32
+    rounding when both activations commute with a positive factor (none or ReLU)."""
+    return bool(quant_y) and bool(has_scale) and pre in (0, RELU.value) and post in (0, RELU.value)
+
+
 @gluon.jit
 def _consumer(
     y_desc, a_bufs, b_bufs, z_bufs, y_bufs, ready, empty, z_ready, z_empty, turn,
@@ -158,6 +166,10 @@ def _consumer(
     BLOCK_N: gl.constexpr = Y_BLOCK[len(Y_BLOCK) - 1]
     BLOCK_M: gl.constexpr = Y_BLOCK[0] * Y_BLOCK[1] * Y_BLOCK[2] if BOXED else Y_BLOCK[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[len(a_bufs.type.shape) - 1]
+    FOLD: gl.constexpr = _folds_output_scale(QUANT_Y, HAS_SCALE, PRE, POST)
+    z_factor = z_scale
+    if FOLD:
+        z_factor = z_scale * y_inv_scale
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     Z_STAGES: gl.constexpr = z_bufs.type.shape[0]
     ACC: gl.constexpr = gl.int32 if a_bufs.dtype == gl.int8 else gl.float32
@@ -208,9 +220,15 @@ def _consumer(
         v = acc.to(gl.float32)
         cols = off_n + gl.arange(0, BLOCK_N, layout=columns)
         if HAS_SCALE:
-            v = v * gl.load(scale + cols, mask=cols < N, other=0.0)[None, :]
+            column_scale = gl.load(scale + cols, mask=cols < N, other=0.0)
+            if FOLD:
+                column_scale = column_scale * y_inv_scale
+            v = v * column_scale[None, :]
         if HAS_BIAS:
-            v = v + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+            column_bias = gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)
+            if FOLD:
+                column_bias = column_bias * y_inv_scale
+            v = v + column_bias[None, :]
         v = activate(v, PRE, pre0, pre1, NARROW)
         if HAS_RES:
             slot = local % Z_STAGES
@@ -220,10 +238,10 @@ def _consumer(
             else:
                 z = z_bufs.index(slot).load(layout)
             mbarrier.arrive(z_empty.index(slot), count=1)
-            v = v + widen(z) * z_scale
+            v = v + widen(z) * z_factor
         v = activate(v, POST, post0, post1, NARROW)
         if QUANT_Y:
-            out = quantize(v, y_inv_scale, QUANT_Y, NONNEG=POST == RELU)
+            out = quantize(v, y_inv_scale, QUANT_Y, NONNEG=POST == RELU, FOLDED=FOLD)
         else:
             out = v.to(y_desc.dtype)
         tma.store_wait(pendings=0)  # this consumer's previous tile has left its buffer

@@ -11,8 +11,8 @@ Clamps are written as selects so that NaN propagates, as in the reference (min/m
 NaN-propagating maximum.
 `quantize(v, inv_scale, QUANT)` rounds a float block onto the int8 (1) or float8 E4M3 (2) grid, for kernels
 that quantize an operand as they load it or a result as they store it, and `widen(z)` reads a quantized block back
-as float32; neither uses a conversion instruction for int8. `dequantize_bias_pre` is the head of the
-convolution kernels' epilogue.
+as float32 (int8 rounding needs no conversion instruction; widening takes one `cvt`). `dequantize_bias_pre` is
+the head of the convolution kernels' epilogue.
 """
 
 from __future__ import annotations
@@ -133,12 +133,10 @@ def activate(x, ACT: tl.constexpr, p0, p1, NARROW: tl.constexpr = False):
     return x
 
 
-# 1.5·2^23 as a float32 and as its bits: adding it to a float32 |v| <= 2^22 leaves round(v) (to nearest, ties to even:
-# float32 addition rounds so) in the low bits of the sum's mantissa, and an integer |i| <= 2^22 added to its bits is
-# the float32 1.5·2^23 + i. Both trade a conversion instruction (on Hopper 16 a clock per multiprocessor, an eighth
-# of the float32 rate: the largest share of a memory-bound int8 epilogue's issue slots) for an add.
+# 1.5·2^23: adding it to a float32 |v| <= 2^22 leaves round(v) (to nearest, ties to even: float32 addition rounds
+# so) in the low bits of the sum's mantissa, whose low byte is then the int8 result, without a conversion
+# instruction (`F2I` issues at 16 a clock per multiprocessor on Hopper, an eighth of the float32 rate).
 _MAGIC = tl.constexpr(12582912.0)
-_MAGIC_BITS = tl.constexpr(0x4B400000)
 
 
 QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 2}  # `quantize`'s QUANT by the quantized tensor's type
@@ -153,7 +151,10 @@ RELU = tl.constexpr(ACTIVATION_CODES["Relu"])
 
 
 @triton.jit
-def quantize(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False):
+def quantize(
+    v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, NONNEG: tl.constexpr = False,
+    FOLDED: tl.constexpr = False,
+):  # fmt: skip
     """A float block on the quantized grid: `v · inv_scale` in float32, clipped, then int8 rounding half to even
     or E4M3 rounding to nearest even (its clip as selects, so NaN stays NaN; an int8 has no NaN, and a NaN clips
     to a bound). `NONNEG`: v is ≥ 0 or NaN (a ReLU's output, `POST == RELU`), so the lower clip is left out, one
@@ -161,8 +162,11 @@ def quantize(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, N
     is the low byte of the rounding sum's bits (no conversion instruction); an `OPERAND` (quantized on load, for
     the tensor cores) is converted with `cvt`: rounded through the bits, the operands of a 128×16-tile layer
     quantizing float32 on load gave wrong products with Triton 3.6 on the H200 (every output 0), while stored
-    results rounded that way were exact in every test and engine build."""
-    v = v.to(tl.float32) * inv_scale
+    results rounded that way were exact in every test and engine build. `FOLDED`: v is already scaled (the
+    kernel folded inv_scale into its column factors), so it is not multiplied again."""
+    v = v.to(tl.float32)
+    if not FOLDED:
+        v = v * inv_scale
     if QUANT == 1:
         if not NONNEG:
             v = tl.maximum(v, -128.0)
@@ -179,12 +183,10 @@ def quantize(v, inv_scale, QUANT: tl.constexpr, OPERAND: tl.constexpr = False, N
 
 @triton.jit
 def widen(z):
-    """A block as float32, exactly; int8 through the rounding constant's bits (an integer add and a float
-    subtract instead of a conversion instruction)."""
-    if z.dtype == tl.int8:
-        return (z.to(tl.int32) + _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC
-    else:
-        return z.to(tl.float32)
+    """A block as float32, exactly, with `cvt` (for int8 one `I2F.S8` from the byte: through the rounding
+    constant's bits it took a byte permute, an integer add and a float subtract, and the Gluon kernel's int8
+    layers with a residual ran 20-25% slower so, `bench/int8_epilogue.py`)."""
+    return z.to(tl.float32)
 
 
 @triton.jit
