@@ -36,6 +36,15 @@ def test_the_launcher_refuses_what_the_kernel_cannot_take_with_the_reason():
         gemm_ws(a, b.float(), y, GemmConfig())
 
 
+def test_a_quantized_output_s_scale_is_folded_only_where_the_activations_commute_with_it():
+    relu, gelu = activation_args("Relu")[0], activation_args("Gelu")[0]
+    folds = gemm._folds_output_scale
+    assert folds(1, True, 0, relu) and folds(2, True, relu, 0) and folds(1, True, 0, 0)
+    assert not folds(1, True, gelu, relu)  # GELU(v / s) is not GELU(v) / s
+    assert not folds(0, True, 0, relu)  # a float output is not scaled
+    assert not folds(1, False, 0, relu)  # no column factors to fold into
+
+
 def test_register_and_shared_budgets():
     # The producer's warp takes a whole warpgroup's registers: 8 warps at 256, 12 at 168 (65536 a multiprocessor).
     assert GemmConfig().maxnreg() == 256
@@ -260,10 +269,12 @@ def test_float_products_match_the_reference(dtype, config, residual, pre, post):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_quantized_products_with_a_quantized_residual_and_output(kind, config):
+@pytest.mark.parametrize(("pre", "post"), [("", "Relu"), ("Relu", ""), ("Gelu", "Sigmoid")])
+def test_quantized_products_with_a_quantized_residual_and_output(kind, config, pre, post):
     """A block-final 1×1 convolution of an int8 (E4M3) engine as a product: quantized input, per-channel weight
-    scales, bias, a quantized residual with its own scale, ReLU, the output quantized; compared on the output's
-    grid (one step of int8, one E4M3 ulp: the float32 epilogue may round a tie the other way than float64)."""
+    scales, bias, a quantized residual with its own scale, the activations, the output quantized (1 / y_scale
+    folded into the column factors under none and ReLU, not under GELU or sigmoid); compared on the output's grid
+    (one step of int8, one E4M3 ulp: the float32 epilogue may round a tie the other way than float64)."""
     torch.manual_seed(1)
     dtype = torch.int8 if kind == "int8" else torch.float8_e4m3fn
     m, n, k = 1000, 256, 64
@@ -276,7 +287,7 @@ def test_quantized_products_with_a_quantized_residual_and_output(kind, config):
     scale = torch.rand(n, device="cuda") * 1e-3 + 1e-4
     bias = torch.randn(n, device="cuda")
     z_scale, y_scale = 0.02, 0.05
-    v = _reference(a, b, scale, bias, z, z_scale, "", "Relu") / y_scale
+    v = _reference(a, b, scale, bias, z, z_scale, pre, post) / y_scale
     if kind == "int8":
         y = torch.full((m, n), -77, device="cuda", dtype=torch.int8)
         want = v.clamp(-128, 127).round()
@@ -284,8 +295,8 @@ def test_quantized_products_with_a_quantized_residual_and_output(kind, config):
         y = torch.full((m, n), float("nan"), device="cuda").to(dtype)
         want = v.clamp(-448, 448).float().to(dtype).double()
     gemm_ws(
-        a, b, y, config, scale=scale, bias=bias, z=z, z_scale=z_scale, post=activation_args("Relu", []),
-        quant_y=1 if kind == "int8" else 2, y_inv_scale=1 / y_scale,
+        a, b, y, config, scale=scale, bias=bias, z=z, z_scale=z_scale, pre=activation_args(pre, []),
+        post=activation_args(post, []), quant_y=1 if kind == "int8" else 2, y_inv_scale=1 / y_scale,
     )  # fmt: skip
     torch.cuda.synchronize()
     got = y.double()
