@@ -199,14 +199,19 @@ def test_an_odd_map_runs_the_strided_kernel(monkeypatch):
 
 @pytest.mark.gpu
 def test_the_s2d_conv_is_a_correct_candidate_on_cuda():
-    """ResNet's stem at batch 8: every configuration of both variants correct."""
+    """ResNet's stem at batch 8: every configuration of both variants correct, except, in fp32, a tile whose
+    pipeline does not fit in shared memory at 32 bits (the transposed 256-pixel tile, 240 KiB), which the kernel
+    refuses before compiling, saying so."""
     torch.manual_seed(2)
     node = _stem(cout=64, size=224)
     x = torch.randn(8, 3, 224, 224, device="cuda")
     choice = autotune(node, 1, [x, None, None], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == S2D]
     assert len(ours) == 2 * len(tactic_by_key(S2D).space_for(node, 0))
-    assert all(math.isfinite(c.median_ms) for c in ours), [c.note for c in ours]
+    for c in ours:
+        refused = c.config["precision"] == "fp32" and "shared memory at 32-bit" in c.note
+        assert math.isfinite(c.median_ms) or refused, (c.config, c.note)
+    assert all(math.isfinite(c.median_ms) for c in ours if c.config["precision"] == "fp16")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
