@@ -217,6 +217,9 @@ class TritonTmaConvTactic(TritonConvTactic):
     def space(self, effort: int) -> list[dict[str, Any]]:
         return tma_configs(effort)
 
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return _fitted(node, tiles_with_swap(effort) if _narrow(node) else self.space(effort))
+
 
 @register_tactic
 class TritonTmaQuantizedConvTactic(TritonQuantizedConvTactic):
@@ -230,6 +233,10 @@ class TritonTmaQuantizedConvTactic(TritonQuantizedConvTactic):
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return tma_configs(effort, quantized=True)
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        space = tiles_with_swap(effort, quantized=True) if _narrow(node) else self.space(effort)
+        return _fitted(node, space, min_block_k=32)
 
 
 class _InputAsItComes(Tactic):
@@ -346,7 +353,7 @@ class TritonSpaceToDepthConvTactic(_InputAsItComes):
         return s2d_problem(node)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
-        return stem_tiles(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
+        return tiles_with_swap(effort) + conv_configs(effort)  # TMA's first: another GPU runs them gathering
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
         return fit_configs(self.space(effort), s2d_channels(node), node.inputs[1].shape[0])
@@ -391,7 +398,7 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         return problem
 
     def space(self, effort: int) -> list[dict[str, Any]]:
-        return stem_tiles(effort, quantized=True) + quantized_conv_configs(effort)
+        return tiles_with_swap(effort, quantized=True) + quantized_conv_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
         return fit_configs(self.space(effort), s2d_channels(node), node.inputs[1].shape[0], 32)
@@ -428,12 +435,19 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
         return kernel
 
 
-def stem_tiles(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
-    """The TMA tiles of a space-to-depth stem: `tma_configs(effort)` and, at any effort, the 256-pixel tile computed
-    transposed (the stem's 64 output channels as the products' M, its pixels as their N): ResNet-50's int8 stem at
-    batch 256 ran it in 0.347 ms against 0.392 for the best effort-0 tile on an H100 (`bench/stem.py`)."""
+def tiles_with_swap(effort: int, quantized: bool = False) -> list[dict[str, Any]]:
+    """The TMA tiles of a stem or a stride-1 layer of at most 64 output channels: `tma_configs(effort)` and, at any
+    effort, the 256-pixel tile computed transposed (the 64 output channels as the products' M, the pixels as their
+    N). On an H100 at batch 256 ResNet-50's int8 stem ran it in 0.347 ms against 0.392 for the best effort-0 tile
+    (`bench/stem.py`), and its int8 3×3 64 → 64 layers in 0.109 against 0.12-0.13 (`bench/int8_epilogue.py`)."""
     tiles = tma_configs(effort, quantized)
     return tiles + [c for c in tma_configs(1, quantized) if c["swap"] and c not in tiles]
+
+
+def _narrow(node: Node) -> bool:
+    """Whether the convolution has at most 64 output channels (the transposed tile's M)."""
+    cout = node.inputs[1].shape[0] if node.inputs[1].rank else None
+    return isinstance(cout, int) and cout <= 64
 
 
 @register_tactic

@@ -23,16 +23,16 @@ TINY = {"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 2, "num_warps": 
 CPU = torch.device("cpu")
 
 
-def _layer(size=7, conv_attributes=None, residual=True, activation="Relu"):
+def _layer(size=7, conv_attributes=None, residual=True, activation="Relu", channels=16):
     """Conv (+ Add) (+ activation), optimized into one FusedConv; returns the node and its non-constant inputs."""
     conv_attributes = conv_attributes or {"pads": [1, 1, 1, 1]}
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32) / 4
-    b = rng.standard_normal(16).astype(np.float32)
+    w = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32) / 4
+    b = rng.standard_normal(channels).astype(np.float32)
     nodes, last = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **conv_attributes)], "c"
-    inputs = [tensor_info("x", [2, 16, size, size])]
+    inputs = [tensor_info("x", [2, channels, size, size])]
     if residual:
-        inputs.append(tensor_info("r", [2, 16, *_out_size(size, conv_attributes)]))
+        inputs.append(tensor_info("r", [2, channels, *_out_size(size, conv_attributes)]))
         nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
         last = "s"
     if activation:
@@ -142,3 +142,11 @@ def test_configs_fit_the_layers_channels():
     quantized = triton_conv.fit_configs(tactic_by_key("triton.conv-igemm-quantized").space(0), 16, 16, 32)
     assert all(c["block_k"] == 32 for c in quantized)
     assert triton_conv.fit_configs(tactic.space(1), 256, 512) == tactic.space(1)
+
+
+def test_the_tma_tactics_offer_the_transposed_tile_at_effort_0_to_layers_of_64_output_channels():
+    for name in ("triton.conv-tma", "triton.conv-tma-quantized"):
+        tactic = tactic_by_key(name)
+        assert not any(c["swap"] for c in tactic.space(0))
+        assert any(c["swap"] for c in tactic.space_for(_layer(channels=64), 0)), name
+        assert not any(c["swap"] for c in tactic.space_for(_layer(channels=128), 0)), name
