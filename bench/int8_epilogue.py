@@ -24,6 +24,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -176,17 +177,18 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda; cpu checks the script under the Triton interpreter")
     parser.add_argument("--form", choices=list(FORMS), help=argparse.SUPPRESS)  # a child process's form
     parser.add_argument("--configs", default="{}", help=argparse.SUPPRESS)
+    parser.add_argument("--reference", type=Path, help=argparse.SUPPRESS)  # where the base form's outputs are kept
     args = parser.parse_args()
-    reference = args.out / "int8-epilogue-outputs"
-    reference.mkdir(parents=True, exist_ok=True)
     if args.form:
-        print(json.dumps(child(args.form, args.batch, json.loads(args.configs), reference, torch.device(args.device))))
+        device = torch.device(args.device)
+        print(json.dumps(child(args.form, args.batch, json.loads(args.configs), args.reference, device)))
         return
     results: dict[str, dict] = {}
     configs: dict = {}
+    reference = tempfile.TemporaryDirectory()  # the outputs compared between forms: large, not results
     for form in [*FORMS, "base"]:
         done = subprocess.run(
-            [sys.executable, __file__, "--form", form, "--batch", str(args.batch), "--out", str(args.out),
+            [sys.executable, __file__, "--form", form, "--batch", str(args.batch), "--reference", reference.name,
              "--configs", json.dumps(configs), "--device", args.device],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
@@ -201,6 +203,7 @@ def main() -> None:
     print("columns: " + " | ".join(LAYERS) + "; each: ms (largest difference from base in steps, % of outputs off)")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": name, "date": time.strftime("%Y-%m-%d"), "batch": args.batch}
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"int8-epilogue-b{args.batch}.json").write_text(json.dumps({**meta, "forms": results}, indent=1))
 
 
