@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import platform
 import random
 import shutil
@@ -579,7 +578,8 @@ def markdown(data: Mapping[str, Any]) -> str:
 
 
 def plot(data: Mapping[str, Any], path: Path) -> None:
-    """Grouped bars per model: for each batch size, every system's throughput relative to eager."""
+    """A panel per model and batch size: every system's throughput (samples/s), each bar labelled with its
+    throughput relative to eager where the run has that eager row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -587,27 +587,29 @@ def plot(data: Mapping[str, Any], path: Path) -> None:
 
     rows = data["results"]
     models = sorted({r["model"] for r in rows})
-    figure, axes = plt.subplots(len(models), 1, figsize=(10, 3.2 * len(models)), squeeze=False)
-    for axis, model in zip(axes[:, 0], models, strict=True):
-        model_rows = [r for r in rows if r["model"] == model]
+    columns = max(len({r["batch"] for r in rows if r["model"] == model}) for model in models)
+    figure, axes = plt.subplots(len(models), columns, figsize=(6 * columns, 3 * len(models)), squeeze=False)
+    colors = {series: f"C{i % 10}" for i, series in enumerate(_ordered(rows))}  # a system's colour in every panel
+    for line, model in zip(axes, models, strict=True):
+        model_rows = [r for r in rows if r["model"] == model and r["status"] == "ok"]
         batches = sorted({r["batch"] for r in model_rows})
-        series = _ordered(model_rows)
-        width = 0.8 / max(len(series), 1)
-        for index, (system, precision) in enumerate(series):
-            heights = []
-            for batch in batches:
-                row = next((r for r in model_rows if row_key(r) == (model, batch, system, precision)), None)
-                ratio = None if row is None else relative_to_eager(rows, row)
-                heights.append(math.nan if ratio is None else ratio)
-            positions = [b + (index - (len(series) - 1) / 2) * width for b in range(len(batches))]
-            axis.bar(positions, heights, width, label=f"{system} {precision}")
-        axis.axhline(1.0, color="black", linewidth=0.8)
-        axis.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-        axis.set_ylabel("throughput / eager")
-        axis.set_title(model)
-        axis.legend(fontsize=7, ncol=3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+        for axis in line[len(batches) :]:
+            axis.set_visible(False)
+        for axis, batch in zip(line, batches, strict=False):
+            shown = [r for r in model_rows if r["batch"] == batch]
+            shown.sort(key=lambda r: (PRECISIONS.index(r["precision"]), SYSTEMS.index(r["system"])))
+            names = [f"{r['system']} {r['precision']}" for r in shown]
+            heights = [r["throughput"] for r in shown]
+            bars = axis.bar(range(len(shown)), heights, color=[colors[(r["system"], r["precision"])] for r in shown])
+            ratios = [relative_to_eager(rows, r) for r in shown]
+            axis.bar_label(bars, ["" if x is None else f"{x:.2f}×" for x in ratios], fontsize=7, padding=1)
+            axis.set_xticks(range(len(shown)), names, rotation=35, ha="right", fontsize=7)
+            axis.set_ylabel("samples / s")
+            axis.set_title(f"{model}, batch {batch}", fontsize=9)
+            axis.margins(y=0.15)
+    figure.suptitle("samples/s; labels: throughput relative to eager (as in results.md)", fontsize=9)
+    figure.tight_layout(rect=(0, 0, 1, 0.985))
+    figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
