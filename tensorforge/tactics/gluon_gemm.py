@@ -116,6 +116,20 @@ class QuantizedEpilogue:
         )  # fmt: skip
 
 
+def _no_wider(configs: list[dict[str, Any]], columns: Any) -> list[dict[str, Any]]:
+    """`configs` for a product of `columns` output columns: a layer of at most 64 (ResNet's 256 → 64 and 3×3
+    64 → 64 layers) takes each tile 64 columns wide, since a 128- or 256-column tile would multiply zeros for
+    half or more of its products and hold their accumulators (duplicates dropped, in order)."""
+    if not isinstance(columns, int) or columns > 64:
+        return configs
+    narrowed: list[dict[str, Any]] = []
+    for config in configs:
+        config = {**config, "block_n": min(config["block_n"], 64)}
+        if config not in narrowed:
+            narrowed.append(config)
+    return narrowed
+
+
 def _fitting(
     node: Node, configs: list[dict[str, Any]], quantized: bool, widest: torch.dtype = torch.float32
 ) -> list[dict[str, Any]]:
@@ -314,7 +328,8 @@ class GluonConvTactic(Tactic):
         return gemm_ws_configs(effort, quantized=self.quantized)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return accumulations(node, _fitting(node, self.space(effort), quantized=self.quantized))
+        space = _no_wider(self.space(effort), node.inputs[1].shape[0])
+        return accumulations(node, _fitting(node, space, quantized=self.quantized))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = ConvWindows.of(node.attributes)

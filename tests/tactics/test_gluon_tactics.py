@@ -88,6 +88,18 @@ def test_the_tuning_space_grows_with_effort_and_doubles_8_bit_k_steps():
     assert [c["block_k"] for c in gemm_ws_configs(1, quantized=True)] == [2 * k for k in float_steps]
 
 
+def test_a_layer_of_at_most_64_output_channels_gets_tiles_64_columns_wide():
+    """A 128- or 256-column tile over 64 output columns would multiply zeros: each config narrowed, duplicates
+    dropped; a wider layer keeps its wide tiles."""
+    for name, quantized in (("gluon.conv-ws", False), ("gluon.conv-ws-quantized", True)):
+        tactic = tactic_by_key(name)
+        narrow = tactic.space_for(_conv(64, 64, 3, 1, residual=False)[0], 0)
+        assert narrow and all(c["block_n"] == 64 for c in narrow), narrow
+        assert len(narrow) == len({tuple(sorted(c.items())) for c in narrow})
+        wide = tactic.space_for(_conv(64, 128, 3, 1, residual=False)[0], 0)
+        assert all(c["block_n"] >= 128 for c in wide) and wide[0] == gemm_ws_configs(0, quantized)[0]
+
+
 def _every_candidate_passes(node, opset: int, inputs, precisions: tuple[str, ...], tactic: str) -> None:
     """Every config of `tactic` for `node` (inputs moved to CUDA) timed and checked by the autotuner, all finite."""
     inputs = [t.cuda() if t is not None else None for t in inputs]
