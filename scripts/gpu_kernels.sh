@@ -56,6 +56,14 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the bench scripts import tensorforge from this tree
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader > "$out/device.txt"
 
+inspect_quantized() {  # the kept quantized engines' layers: tactics and runner-ups, and the chainings tried
+  for engine in "$out"/engines/*-int8.engine "$out"/engines/*-fp8.engine; do
+    if [[ -f $engine ]]; then
+      python3 -m tensorforge inspect "$engine" > "${engine%.engine}.inspect.txt" 2>&1
+    fi
+  done
+}
+
 for stage in $stages; do
   started=$(date +%s)
   case $stage in
@@ -97,11 +105,7 @@ for stage in $stages; do
         --out "$out/suite" --engines "$out/engines" ${TIMING_CACHES:+--timing-caches "$TIMING_CACHES"} \
         > "$out/suite.txt" 2>&1
       tail -25 "$out/suite.txt"
-      for engine in "$out"/engines/*-int8.engine "$out"/engines/*-fp8.engine; do
-        if [[ -f $engine ]]; then
-          python3 -m tensorforge inspect "$engine" > "${engine%.engine}.inspect.txt" 2>&1
-        fi
-      done
+      inspect_quantized
       ;;
     int8)
       batches=()
@@ -112,11 +116,7 @@ for stage in $stages; do
         "${precisions[@]}" --effort 0 --runs 30 --merge --out "$out/suite" --engines "$out/engines" ${INT8_ARGS:-} \
         ${TIMING_CACHES:+--timing-caches "$TIMING_CACHES"} > "$out/int8.txt" 2>&1
       grep -E "batch [0-9]+ " "$out/int8.txt" | cut -c1-160
-      for engine in "$out"/engines/*-int8.engine "$out"/engines/*-fp8.engine; do
-        if [[ -f $engine ]]; then  # the layers' tactics and runner-ups, and the chainings tried
-          python3 -m tensorforge inspect "$engine" > "${engine%.engine}.inspect.txt" 2>&1
-        fi
-      done
+      inspect_quantized
       ;;
     layers)
       deadline=$(( $(date +%s) + ${LAYERS_S:-400} ))

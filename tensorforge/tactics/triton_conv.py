@@ -218,7 +218,7 @@ class TritonTmaConvTactic(TritonConvTactic):
         return tma_configs(effort)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _fitted(node, tiles_with_swap(effort) if _narrow(node) else self.space(effort))
+        return _fitted(node, _tma_space(node, effort))
 
 
 @register_tactic
@@ -235,8 +235,7 @@ class TritonTmaQuantizedConvTactic(TritonQuantizedConvTactic):
         return tma_configs(effort, quantized=True)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        space = tiles_with_swap(effort, quantized=True) if _narrow(node) else self.space(effort)
-        return _fitted(node, space, min_block_k=32)
+        return _fitted(node, _tma_space(node, effort, quantized=True), min_block_k=32)
 
 
 class _InputAsItComes(Tactic):
@@ -444,10 +443,12 @@ def tiles_with_swap(effort: int, quantized: bool = False) -> list[dict[str, Any]
     return tiles + [c for c in tma_configs(1, quantized) if c["swap"] and c not in tiles]
 
 
-def _narrow(node: Node) -> bool:
-    """Whether the convolution has at most 64 output channels (the transposed tile's M)."""
+def _tma_space(node: Node, effort: int, quantized: bool = False) -> list[dict[str, Any]]:
+    """The TMA tactics' tiles for `node` at `effort`: `tiles_with_swap` for a layer of at most 64 output channels
+    (the transposed tile's M), `tma_configs` for a wider one."""
     cout = node.inputs[1].shape[0] if node.inputs[1].rank else None
-    return isinstance(cout, int) and cout <= 64
+    narrow = isinstance(cout, int) and cout <= 64
+    return tiles_with_swap(effort, quantized) if narrow else tma_configs(effort, quantized)
 
 
 @register_tactic
