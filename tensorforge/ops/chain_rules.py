@@ -19,7 +19,8 @@ per channel, a depthwise QuantizedConv with `Xs`, is not one of P's type: it rea
   as X (a residual-only tensor: the last convolution of a ResNet stage's first block, added by the downsample
   convolution), s is Y's own calibrated scale (`y_range_scale`, set by the lowering), if it has one.
 - `THROUGH_MAX_POOL` (exact): Y's one reader is a 2-D MaxPool whose readers all read its output as in
-  `INPUT_CHAINS` (int8): P writes Q_s(Y) and the pool passes the integers on (max commutes with the rounding).
+  `INPUT_CHAINS`: P writes Q_s(Y) and the pool passes the quantized values on (int8 or E4M3: max commutes with
+  either rounding, both monotone).
 - `FROM_LAYER_NORM` (exact): P is not a quantized layer but a LayerNormalization (Y alone, float32 statistics)
   some of whose readers quantize Y as their input X (those of the first one's type and scale, not per channel):
   the norm writes Q_s(Y) (`y_scale`) for them and, when anything else reads Y (a float layer, a quantized layer's
@@ -197,11 +198,11 @@ class ResidualStreams(ChainRule):
 
 
 class ThroughMaxPool(ChainRule):
-    """P's output read by a 2-D MaxPool alone, whose output every reader quantizes as X with one scale s (int8):
-    P writes Q_s(Y) and the pool pools the integers, which is exactly Q_s(MaxPool(Y)), what the readers quantize
-    anyway (the rounding is monotone, so the maximum commutes with it; every window holds a cell of the input).
-    A ResNet stem's output then travels to the pool and on to the first block in int8. Exact: the Q/DQ
-    simulation has nothing to round for it."""
+    """P's output read by a 2-D MaxPool alone, whose output every reader quantizes as X with one scale s: P writes
+    Q_s(Y) and the pool pools the quantized values, which is exactly Q_s(MaxPool(Y)), what the readers quantize
+    anyway (the rounding, to int8 or to E4M3 with saturation, is monotone, so the maximum commutes with it; every
+    window holds a cell of the input). A ResNet stem's output then travels to the pool and on to the first block
+    quantized. Exact: the Q/DQ simulation has nothing to round for it."""
 
     def serves(self, readers: Readers, view: ChainView) -> bool:
         if len(readers) != 1:
@@ -214,8 +215,6 @@ class ThroughMaxPool(ChainRule):
     ) -> str | None:
         output, layer = producer.outputs[0], view.layer(producer)
         assert layer is not None
-        if layer.quant != "int8":
-            return f"a max pool passes int8 through, not {layer.quant}"
         if _is_graph_output(output) or output.dtype not in _FLOAT_OUTPUTS:
             return f"{output.name!r} is a graph output or not a float activation"
         pooled = readers[0][0].outputs[0]

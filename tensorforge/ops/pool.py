@@ -205,6 +205,11 @@ def _lowest(dtype: torch.dtype) -> float:
 
 
 def _max_pool(ctx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, storage_order):
+    if x.is_floating_point() and x.element_size() == 1:  # an fp8 activation a max pool passes on: torch has no
+        y, indices = _max_pool(  # maximum in it; float32 holds its values exactly, and the maximum is one of them
+            ctx, x.float(), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, storage_order
+        )
+        return y.to(x.dtype), indices
     win = _Windows.of(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     values = win.view(x, _lowest(x.dtype))
     y = values.amax(dim=win.dims)

@@ -31,7 +31,7 @@ from ..kernels.triton.pool import (
     pool_configs,
 )
 from ..kernels.triton.resize import upsample_configs, upsample_nearest
-from ..ops.fused import DOMAIN
+from ..ops.fused import DOMAIN, QUANTIZED_DTYPES
 from ..ops.pool import ConvWindows, PoolWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .upsample import upsample_factors
@@ -126,13 +126,13 @@ class TritonDepthwiseConvTactic(Tactic):
         return kernel
 
 
-def _window_pool_reason(node: Node, device: torch.device, int8: bool = False) -> str | None:
-    """Why a 2-D pooling node does not run here (`int8`: an int8 input allowed, as a max pool passes one)."""
+def _window_pool_reason(node: Node, device: torch.device, quantized: bool = False) -> str | None:
+    """Why a 2-D pooling node does not run here (`quantized`: an int8 or fp8 input allowed, as a max pool passes
+    one)."""
     if device.type != "cuda":
         return _NEEDS_CUDA
-    reason = (
-        None if int8 and node.inputs[0].dtype == DType.INT8 and node.inputs[0].rank == 4 else _float_rank4_reason(node)
-    )
+    x = node.inputs[0]
+    reason = None if quantized and x.dtype in QUANTIZED_DTYPES and x.rank == 4 else _float_rank4_reason(node)
     if reason is not None:
         return reason
     if len(node.attributes.get("kernel_shape", ())) != 2:
@@ -143,8 +143,8 @@ def _window_pool_reason(node: Node, device: torch.device, int8: bool = False) ->
 @register_tactic
 class TritonMaxPoolTactic(Tactic):
     """2-D MaxPool over tiles of pixels × channels (coalesced on NHWC); the tile is tuned (`pool_configs`). It
-    reads and writes through strides, so an SPPF block's pooled maps land in their concatenation. An int8 input
-    (a quantized activation passed through the pool, `passes.quant_chain`) pools exactly."""
+    reads and writes through strides, so an SPPF block's pooled maps land in their concatenation. An int8 or fp8
+    input (a quantized activation passed through the pool, `passes.quant_chain`) pools exactly."""
 
     family = "triton"
     name = "maxpool"
@@ -156,7 +156,7 @@ class TritonMaxPoolTactic(Tactic):
     def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
         if len(node.outputs) > 1 and node.outputs[1].name:
             return "the indices output is computed only by the reference"
-        return _window_pool_reason(node, device, int8=True)
+        return _window_pool_reason(node, device, quantized=True)
 
     def space(self, effort: int) -> list[dict[str, Any]]:
         return pool_configs(effort)

@@ -716,7 +716,7 @@ def _onnx_windows(y: torch.Tensor, out) -> torch.Tensor:
 class TorchMaxPoolTactic(Tactic):
     """MaxPool through torch's pooling kernels (cuDNN / oneDNN). Symmetric padding up to half the window is
     torch's own; any other ONNX padding is applied as -inf first (a copy). The window count must come out as
-    ONNX's (ceil mode), else the kernel raises and the gate refuses it. Integers of up to 16 bits (an int8
+    ONNX's (ceil mode), else the kernel raises and the gate refuses it. Integers of up to 16 bits and fp8 (a quantized
     activation a max pool passes on) are pooled in float32, exactly: torch's own int8 pooling fails on
     channels_last tensors on the CPU, and the reference's takes 27 times as long."""
 
@@ -741,7 +741,8 @@ class TorchMaxPoolTactic(Tactic):
 
         def kernel(inputs):
             x = inputs[0]
-            if not x.is_floating_point():  # a quantized activation: its integers are exact in float32
+            if not x.is_floating_point() or x.element_size() == 1:  # a quantized activation (int8 or fp8): its
+                # values are exact in float32, and torch pools no fp8
                 return (kernel([x.float()])[0].to(x.dtype),)
             begin, end, out = windows.at(x.shape[2:])
             padding = 0

@@ -19,7 +19,7 @@ from tensorforge.quant import simulate_quantized
 from tensorforge.quant.sensitivity import agreement
 from tensorforge.runtime.engine import Engine
 from tensorforge.runtime.inspect import describe_engine, quantization_lines
-from tests.helpers import relative_error
+from tests.helpers import DEVICES, relative_error
 from tests.quant.chain_support import SHAPE, batches, calibrated, chain_model, chain_proto, pool_proto
 
 PROFILE = Profile().add("x", SHAPE, SHAPE, SHAPE)
@@ -274,23 +274,28 @@ def test_a_chained_quantized_engine_on_cuda_matches_its_graph_on_the_reference_e
     assert relative_error(got, want) <= (1e-4 if quant == "int8" else 3e-2)
 
 
-def test_a_max_pool_passes_int8_in_the_cpu_engine():
-    """The stem's int8 output through the max pool (the reference's integer maximum on the CPU) to both of its
-    readers: the engine computes its own chained graph, and the pool's output takes a byte per element."""
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("quant", "dtype"), [("int8", DType.INT8), ("fp8", DType.FLOAT8E4M3FN)])
+def test_a_max_pool_passes_quantized_values_in_the_engine(device, quant, dtype):
+    """The stem's int8 (or E4M3) output through the max pool (on the CPU the vendor's pool in float32 or the
+    reference's, on CUDA ours or the vendor's) to both of its readers: the engine computes its own chained graph,
+    and the pool's output takes a byte per element. The quantized layers run quantized (no float fallback)."""
     config = BuildConfig(
-        precisions=("fp32", "int8"), profiles=(PROFILE,), effort=0, tactic_families=INT8_FAMILIES,
+        device=device, precisions=("fp32", quant), profiles=(PROFILE,), effort=0,
+        tactic_families=(*INT8_FAMILIES, "triton") if device == "cuda" else INT8_FAMILIES,
         quantization=QuantizationConfig(method="minmax", chain="always", depthwise_channels=False),
     )  # fmt: skip
+    bound = 1e-5 if device == "cpu" else {"int8": 1e-4, "fp8": 3e-2}[quant]  # (as the chained engine's test above)
     engine = Builder(config, calibration_data=batches()).build(import_model(pool_proto()))
     pool = next(node for node in engine.model.graph.nodes if node.op_type == "MaxPool")
-    assert pool.inputs[0].dtype == pool.outputs[0].dtype == DType.INT8
+    assert pool.inputs[0].dtype == pool.outputs[0].dtype == dtype
     assert pool.inputs[0].name in engine.report["quantized_activations"]["chained"]
     memory = engine.plans[0].memory
     pooled = pool.outputs[0]
     assert memory.sizes.get(pooled.name, memory.outside.get(pooled.name)) == math.prod(pooled.shape)
     for feed in batches(2, seed=7):
         want = Executor(engine.model).run(feed)["y"].numpy()
-        assert relative_error(_run(engine, feed), want) <= 1e-5
+        assert relative_error(_run(engine, feed), want) <= bound
 
 
 @pytest.mark.parametrize("factor", [0.0, 1e9])

@@ -116,6 +116,23 @@ def test_an_int8_max_pool_is_exact_and_pads_with_the_lowest_integer(device, chan
     assert got.dtype == torch.int8 and torch.equal(got, want) and (want < 0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(("shape", "attributes"), CASES)
+def test_an_fp8_max_pool_is_exact_and_pads_below_every_value(device, channels_last, shape, attributes):
+    """E4M3 (a quantized activation a max pool passes on), all values negative and down to the type's lowest
+    (-448), so a padding read as 0 or saturated to -448 would show: the maximum of the values, exactly."""
+    x = (torch.rand(shape, device=device) * -448).to(torch.float8_e4m3fn)
+    x.view(-1)[0] = -448.0
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    kernel, strides, dilations, begin, _, out = _geometry(shape, attributes)
+    want = _reference(x, attributes)
+    assert want.dtype == torch.float8_e4m3fn and torch.equal(want.float(), _reference(x.float(), attributes))
+    poisoned = torch.full(want.shape, 7.0, device=device).to(torch.float8_e4m3fn)
+    got = max_pool2d(x, kernel, strides, begin, dilations, out, block_c=32, out=poisoned)
+    assert got.dtype == torch.float8_e4m3fn and torch.equal(got.float(), want.float()) and (want.float() < 0).all()
+
+
 AVERAGE_CASES = [
     ((2, 5, 9, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ((2, 5, 9, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
@@ -183,8 +200,10 @@ def test_bad_input_is_refused_with_the_reason():
         max_pool2d(x, [2, 2], [2, 2], [0, 0], [1, 1], [2, 2], block_p=6)
     with pytest.raises(ValueError, match="4-D float tensor"):
         avg_pool2d(x.int(), [2, 2], [2, 2], [0, 0], [0, 0], [1, 1], [2, 2])
-    with pytest.raises(ValueError, match="4-D float or int8 tensor"):
+    with pytest.raises(ValueError, match="4-D float, int8 or fp8 tensor"):
         max_pool2d(x.int(), [2, 2], [2, 2], [0, 0], [1, 1], [2, 2])
+    with pytest.raises(ValueError, match="4-D float tensor"):
+        avg_pool2d(x.to(torch.float8_e4m3fn), [2, 2], [2, 2], [0, 0], [0, 0], [1, 1], [2, 2])
     with pytest.raises(ValueError, match="out is"):
         global_avg_pool(x, torch.empty(1, 2, 1, 1, dtype=torch.float16))
     with pytest.raises(ValueError, match="splits must be"):
@@ -199,21 +218,23 @@ from triton.compiler import ASTSource
 from tensorforge.kernels.triton import pool
 
 
-def compile(fn, constants, pointers, divisible):
+def compile(fn, constants, pointers, divisible, element="*fp16"):
     signature = {
-        n: "constexpr" if n in constants else "*fp32" if n == "partial" else "*fp16" if n in pointers else "i32"
+        n: "constexpr" if n in constants else "*fp32" if n == "partial" else element if n in pointers else "i32"
         for n in fn.arg_names
     }
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in (*pointers, *divisible)}
     ptx = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-    return len(re.findall(r"ld\\.global[^;]*\\.v4\\.b32", ptx)), ptx.count("max.NaN")
+    return len(re.findall(r"ld\\.global[^;]*\\.v4\\.b32", ptx)), ptx.count("max.NaN"), ptx.count("e4m3")
 
 
 nhwc = ("C", "sxn", "sxh", "sxw", "syn", "syh", "syw")
 for average in (False, True):
     fill = 0.0 if average else float("-inf")
-    constants = dict(KH=3, KW=3, AVERAGE=average, FILL=fill, BLOCK_P=32, BLOCK_C=64, sxc=1, syc=1)
+    constants = dict(KH=3, KW=3, AVERAGE=average, FILL=fill, WIDEN=False, BLOCK_P=32, BLOCK_C=64, sxc=1, syc=1)
     print("pool" + str(int(average)), *compile(pool._pool2d, constants, ("x", "y"), nhwc))
+constants = dict(KH=3, KW=3, AVERAGE=False, FILL=float("-inf"), WIDEN=True, BLOCK_P=32, BLOCK_C=64, sxc=1, syc=1)
+print("pool_fp8", *compile(pool._pool2d, constants, ("x", "y"), nhwc, "*fp8e4nv"))
 constants = dict(FLAT=True, SPLIT=True, BLOCK_P=32, BLOCK_C=64, sxc=1, syc=1)
 print("global_nhwc", *compile(pool._global_sum, constants, ("x", "y", "partial"), ("C", "sxn", "sxh", "sxw", "syn")))
 constants = dict(FLAT=True, SPLIT=False, BLOCK_P=128, BLOCK_C=16, sxw=1, syc=1)
@@ -226,9 +247,10 @@ print("finish", *compile(pool._global_mean_of_partials, dict(BLOCK_C=128, syc=1)
 def test_the_kernels_compile_for_hopper_with_16_byte_loads():
     """Through Triton's real compiler for sm_90 (the interpreter never compiles): on 16-aligned NHWC strides the
     window pools and the global pool load 16-byte vectors, as does the global pool along NCHW's pixels; the max
-    pool compares with NaN-propagating max."""
-    counts = {name: (int(v4), int(nan_max)) for name, v4, nan_max in compile_for_hopper(_COMPILE_FOR_HOPPER)}
-    assert counts["pool0"][0] > 0 and counts["pool0"][1] > 0, counts
+    pool compares with NaN-propagating max, an fp8 one in float16 after converting from E4M3 and back."""
+    counts = {line[0]: tuple(map(int, line[1:])) for line in compile_for_hopper(_COMPILE_FOR_HOPPER)}
+    assert counts["pool0"][0] > 0 and counts["pool0"][1] > 0 and counts["pool0"][2] == 0, counts
+    assert counts["pool_fp8"][1] > 0 and counts["pool_fp8"][2] > 0, counts
     assert counts["pool1"][0] > 0 and counts["global_nhwc"][0] > 0 and counts["global_nchw"][0] > 0, counts
     assert "finish" in counts
 

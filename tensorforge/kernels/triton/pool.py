@@ -6,7 +6,8 @@ contiguous channel runs; any strides work. The output size and the begin pads co
 ceil mode and auto-padding rules live in `ops.pool.window_geometry`).
 
 - MaxPool: cells outside the input never win (they read as -inf, or an integer type's lowest value); NaN
-  propagates, as the reference's amax does. A maximum is exact in any precision: it is taken in the input's type.
+  propagates, as the reference's amax does. A maximum is exact in any precision: it is taken in the input's type
+  (an fp8 input's in float16, which holds its values exactly).
 - AveragePool: the window's float32 sum over the count of its cells inside the input, or with
   count_include_pad inside the explicitly padded input, rows [-pads_begin, H + pads_end) (cells a ceil-mode
   window hangs past the end padding never count), rounded once. The count of a window is the product of its
@@ -41,12 +42,13 @@ def _pool2d(
     syn, syc, syh, syw,
     SH, SW, PH, PW, DH, DW,
     COUNT_H0, COUNT_H1, COUNT_W0, COUNT_W1,
-    KH: tl.constexpr, KW: tl.constexpr, AVERAGE: tl.constexpr, FILL: tl.constexpr,
+    KH: tl.constexpr, KW: tl.constexpr, AVERAGE: tl.constexpr, FILL: tl.constexpr, WIDEN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_P, BLOCK_C] tile: output pixels `program_id(0)` (flattened n, oh, ow), channels `program_id(1)`.
     AVERAGE: the window sum over the count of its cells in rows [COUNT_H0, COUNT_H1) × [COUNT_W0, COUNT_W1);
-    else the maximum. FILL: what a cell outside the input reads (0 or -inf)."""
+    else the maximum. FILL: what a cell outside the input reads (0 or -inf). WIDEN: the maximum of an fp8 input
+    taken in float16, which holds its values exactly (the type has no maximum instruction, nor an infinity)."""
     pixels = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     pixel_ok = pixels < P
@@ -58,7 +60,7 @@ def _pool2d(
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     x_tile = x + (image * sxn + ih0 * sxh + iw0 * sxw)[:, None] + (channels * sxc)[None, :]  # window cell (0, 0)
-    acc = tl.full([BLOCK_P, BLOCK_C], FILL, tl.float32 if AVERAGE else x.dtype.element_ty)
+    acc = tl.full([BLOCK_P, BLOCK_C], FILL, tl.float32 if AVERAGE else tl.float16 if WIDEN else x.dtype.element_ty)
     for kh in tl.static_range(KH):
         ih = ih0 + kh * DH
         row_ok = pixel_ok & (ih >= 0) & (ih < H)
@@ -66,10 +68,14 @@ def _pool2d(
             iw = iw0 + kw * DW
             ok = row_ok & (iw >= 0) & (iw < W)
             mask = ok[:, None] & channel_ok[None, :]
-            value = tl.load(x_tile + (kh * DH * sxh + kw * DW * sxw), mask=mask, other=FILL)
+            cell = x_tile + (kh * DH * sxh + kw * DW * sxw)
+            if WIDEN:
+                value = tl.where(mask, tl.load(cell, mask=mask, other=0.0).to(tl.float16), FILL)
+            else:
+                value = tl.load(cell, mask=mask, other=FILL)
             if AVERAGE:
                 acc += value.to(tl.float32)
-            else:  # in the input's own type: exact, and no conversion instruction per cell
+            else:  # in the input's own type (fp8's in float16): exact, and no conversion instruction per cell
                 acc = tl.maximum(acc, value, propagate_nan=tl.PropagateNan.ALL)
     if AVERAGE:
         rows = tl.zeros([BLOCK_P], dtype=tl.float32)
@@ -204,12 +210,12 @@ def _check_tile(name: str, block_p: int, block_c: int, num_warps: int) -> None:
 
 
 def _output(
-    name: str, x: torch.Tensor, shape: Sequence[int], out: torch.Tensor | None, int8: bool = False
+    name: str, x: torch.Tensor, shape: Sequence[int], out: torch.Tensor | None, quantized: bool = False
 ) -> torch.Tensor:
     """`out` after checking it against `shape` and x's dtype and device, or a new tensor in x's memory format
-    (`int8`: an int8 x is allowed too)."""
-    if x.dim() != 4 or not (x.is_floating_point() or (int8 and x.dtype == torch.int8)):
-        kinds = "float or int8" if int8 else "float"
+    (`quantized`: an int8 or fp8 x is allowed too)."""
+    if x.dim() != 4 or not (quantized if x.dtype == torch.int8 or _fp8(x) else x.is_floating_point()):
+        kinds = "float, int8 or fp8" if quantized else "float"
         raise ValueError(f"{name}: x must be a 4-D {kinds} tensor (N, C, H, W), got {x.dtype} {list(x.shape)}")
     shape = tuple(int(s) for s in shape)
     if out is None:
@@ -217,6 +223,10 @@ def _output(
     if tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(f"{name}: out is {out.dtype} {list(out.shape)} on {out.device}, needs {x.dtype} {list(shape)}")
     return out
+
+
+def _fp8(x: torch.Tensor) -> bool:
+    return x.is_floating_point() and x.element_size() == 1
 
 
 def _fill(dtype: torch.dtype, average: bool) -> float | int:
@@ -237,7 +247,7 @@ def _window_pool(
     n, c, h, w = x.shape
     oh, ow = out_shape
     average = counted is not None
-    y = _output(name, x, (n, c, oh, ow), out, int8=not average)
+    y = _output(name, x, (n, c, oh, ow), out, quantized=not average)
     pixels = n * oh * ow
     if pixels == 0 or c == 0:
         return y
@@ -247,6 +257,7 @@ def _window_pool(
         x, y, pixels, h, w, c, oh, ow, *x.stride(), *y.stride(),
         strides[0], strides[1], pads_begin[0], pads_begin[1], dilations[0], dilations[1], h0, h1, w0, w1,
         KH=kernel[0], KW=kernel[1], AVERAGE=average, FILL=_fill(x.dtype, average),
+        WIDEN=_fp8(x),
         BLOCK_P=block_p, BLOCK_C=block_c, num_warps=num_warps,
     )  # fmt: skip
     return y
@@ -265,8 +276,8 @@ def max_pool2d(
     block_p: int = 32,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """`x` (N, C, H, W; float, or int8: exact, the maximum of the integers) max-pooled into (N, C, *out_shape), in
-    `x`'s memory format or into `out`."""
+    """`x` (N, C, H, W; float, or a quantized int8 or fp8 activation: exact, the maximum of its values) max-pooled
+    into (N, C, *out_shape), in `x`'s memory format or into `out`."""
     return _window_pool(
         "max_pool2d", x, kernel, strides, pads_begin, dilations, out_shape, None, out, block_p, block_c, num_warps
     )
