@@ -309,9 +309,10 @@ def test_quantized_products_with_a_quantized_residual_and_output(kind, config, p
 @pytest.mark.gpu
 @pytest.mark.parametrize("promote", [True, False])
 def test_e4m3_sums_with_and_without_their_promotion(promote):
-    """A 768-deep E4M3 product (BERT-base's QKV) against float64: promoted every K step, within the autotuner's
-    bound for E4M3 products; left to the tensor cores (about 14 bits kept as they add), within K/32 of their steps'
-    rounding (2⁻¹³ each, growing at worst linearly), 2.9e-3 here."""
+    """A 768-deep E4M3 product (BERT-base's QKV) against float64: promoted every K step, within 1e-3 (one K step's
+    sum's error, 1.5-2.8e-4 measured); left to the tensor cores (about 14 bits kept as they add), within K/32 of
+    their steps' rounding (2⁻¹³ each, growing at worst linearly), 2.9e-3 here, inside the autotuner's bound for
+    E4M3 products."""
     from tensorforge.tactics.autotune import FP8_PRODUCTS_TOLERANCE
 
     torch.manual_seed(4)
@@ -322,7 +323,7 @@ def test_e4m3_sums_with_and_without_their_promotion(promote):
     gemm_ws(a, b, y, GemmConfig(block_k=128, promote=promote))
     want = a.double() @ b.double().T
     error = ((y.double() - want).abs().max() / want.abs().max()).item()
-    assert error <= (FP8_PRODUCTS_TOLERANCE if promote else k / 32 * 2**-13), error
+    assert error <= (1e-3 if promote else min(k / 32 * 2**-13, FP8_PRODUCTS_TOLERANCE)), error
 
 
 def test_the_convolution_launcher_refuses_a_weight_of_the_wrong_packing():

@@ -233,15 +233,16 @@ def test_strided_inputs_are_timed_apart_from_contiguous_ones():
 
 
 def test_e4m3_products_are_held_to_the_fp8_accumulation_bound_in_float_and_quantized_outputs():
-    """A float32 output 5e-4 off its reference fails an fp32 candidate of a float layer and passes one of E4M3
-    products; an E4M3 output that rounds a value 5e-4 off likewise; 2e-3 off fails both."""
+    """A float32 output 3e-3 off its reference (E4M3 sums over a K of 3072 left to the tensor cores) fails an fp32
+    candidate of a float layer and passes one of E4M3 products; an E4M3 output that rounds a value 3e-3 off
+    likewise; 1e-2 off fails both."""
     from tensorforge.tactics.autotune import _mismatch
     from tensorforge.tactics.variant import Variant
 
     torch.manual_seed(0)
     want = torch.randn(64, 64)
     fp32 = Variant("fp32", "NCHW")
-    for offset, products_pass in ((5e-4, True), (2e-3, False)):
+    for offset, products_pass in ((3e-3, True), (1e-2, False)):
         got = want + offset * want.abs().max()
         assert "relative error" in _mismatch([got], [want], [None], fp32)
         assert (_mismatch([got], [want], [None], fp32, fp8_products=True) == "") is products_pass
