@@ -32,6 +32,7 @@ from ..ops.fused import DOMAIN, QUANT_TYPES
 from ..ops.pool import ConvWindows
 from .base import Kernel, PerWeight, Tactic, allocate, register_tactic
 from .triton_conv import _activations as node_activations
+from .triton_conv import accumulations
 from .variant import float_type
 
 try:
@@ -64,14 +65,6 @@ def gemm_ws_configs(effort: int, quantized: bool = False) -> list[dict[str, Any]
 
 def gemm_config(config: dict[str, Any]) -> GemmConfig:
     return GemmConfig(**{field: config[field] for field in _FIELDS}, promote=config.get("promote", True))
-
-
-def accumulations(node: Node, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`configs`, and for a layer of E4M3 products each again without the promotion of its sums (`promote` False:
-    the tensor cores' own accumulation, which ptxas keeps pipelined; held to the same check as the others)."""
-    if node.attributes.get("quant") != "fp8e4m3":
-        return configs
-    return configs + [{**config, "promote": False} for config in configs]
 
 
 def float_out(dtype: torch.dtype, n: int) -> torch.dtype:

@@ -214,6 +214,8 @@ def test_bad_operands_are_named():
         conv2d_nhwc(x, packed, out_hw=(3, 3), config={"block": 16})
     with pytest.raises(ValueError, match="powers of two"):
         conv2d_nhwc(x, packed, out_hw=(3, 3), config={"block_k": 8})
+    with pytest.raises(ValueError, match="promote: True or False"):
+        conv2d_nhwc(x, packed, out_hw=(3, 3), config={"promote": "no"})
 
 
 def test_configs_by_effort():
@@ -290,8 +292,8 @@ from triton.compiler import ASTSource
 from tensorforge.kernels.triton.conv import _conv2d_igemm as fn
 constants = dict(
     KH=3, KW=3, DENSE_K=False, EVEN_K=False, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1, SPLIT=False,
-    DOT_PRECISION="ieee", QUANT=0, QUANTIZE_X=False, QUANT_Y=0, W_K_MAJOR=False, ALIGN=8, BLOCK_M=128, BLOCK_N=128,
-    BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
+    DOT_PRECISION="ieee", QUANT=0, QUANTIZE_X=False, QUANT_Y=0, PROMOTE=True, W_K_MAJOR=False, ALIGN=8, BLOCK_M=128,
+    BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
 )
 pointers = ("x", "w", "bias", "res", "y", "partial", "w_scale")
 floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")

@@ -487,7 +487,7 @@ for quant, x_type, w_type, mma, y_type, res_type, channels in (
     constants = dict(
         KH=3, KW=3, DENSE_K=False, EVEN_K=True, PADDED=True, HAS_BIAS=True, HAS_RES=True, PRE=0, POST=1,
         SPLIT=False, DOT_PRECISION="ieee", QUANT=quant, QUANTIZE_X=x_type != w_type, X_CHANNELS=channels,
-        QUANT_Y=quant if y_type == w_type else 0, W_K_MAJOR=True, ALIGN=16,
+        QUANT_Y=quant if y_type == w_type else 0, PROMOTE=True, W_K_MAJOR=True, ALIGN=16,
         BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, sxc=1, src=1, syc=1,
     )
     types = {"x": x_type, "w": w_type, "bias": "*fp32", "res": res_type, "y": y_type, "partial": "*fp16",

@@ -106,7 +106,7 @@ def _conv2d_igemm(
     DENSE_K: tl.constexpr, EVEN_K: tl.constexpr, PADDED: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr,
-    X_CHANNELS: tl.constexpr, QUANT_Y: tl.constexpr,
+    X_CHANNELS: tl.constexpr, QUANT_Y: tl.constexpr, PROMOTE: tl.constexpr,
     W_K_MAJOR: tl.constexpr, ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -217,10 +217,12 @@ def _conv2d_igemm(
             b = tl.load(w_group + (w_rows * KG)[:, None], mask=w_mask, other=0.0)
         if QUANT == 1:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        elif QUANT == 2:
+        elif QUANT == 2 and PROMOTE:
             # Hopper's float8 MMA adds in reduced precision; promoting each K tile's sum into the float32
             # accumulator keeps the error that of a BLOCK_K-long sum.
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        elif QUANT == 2:
+            acc = tl.dot(a, b, acc)  # the sums left to the tensor cores (`ConvConfig.promote`)
         else:
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
@@ -276,7 +278,11 @@ class ConvConfig:
     one group whose operands allow it runs `conv_tma`'s kernel with these tiles (split-K aside), any other call
     the gathering kernel; `persistent` (TMA kernel only): that many programs per multiprocessor walk all the
     output tiles, overlapping one tile's epilogue with the next one's loads (0: a program per tile); `swap` (TMA
-    kernel only): each tile computed transposed, its BLOCK_M pixels the product's N (`conv_tma`)."""
+    kernel only): each tile computed transposed, its BLOCK_M pixels the product's N (`conv_tma`). `promote` (E4M3
+    products only): each BLOCK_K step's sum added into the float32 accumulator, so the error stays that of one
+    step's sum whatever K is; False leaves the sums to the tensor cores, faster (compiled for sm_90, a promoted
+    256-pixel transposed tile spills registers) and less exact as K grows (`tactics.autotune.FP8_PRODUCTS_TOLERANCE`
+    is what a candidate must meet)."""
 
     block_m: int = 64
     block_n: int = 64
@@ -288,6 +294,7 @@ class ConvConfig:
     tma: bool = False
     persistent: int = 0
     swap: bool = False
+    promote: bool = True
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> ConvConfig:
@@ -305,6 +312,8 @@ class ConvConfig:
             raise ValueError(f"split_k must be a positive integer or 'auto', got {made.split_k!r}")
         if not (isinstance(made.persistent, int) and made.persistent >= 0):
             raise ValueError(f"persistent: programs per multiprocessor (0: none), got {made.persistent!r}")
+        if not isinstance(made.promote, bool):
+            raise ValueError(f"promote: True or False, got {made.promote!r}")
         if made.swap and not made.tma:
             raise ValueError("swap: a transposed tile is the TMA kernel's (tma=True) only")
         return made
@@ -313,7 +322,11 @@ class ConvConfig:
 def _config(
     bm, bn, bk, warps, stages, split_k="auto", group_m=8, tma=False, persistent=0, swap=False
 ) -> dict[str, Any]:
-    return asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, tma, persistent, swap))
+    """A tuning point as a dict; `promote` is left out (its default), as a float layer has nothing to promote
+    (an E4M3 layer's tactics add the unpromoted twins: `tactics.triton_conv.accumulations`)."""
+    config = asdict(ConvConfig(bm, bn, bk, group_m, warps, stages, split_k, tma, persistent, swap))
+    del config["promote"]
+    return config
 
 
 # Effort 0: the shapes of ResNet / MobileNet layers on Hopper: wide tiles for the large layers, 64-wide ones
@@ -728,7 +741,7 @@ def _launch(
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, PRE=pre[0], POST=post[0],
         SPLIT=plan.splits > 1, DOT_PRECISION=dot_precision,
         QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype, X_CHANNELS=x_inv_channels is not None,
-        QUANT_Y=quant_y,
+        QUANT_Y=quant_y, PROMOTE=cfg.promote,
         W_K_MAJOR=_k_major(name, weight), ALIGN=align,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

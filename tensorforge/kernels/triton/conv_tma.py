@@ -60,7 +60,7 @@ def _conv_tma(
     BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, SWAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, SWAP: tl.constexpr, PROMOTE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """[BLOCK_M, BLOCK_N] output tiles: BLOCK_M pixels (M of them with rows, BI·BH·BW boxes of the (IMAGES, OH,
@@ -71,7 +71,9 @@ def _conv_tma(
     then for its stores). With SWAP each tile is computed transposed, Yᵀ = W · Xᵀ: the weight's
     BLOCK_N rows are the product's M and the BLOCK_M pixels its N, so a layer of 64 output channels runs
     instructions as wide as its pixel tile allows (m64n128 against m64n64: less shared memory read a product;
-    8-bit operands K-major, as wgmma needs them); the epilogue reads the tile back in the usual orientation."""
+    8-bit operands K-major, as wgmma needs them); the epilogue reads the tile back in the usual orientation.
+    PROMOTE (E4M3 products): each BLOCK_K step's tensor-core sum added into the float32 accumulator
+    (`max_num_imprecise_acc`); without, the sums are left to the tensor cores (`conv.ConvConfig.promote`)."""
     if BOXES:
         m_tiles = tl.cdiv(IMAGES, BI) * tl.cdiv(OH, BH) * tl.cdiv(OW, BW)
     else:
@@ -83,14 +85,14 @@ def _conv_tma(
                 tile, m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
                 pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH,
                 BW, HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, SWAP,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                PROMOTE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _conv_tile(
             tl.program_id(0), m_tiles, n_tiles, a_desc, b_desc, z_desc, y_desc, bias, w_scale, OH, OW, N, CIN,
             pre0, pre1, post0, post1, x_scale, x_inv_scale, y_inv_scale, z_scale, KH, KW, PH, PW, BOXES, BI, BH, BW,
-            HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, SWAP, BLOCK_M,
-            BLOCK_N, BLOCK_K, GROUP_M,
+            HAS_BIAS, HAS_RES, PRE, POST, QUANT, QUANTIZE_X, QUANT_Y, W_K_MAJOR, DOT_PRECISION, SWAP, PROMOTE,
+            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -102,7 +104,7 @@ def _conv_tile(
     BOXES: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
     QUANT: tl.constexpr, QUANTIZE_X: tl.constexpr, QUANT_Y: tl.constexpr, W_K_MAJOR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SWAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SWAP: tl.constexpr, PROMOTE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """Output tile number `tile` of `_conv_tma`."""
@@ -150,8 +152,10 @@ def _conv_tile(
             b = b_desc.load([k, off_n])
         if QUANT == 1:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        elif QUANT == 2:
+        elif QUANT == 2 and PROMOTE:
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)  # see conv._conv2d_igemm
+        elif QUANT == 2:
+            acc = tl.dot(a, b, acc)
         else:
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if SWAP:
@@ -336,7 +340,8 @@ def launch(
         (m_tiles, bm, bn), cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent,
         KH=kh, KW=kw, PH=pads_begin[0], PW=pads_begin[1], BOXES=box is not None, BI=bi, BH=bh, BW=bw,
         PRE=pre[0], POST=post[0], QUANT=quant, QUANTIZE_X=quant != 0 and x.dtype != weight.dtype,
-        QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, SWAP=cfg.swap, BLOCK_K=bk,
+        QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major, DOT_PRECISION=dot_precision, SWAP=cfg.swap,
+        PROMOTE=cfg.promote, BLOCK_K=bk,
     )  # fmt: skip
     return None
 
@@ -400,7 +405,7 @@ def gemm_rows(
         (triton.cdiv(m, block_m), block_m, block_n), group_m, warps, stages, persistent, KH=1, KW=1, PH=0, PW=0,
         BOXES=False, BI=1, BH=1, BW=1, PRE=pre[0], POST=post[0], QUANT=quant,
         QUANTIZE_X=quant != 0 and a.dtype != b.dtype, QUANT_Y=quant if y_scale else 0, W_K_MAJOR=k_major,
-        DOT_PRECISION=dot_precision, SWAP=False, BLOCK_K=block_k,
+        DOT_PRECISION=dot_precision, SWAP=False, PROMOTE=True, BLOCK_K=block_k,
     )  # fmt: skip
     return None
 
