@@ -6,7 +6,7 @@ import torch
 
 from tensorforge.kernels.activations import activation_args
 from tensorforge.ops.fused import apply_activation
-from tests.helpers import compile_for_hopper
+from tests.helpers import PTXAS_VERDICT, compile_for_hopper
 from tests.kernels.gluon_support import geometry, producer_reads, recorded_launches
 
 gemm = pytest.importorskip("tensorforge.kernels.gluon.gemm", reason="this Triton has no Gluon for Hopper")
@@ -86,7 +86,8 @@ for operands, out, residual, consumers, quant_y, pre, post, stride in cases:
     config = GemmConfig(consumers=consumers, stages=3)
     constants = dict(
         HAS_SCALE=quant_y > 0, HAS_BIAS=True, HAS_RES=residual, PRE=pre, POST=post, QUANT_Y=quant_y, STAGES=3,
-        CONSUMERS=consumers, GROUP_M=8, BOXED=stride > 0, KW=3 if stride else 1, STRIDE=max(stride, 1), num_warps=4,
+        CONSUMERS=consumers, GROUP_M=8, BOXED=stride > 0, KW=3 if stride else 1, STRIDE=max(stride, 1), PROMOTE=True,
+        num_warps=4,
     )
     k = 64 if operands.itemsize == 2 else 128
     if stride:  # input [8, 56, 56, 64] (a phase of it at stride 2) in boxes of 2 × 8 × 8 pixels
@@ -127,12 +128,13 @@ def test_the_kernel_compiles_for_hopper_warp_specialized_on_tma_and_wgmma():
         assert int(handed_back) > 0 and int(local) == 0, counts
 
 
-_PTXAS_VERDICT = r"""
-import re, subprocess, sys, tempfile
+_PTXAS_VERDICT = (
+    PTXAS_VERDICT
+    + r"""
+import sys
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia import compiler as nvidia
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -145,11 +147,6 @@ operands = {"int8": torch.int8, "fp16": torch.float16, "fp8": torch.float8_e4m3f
 stride = int(sys.argv[2])
 promote = sys.argv[3]
 quantized = operands.itemsize == 1
-try:  # the ptxas Triton itself runs for sm_90 (newer Triton have one for Hopper and later apart)
-    ptxas = nvidia.get_ptxas(90).path
-except AttributeError:
-    from triton import knobs
-    ptxas = knobs.nvidia.ptxas.path
 ints = ("num_m", "N", "k_steps", "c_steps", "C", "boxes_h", "boxes_w", "PH", "PW", "DH", "DW")
 
 
@@ -177,14 +174,9 @@ for row in gemm_ws_configs(0, quantized=quantized):  # a 3×3 convolution of 128
         GluonASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
         options={"num_warps": config.num_warps, "maxnreg": config.maxnreg()},
     )
-    with tempfile.TemporaryDirectory() as folder:
-        with open(folder + "/k.ptx", "w") as f:
-            f.write(kernel.asm["ptx"])
-        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", folder + "/k.ptx", "-o", folder + "/k.cubin"],
-                             capture_output=True, text=True).stderr
-    spilled = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
-    print(row["block_m"], row["block_n"], row["consumers"], int("serialized" in log), spilled)
+    print(row["block_m"], row["block_n"], row["consumers"], *ptxas_verdict(kernel.asm["ptx"]))
 """
+)
 
 
 @pytest.mark.parametrize(

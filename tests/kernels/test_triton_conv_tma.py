@@ -30,7 +30,7 @@ from tensorforge.tactics.triton_conv import (
     TritonTmaConvTactic,
     TritonTmaQuantizedConvTactic,
 )
-from tests.helpers import DEVICES, compile_for_hopper, record_returns
+from tests.helpers import DEVICES, PTXAS_VERDICT, compile_for_hopper, record_returns
 from tests.kernels import test_triton_conv as floats
 from tests.kernels import test_triton_conv_quantized as quantized
 
@@ -325,12 +325,36 @@ def test_the_tma_tactics_time_their_own_configs_on_stride_1_layers_of_one_group(
 
 # -- compiled for Hopper; on the GPU ----------------------------------------------------------------------
 
-_COMPILE_FOR_HOPPER = """
-import re
+# `compile_tma(element, pixels, BLOCK_N, BLOCK_K, warps, stages, **constants)`: `_conv_tma` compiled for sm_90 with
+# its operands' descriptors of `element` ("fp16", "i8", "fp8e4nv") over tiles of `pixels` ("128", or a box "2, 8, 8")
+_TMA_COMPILER = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tensorforge.kernels.triton.conv_tma import _conv_tma as fn
+from tensorforge.kernels.triton.conv_tma import _conv_tma as fn, spatial_box
+
+FLOATS = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
+
+
+def compile_tma(element, pixels, bn, bk, warps, stages, **constants):
+    constants.update(BLOCK_N=bn, BLOCK_K=bk)
+    descriptors = {
+        "a_desc": f"tensordesc<{element}[{pixels}, {bk}]>", "b_desc": f"tensordesc<{element}[{bn}, {bk}]>",
+        "z_desc": f"tensordesc<{element}[{pixels}, {bn}]>", "y_desc": f"tensordesc<{element}[{pixels}, {bn}]>",
+    }
+    signature = {
+        n: "constexpr" if n in constants else descriptors.get(n) or ("*fp32" if n in ("bias", "w_scale") else
+        "fp32" if n in FLOATS else "i32")
+        for n in fn.arg_names
+    }
+    options = {"num_warps": warps, "num_stages": stages}
+    return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32), options=options)
+"""
+
+_COMPILE_FOR_HOPPER = (
+    _TMA_COMPILER
+    + """
+import re
 
 
 def stores_in_innermost_loop(ir):
@@ -349,7 +373,6 @@ def stores_in_innermost_loop(ir):
     return 0
 
 
-floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
 # (quant, kernel, persistent, swap, BLOCK_M, BLOCK_N); the last two: a 64-channel layer's 256-pixel tile, as it
 # is and computed transposed, by one warpgroup
 cases = [(quant, k, False, False, 128, 128) for quant in (0, 1) for k in (1, 3)]
@@ -357,24 +380,12 @@ cases += [(1, 1, True, False, 128, 128), (0, 3, True, False, 128, 128)]
 cases += [(1, 1, False, False, 256, 64), (1, 1, False, True, 256, 64)]
 for quant, k, persistent, swap, bm, bn in cases:
     a, mma, bk = ("fp16", ".f16.f16", 64) if quant == 0 else ("i8", ".s8.s8", 128)
-    constants = dict(
+    kernel = compile_tma(
+        a, "1, 8, 16" if k > 1 else str(bm), bn, bk, 4 if swap else 8, 3,
         KH=k, KW=k, PH=k // 2, PW=k // 2, BOXES=k > 1, BI=1, BH=8, BW=16, HAS_BIAS=True, HAS_RES=True, PRE=0,
         POST=1, QUANT=quant, QUANTIZE_X=False, QUANT_Y=quant, W_K_MAJOR=True, DOT_PRECISION="ieee",
-        PERSISTENT=persistent, SWAP=swap, PROMOTE=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+        PERSISTENT=persistent, SWAP=swap, PROMOTE=True, BLOCK_M=bm, GROUP_M=8,
     )
-    pixels = "1, 8, 16" if k > 1 else str(bm)
-    descriptors = {
-        "a_desc": f"tensordesc<{a}[{pixels}, {bk}]>", "b_desc": f"tensordesc<{a}[{bn}, {bk}]>",
-        "z_desc": f"tensordesc<{a}[{pixels}, {bn}]>", "y_desc": f"tensordesc<{a}[{pixels}, {bn}]>",
-    }
-    signature = {
-        n: "constexpr" if n in constants else descriptors.get(n) or ("*fp32" if n in ("bias", "w_scale") else
-        "fp32" if n in floats else "i32")
-        for n in fn.arg_names
-    }
-    source = ASTSource(fn, signature, constants)
-    options = {"num_warps": 4 if swap else 8, "num_stages": 3}
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = kernel.asm["ptx"]
     shapes = re.findall(r"wgmma\\.mma_async[^ ]*\\.m64n(\\d+)k\\d+[^ ]*" + re.escape(mma), ptx)
     loads = len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.[24]d\\.shared[^ ]*\\.global", ptx))
@@ -383,53 +394,28 @@ for quant, k, persistent, swap, bm, bn in cases:
     flat = stores_in_innermost_loop(kernel.asm["ttgir"])
     print(quant, k, int(persistent), int(swap), len(shapes), widest, loads, stores, flat)
 """
+)
 
-
-_COMPILE_FP8_SWAP = """
-import re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.backends.nvidia import compiler as nvidia
-from tensorforge.kernels.triton.conv_tma import _conv_tma as fn, spatial_box
-
-try:  # the ptxas Triton itself runs for sm_90
-    ptxas = nvidia.get_ptxas(90).path
-except AttributeError:
-    from triton import knobs
-    ptxas = knobs.nvidia.ptxas.path
-floats = ("pre0", "pre1", "post0", "post1", "x_scale", "x_inv_scale", "y_inv_scale", "z_scale")
 # (kernel, swap, BLOCK_M, BLOCK_N, warps, stages, promote): layer1's 3×3 on the transposed tile both ways; the
 # 1×1 rows of every effort-0 tile (`tiles_with_swap(0, quantized=True)`, K fitted to 64 channels) unpromoted
+_COMPILE_E4M3 = (
+    PTXAS_VERDICT
+    + _TMA_COMPILER
+    + """
 cases = [(3, True, 256, 64, 4, 3, True), (3, True, 256, 64, 4, 3, False)]
 cases += [(1, False, 128, 128, 8, 3, False), (1, False, 128, 64, 4, 4, False), (1, True, 256, 64, 4, 3, False)]
 for k, swap, bm, bn, warps, stages, promote in cases:
     bi, bh, bw = spatial_box(bm, (256, 56, 56)) if k > 1 else (1, 1, 1)  # ResNet-50's layer1 at batch 256
-    pixels = f"{bi}, {bh}, {bw}" if k > 1 else str(bm)
-    constants = dict(
+    kernel = compile_tma(
+        "fp8e4nv", f"{bi}, {bh}, {bw}" if k > 1 else str(bm), bn, 64, warps, stages,
         KH=k, KW=k, PH=k // 2, PW=k // 2, BOXES=k > 1, BI=bi, BH=bh, BW=bw, HAS_BIAS=True, HAS_RES=False, PRE=0,
         POST=1, QUANT=2, QUANTIZE_X=False, QUANT_Y=2, W_K_MAJOR=True, DOT_PRECISION="ieee", PERSISTENT=False,
-        SWAP=swap, PROMOTE=promote, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP_M=8,
+        SWAP=swap, PROMOTE=promote, BLOCK_M=bm, GROUP_M=8,
     )
-    descriptors = {
-        "a_desc": f"tensordesc<fp8e4nv[{pixels}, 64]>", "b_desc": f"tensordesc<fp8e4nv[{bn}, 64]>",
-        "z_desc": f"tensordesc<fp8e4nv[{pixels}, {bn}]>", "y_desc": f"tensordesc<fp8e4nv[{pixels}, {bn}]>",
-    }
-    signature = {
-        n: "constexpr" if n in constants else descriptors.get(n) or ("*fp32" if n in ("bias", "w_scale") else
-        "fp32" if n in floats else "i32")
-        for n in fn.arg_names
-    }
-    kernel = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": warps, "num_stages": stages})
-    with tempfile.TemporaryDirectory() as folder:
-        with open(folder + "/k.ptx", "w") as f:
-            f.write(kernel.asm["ptx"])
-        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", folder + "/k.ptx", "-o", folder + "/k.cubin"],
-                             capture_output=True, text=True).stderr
-    spilled = sum(int(b) for b in re.findall(r"(\\d+) bytes spill stores", log))
-    print(k, int(swap), bm, bn, int(promote), int("serialized" in log), spilled, kernel.asm["ptx"].count("add.f32"))
+    ptx = kernel.asm["ptx"]
+    print(k, int(swap), bm, bn, int(promote), *ptxas_verdict(ptx), ptx.count("add.f32"))
 """
+)
 
 
 def test_e4m3_tiles_left_unpromoted_compile_without_spills_or_serialized_products():
@@ -438,7 +424,7 @@ def test_e4m3_tiles_left_unpromoted_compile_without_spills_or_serialized_product
     serialized wgmma, no float32 adds of promoted sums. (Promoted, on Triton 3.9, the transposed tile spilled 116
     bytes at 255 registers and the 128 × 64 rows were serialized; the 3×3 box form without the transposition is
     serialized either way, and not asserted here.)"""
-    rows = [[int(v) for v in row] for row in compile_for_hopper(_COMPILE_FP8_SWAP)]
+    rows = [[int(v) for v in row] for row in compile_for_hopper(_COMPILE_E4M3)]
     assert len(rows) == 5, rows
     for *_, promote, serialized, spilled, promoted_adds in rows:
         if not promote:
