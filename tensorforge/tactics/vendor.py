@@ -46,6 +46,7 @@ from ..ops.fused import (
     dequantize_scales,
     epilogue,
     input_scale,
+    is_quantized_tensor,
     output_dtype,
     quantize_activation,
     quantized_input,
@@ -741,8 +742,7 @@ class TorchMaxPoolTactic(Tactic):
 
         def kernel(inputs):
             x = inputs[0]
-            if not x.is_floating_point() or x.element_size() == 1:  # a quantized activation (int8 or fp8): its
-                # values are exact in float32, and torch pools no fp8
+            if is_quantized_tensor(x):  # (int8 or fp8) its values are exact in float32, and torch pools no fp8
                 return (kernel([x.float()])[0].to(x.dtype),)
             begin, end, out = windows.at(x.shape[2:])
             padding = 0
