@@ -224,7 +224,8 @@ class TritonTmaConvTactic(TritonConvTactic):
 @register_tactic
 class TritonTmaQuantizedConvTactic(TritonQuantizedConvTactic):
     """`triton.conv-igemm-quantized` with the TMA-fed kernel (`tma_configs`, 8-bit tiles): stride-1 layers of
-    one group on Hopper (per-channel input scales run the gathering kernel with the same tiles)."""
+    one group on Hopper (per-channel input scales run the gathering kernel with the same tiles). An E4M3 layer's
+    tiles are timed with their sums promoted and not (`accumulations`)."""
 
     name = "conv-tma-quantized"
 
@@ -384,7 +385,8 @@ class TritonSpaceToDepthQuantizedConvTactic(TritonQuantizedConvTactic):
     pass (half the bytes of fp16 for int8, and the kernel's tensor cores read it straight from TMA, without a
     quantize between shared memory and the product), then `conv2d_nhwc_quantized` against the int8 (E4M3)
     weight regrouped the same way (zeros are exact in either type; the per-channel scales are the weight's). The
-    variant's type is the output's, when it is float."""
+    variant's type is the output's, when it is float. E4M3 tiles are timed with their sums promoted and not
+    (`accumulations`)."""
 
     name = "conv-s2d-quantized"
     converts_on_load = True
