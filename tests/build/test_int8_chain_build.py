@@ -185,6 +185,33 @@ def test_a_layerwise_comparison_reads_int8_activations_as_the_real_values_they_s
     assert 0 < relu2.rel < 0.05 and relu2.tolerance > 0  # the quantization error, not int8 against float
 
 
+@pytest.mark.parametrize(("quant", "bound"), [("int8", 5e-2), ("fp8", 1.5e-1)])
+def test_a_layerwise_comparison_of_a_pooled_chain_passes_and_blames_a_wrong_weight(quant, bound, tmp_path):
+    """The stem's quantized output through the max pool: the pool's quantized output is compared as the real
+    values it stands for (its input's scale: the pool is exact, so its error is the stem's), every value within its
+    quantized type's tolerance; with one output channel of conv1's quantized weight negated, conv1 is named."""
+    config = BuildConfig(
+        precisions=("fp32", quant), profiles=(PROFILE,), effort=0, tactic_families=INT8_FAMILIES,
+        quantization=QuantizationConfig(method="minmax", chain="always", depthwise_channels=False),
+    )  # fmt: skip
+    engine = Builder(config, calibration_data=batches()).build(import_model(pool_proto()))
+    path = tmp_path / "pool.onnx"
+    onnx.save(pool_proto(), path)
+    result = compare(path, engine, layerwise=True)
+    by_origin = {t.original: t for t in result.tensors}
+    assert result.ok and result.first_exceeding is None
+    assert by_origin["p"].rel == pytest.approx(by_origin["t0"].rel) and by_origin["p"].tolerance == bound
+    assert all(0 < t.rel < t.tolerance == bound for t in result.tensors)
+    (conv1,) = [n for n in engine.model.graph.nodes if n.name == "conv1"]
+    weight = conv1.inputs[1]
+    flipped = weight.const.float()
+    flipped[0] = -flipped[0]
+    weight.const = flipped.to(weight.const.dtype)
+    engine.save(tmp_path / "wrong.engine")
+    wrong = compare(path, Engine.load(tmp_path / "wrong.engine"), layerwise=True)
+    assert not wrong.ok and wrong.first_exceeding.node == "conv1"
+
+
 def test_with_the_float_fallback_the_chain_still_computes_close_to_the_quantized_graph():
     """Every family: a layer may run as its float original (dequantizing its int8 input, quantizing its
     output); the engine then sits between the quantized graph and float, as an unchained one does."""
