@@ -225,15 +225,21 @@ def autotune(
             groups.append((tactic, configs))
     first = search.score([(tactic, configs[0]) for tactic, configs in groups])
     best_first = min((c.median_ms for c in first), default=math.inf)
-    rest, skipped = [], 0
+    rest, promoted, skipped = [], [], 0
     for (tactic, configs), head in zip(groups, first, strict=True):
         # A first configuration that failed says nothing of the others: they are tried.
         contender = head.median_ms <= CONTENDER_RATIO * best_first or math.isinf(head.median_ms)
         if exhaustive or effort >= 2 or contender:
-            rest.extend((tactic, config) for config in configs[1:])
+            for config in configs[1:]:
+                twin = not exhaustive and unpromoted_twin(config, configs)
+                (promoted if twin else rest).append((tactic, config))
         else:
             skipped += len(configs) - 1
     search.score(rest)
+    passed = [(c.tactic, c.config) for c in search.candidates if math.isfinite(c.median_ms)]
+    needed = [(t, c) for t, c in promoted if (t.key, {**c, "promote": False}) not in passed]
+    skipped += len(promoted) - len(needed)
+    search.score(needed)
     if device.type == "cpu":
         search.confirm()
     candidates = search.candidates
@@ -246,6 +252,14 @@ def autotune(
         skipped=skipped, prepare_s=search.prepare_s, timing_s=search.timing_s, candidate_s=search.candidate_s,
         first_run_s=search.first_run_s,
     )  # fmt: skip
+
+
+def unpromoted_twin(config: dict[str, Any], configs: Sequence[dict[str, Any]]) -> bool:
+    """Whether `config` promotes its E4M3 sums (`promote` True, the default) while its twin that leaves them to the
+    tensor cores is among `configs`. The promotion only adds work to the same product, so the twin goes first and
+    the promoted form is built, checked and timed only where the twin fails (its error past the bound for E4M3
+    products, `FP8_PRODUCTS_TOLERANCE`); `precompile` leaves it to the tuning likewise."""
+    return config.get("promote", True) and {**config, "promote": False} in configs
 
 
 def candidate_groups(

@@ -5,8 +5,9 @@ waits for the slowest before it is timed, so a build costs about one slowest com
 kernel compiles to depends on its layer's shapes, types and strides, not on the values, so this pass walks the
 graph once with the reference kernels (from the same random inputs the tuning starts from) and hands each layer's
 compiling candidates (the Triton and NVRTC families: every variant, every configuration of their spaces at the
-build's effort, but only the first in float32) to one pool of threads, many layers at a time. The tuning that
-follows finds the kernels in Triton's and NVRTC's caches and only runs, checks and times them. Nothing here
+build's effort, but only the first in float32, and no promoted twin of an E4M3 configuration) to one pool of
+threads, many layers at a time. The tuning that follows finds the kernels in Triton's and NVRTC's caches and only
+runs, checks and times them. Nothing here
 decides anything: a candidate that fails is left for the tuning to meet and report, and a layer the reference
 cannot run ends the pass early. Candidates the build's timing cache already holds are left out: the tuning takes
 their times from it and builds only the winner, so a rebuild with an earlier build's cache compiles one kernel a
@@ -31,7 +32,7 @@ from ..ir import Model, Node, Value
 from ..ir.walk import Walk
 from ..kernels.quantize import KINDS
 from ..ops.math_flags import full_float32
-from .autotune import build_layer_kernel, candidate_groups, layer_key, on_device
+from .autotune import build_layer_kernel, candidate_groups, layer_key, on_device, unpromoted_twin
 from .base import Tactic, tactic_by_key
 from .timing_cache import TimingCache
 from .variant import PRECISION_DTYPE, ConstantCache
@@ -137,7 +138,8 @@ def _compiling(
         if reason or tactic.family not in COMPILING_FAMILIES or configs[0]["precision"] == "tf32":
             continue
         for config in configs[:1] if configs[0]["precision"] == "fp32" else configs:
-            yield tactic, config
+            if not unpromoted_twin(config, configs):  # (the tuning builds it where its twin fails)
+                yield tactic, config
 
 
 def _compile(tactic: Tactic, node: Node, opset: int, device: torch.device, config, constants, args) -> None:

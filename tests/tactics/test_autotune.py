@@ -191,6 +191,41 @@ def test_a_tactic_whose_first_configuration_fails_tries_the_others(tuned_tactic,
     assert second.median_ms == math.inf and "does not compile" in second.note
 
 
+class _TwinTactic(Tactic):
+    """Tiles 1 and 2, each with its sums left to the tensor cores (`promote` False, listed first) and promoted;
+    tile 2 unpromoted gives a wrong result (as a deep E4M3 layer's sums past the bound)."""
+
+    family, name, op_types = "test", "twins", ("tensorforge::FusedConv",)
+    built: ClassVar[list[tuple[int, bool]]] = []
+
+    def space(self, effort):
+        tiles = [{"tile": 1}, {"tile": 2}]
+        return [{**c, "promote": False} for c in tiles] + tiles
+
+    def build(self, node, opset, device, config):
+        type(self).built.append((config["tile"], config.get("promote", True)))
+        reference = ReferenceTactic().build(node, opset, device, {})
+        wrong = config["tile"] == 2 and not config.get("promote", True)
+        return lambda inputs: tuple(y + 1 if wrong else y for y in reference(inputs))
+
+
+def test_a_promoted_twin_is_tried_only_where_its_unpromoted_form_fails_the_check(monkeypatch):
+    monkeypatch.setattr(base, "_TACTICS", [*base._TACTICS, _TwinTactic()])
+    _TwinTactic.built = []
+    node, inputs = _fused_conv_layer()
+    choice = autotune(node, 1, inputs, "cpu", effort=2)  # (every configuration in the running at effort 2)
+    assert sorted(_TwinTactic.built) == [(1, False), (2, False), (2, True)]  # tile 1 promoted: never built
+    ours = [c for c in choice.candidates if c.tactic == "test.twins"]
+    twins = {(c.config["tile"], c.config.get("promote", True)): c for c in ours}
+    assert math.isfinite(twins[1, False].median_ms) and math.isfinite(twins[2, True].median_ms)
+    assert "wrong result" in twins[2, False].note and (1, True) not in twins
+    _TwinTactic.built = []
+    autotune(node, 1, inputs, "cpu", effort=2, exhaustive=True)
+    assert len(_TwinTactic.built) == 4
+    assert not autotune_module.unpromoted_twin({"tile": 1, "promote": False}, _TwinTactic().space(0))
+    assert not autotune_module.unpromoted_twin({"tile": 3}, _TwinTactic().space(0))  # no twin to stand for it
+
+
 def test_worker_threads_prepare_candidates_and_score_them_as_one_thread_does(tuned_tactic, broken_tactics):
     node, inputs = _fused_conv_layer(residual=True)
     serial = autotune(node, 1, inputs, "cpu", effort=0, exhaustive=True, workers=1)

@@ -100,6 +100,16 @@ def test_every_layer_every_variant_but_tf32_every_config_runs_once_on_the_layers
     )  # the broken configuration failed quietly: the tuning meets and reports it
 
 
+def test_a_promoted_twin_is_left_to_the_tuning(compiling, monkeypatch):
+    """An E4M3 layer's space lists each tile unpromoted and promoted: only the first compile here (the tuning
+    builds a promoted one where its twin fails the check)."""
+    monkeypatch.setattr(compiling, "precisions", ("fp16",))
+    monkeypatch.setattr(compiling, "space", lambda self, effort: [{"tile": 1, "promote": False}, {"tile": 1}])
+    model = _two_convs()
+    done = precompile(model, _env(model), CPU, effort=0, precisions=("fp16",), families=None, constants={}, workers=2)
+    assert done.submitted == 2 and [tile for _, tile, _ in compiling.runs] == [1, 1]
+
+
 def test_families_outside_the_build_are_not_compiled(compiling):
     model = _two_convs()
     done = precompile(
