@@ -201,10 +201,11 @@ def autotune(
 
     The search runs in two rounds: first every (tactic, precision, layout) in the first configuration of its
     tuning space, then the rest of the space of those whose first time is within `CONTENDER_RATIO` of the
-    best or failed (all of them at effort 2 or when `exhaustive`). In each round the candidates are built, compiled
-    and checked by `workers` threads at once (compiling is most of a GPU build; default `compile_workers`),
-    then timed one after another. On the CPU the fastest few are then timed again against one another
-    (`_Search.confirm`).
+    best or failed (all of them at effort 2 or when `exhaustive`); a promoted E4M3 configuration of the second
+    round waits for a third, which takes it only where its unpromoted twin failed (`unpromoted_twin`; all of them
+    when `exhaustive`). In each round the candidates are built, compiled and checked by `workers` threads at once
+    (compiling is most of a GPU build; default `compile_workers`), then timed one after another. On the CPU the
+    fastest few are then timed again against one another (`_Search.confirm`).
     """
     device = torch.device(device)
     constants = {} if constants is None else constants
