@@ -27,9 +27,10 @@ import numpy as np
 import onnx
 import torch
 
-from .errors import InputError, ModelLoadError, UnsupportedError
+from .errors import InputError, ModelLoadError
 from .feeds import build_feeds
 from .ir import Value, qualified_op
+from .onnxruntime_session import open_session, providers_for
 from .ops.chain_rules import is_quantized_layer
 from .ops.executor import bind_feeds
 from .ops.fused import QUANTIZED_DTYPES
@@ -285,20 +286,12 @@ def _load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
 
 def _run_onnxruntime(proto: onnx.ModelProto, feeds: dict[str, np.ndarray], extra: list[str]) -> dict[str, np.ndarray]:
     """ONNX Runtime's graph outputs and the intermediate values `extra`, by name, on the CPU."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise UnsupportedError("compare needs ONNX Runtime as its reference: pip install onnxruntime") from None
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
     inputs = {i.name for i in model.graph.input} - {init.name for init in model.graph.initializer}
+    session = open_session(model, providers_for("cpu"))
     try:
-        payload = model.SerializeToString()
-    except ValueError as err:  # protobuf's 2 GiB limit
-        raise UnsupportedError(f"the model cannot be handed to ONNX Runtime in memory ({err})") from None
-    try:
-        session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"])
         results = session.run(None, {name: array for name, array in feeds.items() if name in inputs})
     except Exception as err:  # ORT raises its own exception types
         raise InputError(

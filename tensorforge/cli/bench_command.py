@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,11 +18,13 @@ from ..errors import InputError, TensorforgeError
 from ..feeds import build_feeds, parse_assignments, parse_shape
 from ..frontend import load_onnx
 from ..ir import Model
+from ..onnxruntime_session import open_session, providers_for
 from ..runtime.bench import (
     BenchOptions,
     BenchResult,
     bench_engine,
     bench_executor,
+    bench_onnxruntime,
     engine_shapes,
     model_shapes,
 )
@@ -32,6 +35,15 @@ from .common import app, choose_device, err, fail, out
 Shapes = dict[str, tuple[int, ...]]
 InputsOption = Annotated[
     list[str] | None, typer.Option("--input", "-i", help="NAME=file.npy (repeatable)", show_default=False)
+]
+PeersOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--peer",
+        help="also time ONNX Runtime on the same model and inputs, side by side: ort (on the device's provider "
+        "where it has one, else the CPU's), ort:cpu, ort:cuda, ort:tensorrt or ort:PROVIDER (repeatable)",
+        show_default=False,
+    ),
 ]
 ShapesOption = Annotated[
     list[str] | None,
@@ -68,15 +80,24 @@ def bench(
     ] = False,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (an engine: where it was built)")] = "auto",
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    peers: PeersOption = None,
+    onnx_path: Annotated[
+        Path | None,
+        typer.Option("--onnx", help="the ONNX model an engine was built from, for --peer", show_default=False),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
 ) -> None:
     """Throughput (inferences/s, samples/s), latency percentiles, host-to-device, GPU compute and
-    device-to-host times. An ONNX model is built into an engine with default settings first."""
+    device-to-host times. An ONNX model is built into an engine with default settings first. With --peer,
+    ONNX Runtime runs the same model on the same inputs after it, timed alike, and a table sets them side by side."""
     try:
         options = BenchOptions(warmup_s=warmup, duration_s=duration, streams=streams)
+        peer_specs = [parse_peer(text) for text in peers or []]
         if is_engine_file(model_path):
             if executor:
                 raise InputError("--executor times the reference executor on an ONNX model; this is an engine file")
+            if peer_specs and onnx_path is None:
+                raise InputError("--peer on an engine file needs the ONNX model it was built from: give it with --onnx")
             engine = Engine.load(model_path, device=None if device == "auto" else choose_device(device))
             feeds = feeds_for(engine.model, lambda given: engine_shapes(engine, given, batch), inputs, shapes, seed)
             result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph, cpu_graphs=cpu_graph), False
@@ -91,12 +112,72 @@ def bench(
             else:
                 engine = _build(model_path, model, feeds, choose_device(device))
                 result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph, cpu_graphs=cpu_graph), True
+            onnx_path = model_path
+        peer_results = [bench_peer(spec, onnx_path, feeds, options, result.device) for spec in peer_specs if onnx_path]
     except TensorforgeError as error:
         fail(error)
     if as_json:
-        print(json.dumps({"model": str(model_path), "built": built, **result.to_dict()}, indent=2))
+        report = {"model": str(model_path), "built": built, **result.to_dict()}
+        if peer_results:
+            report["peers"] = [peer.to_dict(result) for peer in peer_results]
+        print(json.dumps(report, indent=2))
         return
     print_bench(model_path, result)
+    if peer_results:
+        print_side_by_side(result, peer_results)
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    """A peer's measurement beside the engine's: what it was asked as, the provider it ran on, why not another."""
+
+    peer: str
+    provider: str
+    note: str | None
+    result: BenchResult
+
+    def to_dict(self, ours: BenchResult) -> dict[str, Any]:
+        return {
+            "peer": self.peer,
+            "provider": self.provider,
+            "note": self.note,
+            **self.result.to_dict(),
+            "speedup": speedups(ours, self.result),
+        }
+
+
+def parse_peer(text: str) -> tuple[str, str | None]:
+    """`--peer` text as (peer, provider or None): ort, or ort:PROVIDER."""
+    name, colon, provider = text.partition(":")
+    if name.lower() not in ("ort", "onnxruntime"):
+        raise InputError(f"unknown peer {text!r}: --peer takes ort or ort:PROVIDER (cpu, cuda, tensorrt, or a name)")
+    if colon and not provider:
+        raise InputError(f"--peer {text!r} names no provider after the colon")
+    return "ort", provider or None
+
+
+def bench_peer(
+    spec: tuple[str, str | None], onnx_path: Path, feeds: Mapping[str, Any], options: BenchOptions, device: str
+) -> PeerResult:
+    """ONNX Runtime timed on `onnx_path` with the engine's inputs, on the providers `spec` asks for (by default
+    those of the engine's device)."""
+    peer, provider = spec
+    providers = providers_for(device, provider)
+    if providers.note:
+        err.print(f"note: {providers.note}", style="yellow")
+    err.print(f"timing ONNX Runtime on {providers.first}")
+    session = open_session(onnx_path, providers)
+    result = bench_onnxruntime(session, feeds, options, providers.device)
+    text = peer if provider is None else f"{peer}:{provider}"
+    return PeerResult(text, providers.first, providers.note, result)
+
+
+def speedups(ours: BenchResult, peer: BenchResult) -> dict[str, float]:
+    """How many times the engine is faster than `peer`: in median latency and in throughput."""
+    return {
+        "median_latency": peer.latency_ms["median"] / ours.latency_ms["median"],
+        "throughput": ours.samples_per_s / peer.samples_per_s,
+    }
 
 
 def feeds_for(
@@ -146,6 +227,29 @@ def _build(path: Path, model: Model, feeds: Mapping[str, Any], device: str) -> E
         "(use `tensorforge build` for other settings, or --executor to time the reference executor)"
     )
     return build_engine(model, BuildConfig(device=device, profiles=(profile,)))
+
+
+def print_side_by_side(ours: BenchResult, peers: list[PeerResult]) -> None:
+    """The engine and each peer in one table: median and p99 latency, throughput, and the engine's speedup."""
+    table = Table(
+        "system", "device", "median ms", "p99 ms", "samples/s", "tensorforge ×", box=None, title="side by side"
+    )
+    graphs = " (CUDA graphs)" if ours.graphs and ours.device.startswith("cuda") else ""
+    rows = [(f"tensorforge engine{graphs}", ours, None)] + [
+        (f"ONNX Runtime {peer.provider.removesuffix('ExecutionProvider')}", peer.result, speedups(ours, peer.result))
+        for peer in peers
+    ]
+    for label, result, speedup in rows:
+        table.add_row(
+            label,
+            result.device,
+            f"{result.latency_ms['median']:.4f}",
+            f"{result.latency_ms['p99']:.4f}",
+            f"{result.samples_per_s:.1f}",
+            "-" if speedup is None else f"{speedup['throughput']:.2f}",
+        )
+    out.print(table)
+    out.print("tensorforge ×: the engine's throughput over the peer's (above 1: the engine is faster)")
 
 
 def print_bench(path: Path, result: BenchResult) -> None:

@@ -9,7 +9,11 @@ inferences per stream are queued ahead of the GPU. On the CPU an inference is on
 
 With `streams` = N, N workers (each its own execution context and stream) run from N threads at once for the
 same duration; throughput is all their inferences over the wall time from the first start to the last end.
-Before that, each worker runs once alone (the CUDA graph capture) and then warms up for `warmup_s`.
+Before that, each worker runs once alone (the CUDA graph capture) and then warms up for `warmup_s`. One worker
+runs on the calling thread: on the CPU a second thread that runs torch's OpenMP loops gets a second team of
+OpenMP threads, and once more threads are docked in teams than there are cores, libgomp stops letting its idle
+threads spin between loops, so that every loop wakes its threads from sleep (an engine of many small layers, such as
+MobileNetV3 at batch 1, ran 1.8× slower from a worker thread than from the thread that built it).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +34,7 @@ import torch
 from ..errors import InputError
 from ..ir import Model, format_type
 from ..ops import Executor
-from ..tensors import from_any
+from ..tensors import from_any, to_numpy
 from .engine import Engine
 
 Shape = tuple[int, ...]
@@ -216,6 +220,24 @@ def bench_executor(model: Model, feeds: Mapping[str, Any], options: BenchOptions
     return _measure(workers, options, "executor", executor.device, False, feeds, [])
 
 
+def bench_onnxruntime(session: Any, feeds: Mapping[str, Any], options: BenchOptions, device: str) -> BenchResult:
+    """Benchmark an ONNX Runtime `session` (on `device`, where its first provider runs) on `feeds`, from
+    `options.streams` threads at once. Each inference is one `session.run` on host arrays, so on a GPU its latency
+    holds the copies in and out, as the engine's does; it is timed on the host, without a breakdown."""
+    wanted = {i.name for i in session.get_inputs()}
+    missing = sorted(wanted - set(feeds))
+    if missing:
+        raise InputError(
+            f"ONNX Runtime's model has inputs {missing} that the engine's have not: is it the model the engine was "
+            "built from?"
+        )
+    arrays = {name: to_numpy(_tensor(name, feeds[name])) for name in wanted}
+    workers = [_Worker(lambda _: session.run(None, arrays), None, {}, "cpu") for _ in range(options.streams)]
+    _prime(workers)
+    result = _measure(workers, options, "onnxruntime", torch.device("cpu"), False, feeds, [])
+    return replace(result, device=device)
+
+
 @dataclass
 class _Samples:
     latency: list[float] = field(default_factory=list)
@@ -355,13 +377,16 @@ def _measure(
             barrier.abort()  # the other workers stop waiting and the error surfaces
             raise
 
-    with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="bench") as pool:
-        futures = [pool.submit(work, worker) for worker in workers]
-        errors = [future.exception() for future in futures]
-    errors = [error for error in errors if error is not None]
-    if errors:  # the worker that failed, not the ones it released from the barrier
-        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-    outcomes = [future.result() for future in futures]
+    if len(workers) == 1:  # on the calling thread: see the module docstring
+        outcomes = [work(workers[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="bench") as pool:
+            futures = [pool.submit(work, worker) for worker in workers]
+            errors = [future.exception() for future in futures]
+        errors = [error for error in errors if error is not None]
+        if errors:  # the worker that failed, not the ones it released from the barrier
+            raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+        outcomes = [future.result() for future in futures]
     merged = _Samples()
     for _, _, samples in outcomes:
         for name in ("latency", "compute", "enqueue", "h2d", "d2h"):

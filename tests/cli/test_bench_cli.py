@@ -102,3 +102,45 @@ def test_bad_options_fail_with_a_message(files, tmp_path):
         assert "Traceback" not in result.output
     usage = runner.invoke(app, ["bench", str(engine), "--streams", "0"])
     assert usage.exit_code == 2 and "streams" in usage.output
+
+
+def test_onnxruntime_beside_a_model_built_on_the_way(files):
+    _, _, tiny = files
+    result = runner.invoke(app, ["bench", str(tiny), *QUICK, "--batch", "4", "--peer", "ort"])
+    assert result.exit_code == 0, result.output
+    assert "timing ONNX Runtime on CPUExecutionProvider" in result.stderr
+    lines = result.stdout.splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if "side by side" in line) :]
+    assert any(line.split()[:2] == ["tensorforge", "engine"] for line in table)
+    assert any(line.split()[:3] == ["ONNX", "Runtime", "CPU"] for line in table)
+    as_json = runner.invoke(app, ["bench", str(tiny), *QUICK, "--peer", "ort:cpu", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.stdout)
+    (peer,) = data["peers"]
+    assert peer["peer"] == "ort:cpu" and peer["provider"] == "CPUExecutionProvider" and peer["note"] is None
+    assert peer["runner"] == "onnxruntime" and peer["device"] == "cpu" and peer["iterations"] >= 1
+    assert peer["shapes"] == data["shapes"]
+    speedup = peer["speedup"]
+    assert speedup["median_latency"] == pytest.approx(peer["latency_ms"]["median"] / data["latency_ms"]["median"])
+    assert speedup["throughput"] == pytest.approx(
+        data["throughput"]["samples_per_s"] / peer["throughput"]["samples_per_s"]
+    )
+
+
+def test_onnxruntime_beside_an_engine_needs_its_model(files):
+    model, engine, tiny = files
+    result = runner.invoke(app, ["bench", str(engine), *QUICK, "--peer", "ort", "--onnx", str(model), "--json"])
+    assert result.exit_code == 0, result.output
+    (peer,) = json.loads(result.stdout)["peers"]
+    assert peer["batch"] == 2 and peer["shapes"] == {"input": [2, 64, 16, 16]}
+    cases = [
+        ([str(engine), "--peer", "ort"], "--peer on an engine file needs the ONNX model it was built from"),
+        ([str(engine), "--peer", "ort", "--onnx", str(tiny)], "is it the model the engine was built from?"),
+        ([str(tiny), "--peer", "trt"], "unknown peer 'trt'"),
+        ([str(tiny), "--peer", "ort:"], "names no provider after the colon"),
+        ([str(tiny), "--peer", "ort:NoSuchExecutionProvider"], "has no NoSuchExecutionProvider (it has"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["bench", args[0], "--warmup", "0", "--duration", "0.05", *args[1:]])
+        assert result.exit_code == 1 and message in result.output, (args, result.output)
+        assert "Traceback" not in result.output

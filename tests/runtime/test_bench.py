@@ -1,6 +1,7 @@
 """The trtexec-like benchmark: shapes it runs at, the numbers it reports, streams, the CUDA phases."""
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -15,11 +16,13 @@ from tensorforge.runtime.bench import (
     BenchOptions,
     bench_engine,
     bench_executor,
+    bench_onnxruntime,
     engine_shapes,
     model_shapes,
     summarize,
     with_batch,
 )
+from tensorforge.runtime.context import ExecutionContext
 from tests.helpers import make_model, tensor_info
 
 SHORT = BenchOptions(warmup_s=0.02, duration_s=0.2)
@@ -88,6 +91,54 @@ def test_reference_executor(engine):
     result = bench_executor(import_model(zoo.export("inception")), _feeds(1), SHORT, "cpu")
     assert result.runner == "executor" and result.iterations >= 1 and result.batch == 1
     _check_stats(result.latency_ms)
+
+
+class _Session:
+    """An ONNX Runtime session's surface: its inputs, and a run that records its thread and what it was given."""
+
+    def __init__(self, names):
+        self.names = names
+        self.threads, self.seen = set(), []
+
+    def get_inputs(self):
+        return [type("Input", (), {"name": name})() for name in self.names]
+
+    def run(self, outputs, feeds):
+        self.threads.add(threading.get_ident())
+        self.seen.append(feeds)
+        return [feeds["input"] * 2]
+
+
+def test_onnxruntime_is_timed_on_host_arrays_from_the_calling_thread():
+    session = _Session(["input"])
+    feeds = _feeds()
+    result = bench_onnxruntime(session, feeds, SHORT, "cuda:1")
+    assert result.runner == "onnxruntime" and result.device == "cuda:1" and not result.graphs
+    assert result.iterations >= 1 and result.batch == 2 and result.shapes == {"input": (2, 64, 16, 16)}
+    _check_stats(result.latency_ms)
+    assert result.h2d_ms is None and result.compute_ms == result.latency_ms  # session.run copies inside its time
+    assert session.threads == {threading.get_ident()}  # one stream: the caller's thread (the module docstring)
+    assert all(np.array_equal(seen["input"], feeds["input"]) for seen in session.seen)
+    missing = _Session(["input", "mask"])
+    with pytest.raises(InputError, match=r"inputs \['mask'\] that the engine's have not"):
+        bench_onnxruntime(missing, feeds, SHORT, "cpu")
+
+
+def test_one_stream_runs_on_the_calling_thread_several_on_their_own(engine):
+    threads = set()
+    context_enqueue = ExecutionContext.enqueue
+
+    def recording(self, *args, **kwargs):
+        threads.add(threading.get_ident())
+        return context_enqueue(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExecutionContext, "enqueue", recording)
+        bench_engine(engine, _feeds(), SHORT)
+        assert threads == {threading.get_ident()}
+        threads.clear()
+        bench_engine(engine, _feeds(), BenchOptions(warmup_s=0.02, duration_s=0.2, streams=2))
+        assert len(threads - {threading.get_ident()}) == 2
 
 
 def test_engine_shapes_pick_the_profile_that_fits():
