@@ -102,6 +102,8 @@ def bench(
             feeds = feeds_for(engine.model, lambda given: engine_shapes(engine, given, batch), inputs, shapes, seed)
             result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph, cpu_graphs=cpu_graph), False
         else:
+            if onnx_path is not None:
+                raise InputError("--onnx names the model of an engine file; this is an ONNX model already")
             model = load_onnx(model_path)
             feeds = feeds_for(model, lambda given: model_shapes(model, given, batch), inputs, shapes, seed)
             if executor:
@@ -113,7 +115,7 @@ def bench(
                 engine = _build(model_path, model, feeds, choose_device(device))
                 result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph, cpu_graphs=cpu_graph), True
             onnx_path = model_path
-        peer_results = [bench_peer(spec, onnx_path, feeds, options, result.device) for spec in peer_specs if onnx_path]
+        peer_results = [bench_peer(spec, onnx_path, feeds, options, result.device) for spec in peer_specs]
     except TensorforgeError as error:
         fail(error)
     if as_json:
@@ -235,7 +237,7 @@ def print_side_by_side(ours: BenchResult, peers: list[PeerResult]) -> None:
         "system", "device", "median ms", "p99 ms", "samples/s", "tensorforge ×", box=None, title="side by side"
     )
     graphs = " (CUDA graphs)" if ours.graphs and ours.device.startswith("cuda") else ""
-    rows = [(f"tensorforge engine{graphs}", ours, None)] + [
+    rows = [(f"tensorforge {ours.runner}{graphs}", ours, None)] + [
         (f"ONNX Runtime {peer.provider.removesuffix('ExecutionProvider')}", peer.result, speedups(ours, peer.result))
         for peer in peers
     ]

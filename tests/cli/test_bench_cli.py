@@ -82,6 +82,13 @@ def test_executor(files):
     assert data["runner"] == "executor" and data["built"] is False and data["iterations"] >= 1
 
 
+def test_onnxruntime_beside_the_executor(files):
+    _, _, tiny = files
+    result = runner.invoke(app, ["bench", str(tiny), *QUICK, "--executor", "--peer", "ort"])
+    assert result.exit_code == 0, result.output
+    assert any(line.split()[:2] == ["tensorforge", "executor"] for line in result.stdout.splitlines())
+
+
 def test_bad_options_fail_with_a_message(files, tmp_path):
     model, engine, tiny = files
     cases = [
@@ -137,6 +144,7 @@ def test_onnxruntime_beside_an_engine_needs_its_model(files):
         ([str(engine), "--peer", "ort"], "--peer on an engine file needs the ONNX model it was built from"),
         ([str(engine), "--peer", "ort", "--onnx", str(tiny)], "is it the model the engine was built from?"),
         ([str(tiny), "--peer", "trt"], "unknown peer 'trt'"),
+        ([str(tiny), "--peer", "ort", "--onnx", str(model)], "--onnx names the model of an engine file"),
         ([str(tiny), "--peer", "ort:"], "names no provider after the colon"),
         ([str(tiny), "--peer", "ort:NoSuchExecutionProvider"], "has no NoSuchExecutionProvider (it has"),
     ]
