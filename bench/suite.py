@@ -54,6 +54,7 @@ from tensorforge import __version__, zoo
 from tensorforge.build.builder import Builder
 from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.frontend import import_model
+from tensorforge.onnxruntime_session import open_session, providers_for
 from tensorforge.ops.math_flags import cpu_native_precisions
 from tensorforge.runtime.engine import Engine
 from tensorforge.tactics.autotune import relative_error
@@ -367,10 +368,10 @@ def run_eager(case: Case, precision: str, *, graph: bool = False, compile_mode: 
 
 
 def run_ort(case: Case, precision: str) -> Prepared:
-    import onnxruntime as ort
-
+    """ONNX Runtime's CPU provider: its rows time host arrays in and out, so on a GPU they would hold copies that the
+    other systems' rows do not (`tensorforge bench --peer ort:cuda` times it there, copies on both sides)."""
     started = time.perf_counter()
-    session = ort.InferenceSession(case.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = open_session(case.proto, providers_for("cpu"))
     build_s = time.perf_counter() - started
     feeds = {k: v.numpy() for k, v in case.feeds.items()}
     return (lambda: session.run(None, feeds)), {
