@@ -6,7 +6,9 @@ whose inputs agree on every axis but the first, until the batch reaches the engi
 the preferred sizes, or the oldest request has waited `max_delay_ms`. The batch runs as one call; its outputs
 are split back along the first axis. A full queue answers `Busy` at once instead of growing; a request that
 outlives its timeout before it runs gets `TimeoutError`; `close()` refuses new requests and finishes the
-queued ones.
+queued ones. On the CPU the workers run their batches on the process's one CPU inference thread
+(`cpu_thread`: OpenMP loops started from several threads run far slower), so there extra contexts overlap the
+gathering of batches, not their compute, which uses every core anyway.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from ..errors import InputError, TensorforgeError
 from ..tensors import from_any
+from .cpu_thread import on_cpu_thread
 from .engine import Engine
 
 
@@ -155,11 +158,15 @@ class DynamicBatcher:
         return _Request(tensors, size, signature, deadline)
 
     def _work(self, context) -> None:
+        on_cpu = self.engine.device.type == "cpu"
         while True:
             batch = self._gather()
             if batch is None:
                 return
-            self._run(context, batch)
+            if on_cpu:  # every CPU batch of the process on one thread (`cpu_thread`)
+                on_cpu_thread(self._run, context, batch)
+            else:
+                self._run(context, batch)
 
     def _gather(self) -> list[_Request] | None:
         """The next batch: the oldest request and the compatible ones after it (None: closing, queue empty)."""

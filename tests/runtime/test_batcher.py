@@ -13,6 +13,7 @@ from tensorforge.build.builder import build_engine
 from tensorforge.build.config import BuildConfig, Profile
 from tensorforge.frontend import import_model
 from tensorforge.runtime.batcher import Busy, DynamicBatcher, ShuttingDown
+from tensorforge.runtime.context import ExecutionContext
 
 
 def _engine(low=1, opt=4, high=8):
@@ -48,12 +49,33 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(engine):
     assert stats.batches < 24 and max(stats.batch_sizes) > 1 and max(stats.batch_sizes) <= 8
 
 
+def test_every_cpu_batcher_runs_its_batches_on_the_one_cpu_thread(engine, monkeypatch):
+    threads = []
+    run = ExecutionContext.run
+
+    def recording(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExecutionContext, "run", recording)
+    batchers = [DynamicBatcher(engine, max_delay_ms=1, contexts=2) for _ in range(2)]
+    requests = [(batchers[i % 2], _request(1, i)) for i in range(12)]
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda item: item[0].infer(item[1]), requests))
+    for batcher in batchers:
+        batcher.close()
+    assert len(set(threads)) == 1 and threads[0].startswith("tensorforge-cpu")  # not the four workers
+    for (_, feeds), result in zip(requests, results, strict=True):
+        want = _direct(engine, feeds)
+        assert np.abs(result["output"] - want).max() <= 1e-5 * np.abs(want).max()
+
+
 class _Gate:
     """An engine stand-in whose contexts block until released, to hold the worker busy."""
 
     def __init__(self, engine):
         self.engine, self.open = engine, threading.Event()
-        self.model, self.plans = engine.model, engine.plans
+        self.model, self.plans, self.device = engine.model, engine.plans, engine.device
 
     def create_context(self):
         context = self.engine.create_context()
