@@ -92,11 +92,11 @@ def bench(
     ONNX Runtime runs the same model on the same inputs after it, timed alike, and a table sets them side by side."""
     try:
         options = BenchOptions(warmup_s=warmup, duration_s=duration, streams=streams)
-        peer_specs = [parse_peer(text) for text in peers or []]
+        peer_providers = [parse_peer(text) for text in peers or []]
         if is_engine_file(model_path):
             if executor:
                 raise InputError("--executor times the reference executor on an ONNX model; this is an engine file")
-            if peer_specs and onnx_path is None:
+            if peer_providers and onnx_path is None:
                 raise InputError("--peer on an engine file needs the ONNX model it was built from: give it with --onnx")
             engine = Engine.load(model_path, device=None if device == "auto" else choose_device(device))
             feeds = feeds_for(engine.model, lambda given: engine_shapes(engine, given, batch), inputs, shapes, seed)
@@ -115,7 +115,7 @@ def bench(
                 engine = _build(model_path, model, feeds, choose_device(device))
                 result, built = bench_engine(engine, feeds, options, cuda_graphs=cuda_graph, cpu_graphs=cpu_graph), True
             onnx_path = model_path
-        peer_results = [bench_peer(spec, onnx_path, feeds, options, result.device) for spec in peer_specs]
+        peer_results = [bench_peer(provider, onnx_path, feeds, options, result.device) for provider in peer_providers]
     except TensorforgeError as error:
         fail(error)
     if as_json:
@@ -148,30 +148,28 @@ class PeerResult:
         }
 
 
-def parse_peer(text: str) -> tuple[str, str | None]:
-    """`--peer` text as (peer, provider or None): ort, or ort:PROVIDER."""
+def parse_peer(text: str) -> str | None:
+    """The provider a `--peer` text asks ONNX Runtime for: None for ort, PROVIDER for ort:PROVIDER."""
     name, colon, provider = text.partition(":")
     if name.lower() not in ("ort", "onnxruntime"):
         raise InputError(f"unknown peer {text!r}: --peer takes ort or ort:PROVIDER (cpu, cuda, tensorrt, or a name)")
     if colon and not provider:
         raise InputError(f"--peer {text!r} names no provider after the colon")
-    return "ort", provider or None
+    return provider or None
 
 
 def bench_peer(
-    spec: tuple[str, str | None], onnx_path: Path, feeds: Mapping[str, Any], options: BenchOptions, device: str
+    provider: str | None, onnx_path: Path, feeds: Mapping[str, Any], options: BenchOptions, device: str
 ) -> PeerResult:
-    """ONNX Runtime timed on `onnx_path` with the engine's inputs, on the providers `spec` asks for (by default
-    those of the engine's device)."""
-    peer, provider = spec
+    """ONNX Runtime timed on `onnx_path` with the engine's inputs, on `provider` (None: the engine's device's)."""
     providers = providers_for(device, provider)
     if providers.note:
         err.print(f"note: {providers.note}", style="yellow")
     err.print(f"timing ONNX Runtime on {providers.first}")
     session = open_session(onnx_path, providers)
     result = bench_onnxruntime(session, feeds, options, providers.device)
-    text = peer if provider is None else f"{peer}:{provider}"
-    return PeerResult(text, providers.first, providers.note, result)
+    peer = "ort" if provider is None else f"ort:{provider}"
+    return PeerResult(peer, providers.first, providers.note, result)
 
 
 def speedups(ours: BenchResult, peer: BenchResult) -> dict[str, float]:
