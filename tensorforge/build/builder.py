@@ -50,6 +50,7 @@ from ..ops.math_flags import cpu_native_precisions, full_float32
 from ..passes.cpu_blocks import CpuKernels, FuseCpuBlocks, FuseCpuExpansions
 from ..passes.pipeline import optimize
 from ..passes.quant_chain import chain_quantized, chained_values, is_quantized_layer
+from ..passes.sparsity import prune_graph_2to4, sparse_layers
 from ..quant.lower import restore_float
 from ..runtime.engine import Engine
 from ..runtime.environment import Environment
@@ -64,8 +65,9 @@ from ..tactics.autotune import (
     build_layer_kernel,
     compile_workers,
 )
-from ..tactics.base import tactic_by_key
+from ..tactics.base import all_tactics, tactic_by_key
 from ..tactics.precompile import precompile
+from ..tactics.sparse import SPARSE_FAMILY
 from ..tactics.timing import Timing, TimingBudget, measure, measure_interleaved
 from ..tactics.timing_cache import TimingCache, device_key, signature, software_versions
 from ..tactics.variant import ConstantCache, has_float_activation, layout_free
@@ -106,6 +108,7 @@ class Builder:
         self.device = torch.device(config.device)
         self.on_layer = on_layer
         self.calibration_data = calibration_data  # int8 / fp8 builds: batches of feeds (else the config's files)
+        self.families = build_families(config)
 
     def build(self, model: Model | str | os.PathLike[str]) -> Engine:
         """Optimize and tune `model` (an imported `Model` or an ONNX file, which is left untouched)."""
@@ -125,8 +128,11 @@ class Builder:
             notes.append(f"{', '.join(dropped)} not tried on the CPU: {'; '.join(reasons)}; those layers are fp32")
             precisions = tuple(p for p in precisions if p not in dropped)
         _specialize(model, profiles)
+        # `force` prunes the model as given, before any fusion: the same weights on every device
+        pruned = prune_graph_2to4(model) if self.config.sparsity == "force" else []
         model, optimization = optimize(model, device=self.device.type, cpu_kernels=self._cpu_kernels())
         infer_model(model, check=False)
+        sparsity = self._sparsity(model, pruned, notes)
         quantization = None
         if self.config.quantized_type is not None:
             quantization = quantize_model(model, self.config, self.device, self.calibration_data)
@@ -184,6 +190,7 @@ class Builder:
             },
             "quantization": quantization,
             "quantized_activations": chaining,
+            "sparsity": sparsity and {**sparsity, "sparse_kernels": [_sparse_kernels(plan) for plan in plans]},
             "plan_selection": selections,
             "tuning_seconds": round(tuning_seconds, 3),
             "tuning": {key: round(value, 3) for key, value in tuning.items()},
@@ -191,6 +198,22 @@ class Builder:
             "build_seconds": round(time.perf_counter() - started, 3),
         }
         return Engine(model, self.config, plans, environment, report, device=self.device)
+
+    def _sparsity(self, model: Model, pruned: list[str], notes: list[str]) -> dict[str, Any] | None:
+        """The report's sparsity section: the mode, the layers `force` pruned to 2:4 and the layers of the
+        optimized `model` whose weights have the pattern; None when sparsity is off."""
+        mode = self.config.sparsity
+        if mode == "off":
+            return None
+        if pruned:
+            notes.append(
+                f"sparsity force: {len(pruned)} weights pruned to 2:4 by magnitude; the engine's answers are the "
+                "pruned model's, not the original's"
+            )
+        layers = sparse_layers(model)
+        if layers and self.device.type != "cuda":
+            notes.append("2:4 sparse kernels run on CUDA (sparse tensor cores): these layers run dense here")
+        return {"mode": mode, "pruned": pruned, "layers": layers}
 
     def _plan_profiles(self, model: Model, profiles, precisions, cache, constants, tuning) -> tuple[list, list]:
         """A tuned plan per profile (layers, memory plan) and each profile's whole-plan selection."""
@@ -273,7 +296,7 @@ class Builder:
         one before). Returns (model, plans, selections, the report's section: each attempt by scope,
         "timed_float" and "everything"; None where there was nothing to try)."""
         kernels = self._cpu_kernels(quantized=True)
-        families = self.config.tactic_families
+        families = self.families
         if families is not None and "fallback" not in families:
             return model, plans, selections, None  # (without the fallback family every quantized layer stays so)
         if kernels is None and self.device.type == "cpu":
@@ -343,7 +366,7 @@ class Builder:
         """What our CPU kernels for fused blocks evaluate, where this build can use them, else None. A quantized
         build keeps the convolutions apart, each of which may be quantized (`quantized`: ask for the kernels
         anyway, for the layers it runs in float, `_restore_float_if_faster`)."""
-        families = self.config.tactic_families
+        families = self.families
         if self.device.type != "cpu" or (families is not None and "cpu" not in families):
             return None
         if self.config.quantized_type is not None and not quantized:
@@ -358,7 +381,7 @@ class Builder:
         graph = model.graph
         nodes = graph.nodes
         env: dict[Value, Any] = dict(_random_inputs(model, {n: r.opt for n, r in profile.ranges.items()}, self.device))
-        families = self.config.tactic_families
+        families = self.families
         if self.device.type == "cpu" and self.config.precompile and (families is None or "cpu" in families):
             started = time.perf_counter()
             compile_cpu_kernels()
@@ -366,7 +389,7 @@ class Builder:
         if self.device.type == "cuda" and self.config.precompile:
             done = precompile(
                 model, dict(env), self.device, effort=self.config.effort, precisions=precisions,
-                families=self.config.tactic_families, constants=constants, workers=compile_workers(self.device),
+                families=self.families, constants=constants, workers=compile_workers(self.device),
                 cache=cache,
             )  # fmt: skip
             tuning["precompile_s"] = tuning.get("precompile_s", 0.0) + done.seconds
@@ -385,7 +408,7 @@ class Builder:
                 self.device,
                 effort=self.config.effort,
                 precisions=precisions,
-                families=self.config.tactic_families,
+                families=self.families,
                 cache=cache,
                 constants=constants,
             )
@@ -672,6 +695,20 @@ def _fallback_layers(model: Model, plan: Plan) -> list[str]:
     """The quantized layers of `plan` that run as their float originals because that timed faster."""
     nodes = model.graph.nodes
     return [nodes[layer.node].name for layer in plan.layers if layer.tactic.startswith("fallback.")]
+
+
+def build_families(config: BuildConfig) -> tuple[str, ...] | None:
+    """The tactic families a build may use (None: all): the config's, less the sparse family when sparsity is
+    off."""
+    if config.sparsity != "off":
+        return config.tactic_families
+    chosen = config.tactic_families or tuple(dict.fromkeys(t.family for t in all_tactics()))
+    return tuple(family for family in chosen if family != SPARSE_FAMILY)
+
+
+def _sparse_kernels(plan: Plan) -> list[int]:
+    """The nodes `plan` runs on a 2:4 sparse kernel."""
+    return [layer.node for layer in plan.layers if layer.tactic.split(".")[0] == SPARSE_FAMILY]
 
 
 def _refuse_control_flow(model: Model) -> None:

@@ -20,6 +20,9 @@ EFFORT_LEVELS = (0, 1, 2)
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "mse", "auto")
 TARGET_METRICS = ("cosine", "top1")
 CHAIN_MODES = ("auto", "always", "off")  # QuantizationConfig.chain
+# BuildConfig.sparsity: 2:4 sparse kernels off; where a layer's weight already has the pattern (a model pruned and
+# fine-tuned so); or every eligible weight pruned to the pattern first (changes the answers: to measure the speed)
+SPARSITY_MODES = ("off", "auto", "force")
 
 Shape = tuple[int, ...]
 
@@ -173,6 +176,7 @@ class BuildConfig:
     quantization: QuantizationConfig | None = None  # scales of int8 / fp8 layers
     # compile first, in parallel: on CUDA every layer's candidates (tactics.precompile), on the CPU our C++ kernels
     precompile: bool = True
+    sparsity: str = "auto"  # SPARSITY_MODES
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -189,6 +193,8 @@ class BuildConfig:
             raise InputError(f"effort must be one of {list(EFFORT_LEVELS)}, got {self.effort}")
         if self.workspace_bytes < 0:
             raise InputError("the workspace limit must not be negative")
+        if self.sparsity not in SPARSITY_MODES:
+            raise InputError(f"sparsity must be one of {list(SPARSITY_MODES)}, got {self.sparsity!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -201,6 +207,7 @@ class BuildConfig:
             "tactic_families": None if self.tactic_families is None else list(self.tactic_families),
             "quantization": None if self.quantization is None else self.quantization.to_dict(),
             "precompile": self.precompile,
+            "sparsity": self.sparsity,
         }
 
     @property
@@ -222,6 +229,7 @@ class BuildConfig:
             tactic_families=None if families is None else tuple(families),
             quantization=None if quantization is None else QuantizationConfig.from_dict(quantization),
             precompile=data.get("precompile", True),
+            sparsity=data.get("sparsity", "auto"),
         )
 
 

@@ -16,7 +16,7 @@ from ..errors import InputError, TensorforgeError
 from ..feeds import parse_assignments, parse_shape
 from ..ir import qualified_op
 from ..runtime.engine import Engine
-from ..runtime.inspect import build_time_line, plan_selection_line, quantization_lines
+from ..runtime.inspect import build_time_line, plan_selection_line, quantization_lines, sparsity_lines
 from .common import app, choose_device, err, fail, out
 
 
@@ -105,6 +105,13 @@ def build(
     precompile: Annotated[
         bool, typer.Option(help="on CUDA, compile every layer's candidates in one pool before tuning")
     ] = True,
+    sparsity: Annotated[
+        str,
+        typer.Option(
+            help="2:4 sparse kernels: auto (where a weight has the pattern), off, or force (prune every eligible "
+            "weight to it first: changes the answers, for measuring the speed)"
+        ),
+    ] = "auto",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every layer's candidate table")] = False,
     force: Annotated[bool, typer.Option(help="overwrite an existing engine file")] = False,
 ) -> None:
@@ -139,6 +146,7 @@ def build(
             tactic_families=tuple(f.strip() for f in families.split(",")) if families else None,
             quantization=quantization,
             precompile=precompile,
+            sparsity=sparsity,
         )
         columns = (TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, TextColumn("{task.fields[layer]}"), console=err, transient=True) as progress:
@@ -179,6 +187,8 @@ def print_build_report(engine: Engine) -> None:
     before, after = optimizer.get("nodes_before"), optimizer.get("nodes_after")
     out.print(f"graph: {before} -> {after} nodes ({fired or 'no fusion'})")
     for line in quantization_lines(report):
+        out.print(line)
+    for line in sparsity_lines(report):
         out.print(line)
     nodes = engine.model.graph.nodes
     for index, plan in enumerate(engine.plans):

@@ -15,6 +15,7 @@ from ..runtime.inspect import (
     load_for_inspection,
     plan_selection_line,
     quantization_lines,
+    sparsity_lines,
 )
 from .common import out
 
@@ -53,7 +54,7 @@ def _print_header(path: Path, description: dict[str, Any]) -> None:
     families = ", ".join(config["tactic_families"]) if config["tactic_families"] else "all"
     out.print(
         f"precisions {', '.join(config['precisions'])}; effort {config['effort']}; tactic families {families}; "
-        f"{description['nodes']} nodes"
+        f"sparsity {config.get('sparsity', 'auto')}; {description['nodes']} nodes"
     )
     table = Table("", "name", "type", box=None)
     for kind in ("inputs", "outputs"):
@@ -119,6 +120,8 @@ def _print_profile(index: int, profile: dict[str, Any], report: dict[str, Any]) 
 
 def _print_build(report: dict[str, Any]) -> None:
     for line in quantization_lines(report):
+        out.print(line)
+    for line in sparsity_lines(report):
         out.print(line)
     out.print(build_time_line(report))
 

@@ -213,6 +213,22 @@ def build_time_line(report: dict[str, Any]) -> str:
     return line
 
 
+def sparsity_lines(report: dict[str, Any]) -> list[str]:
+    """The build report's sparsity section as lines: weights pruned, layers with the 2:4 pattern, and how many of
+    those each plan runs on a sparse kernel; none when no layer has the pattern."""
+    section = report.get("sparsity")
+    if not section or not section["layers"]:
+        return []
+    lines = []
+    if section["pruned"]:
+        lines.append(f"sparsity force: {len(section['pruned'])} weights pruned to 2:4 (the answers change)")
+    running = ", ".join(str(len(nodes)) for nodes in section.get("sparse_kernels", []))
+    lines.append(
+        f"2:4 sparse weights: {len(section['layers'])} layers; on sparse kernels: {running or 0} (per profile)"
+    )
+    return lines
+
+
 def quantization_lines(report: dict[str, Any]) -> list[str]:
     """The build report's quantization section as lines: scales, layers quantized, float layers and why."""
     section = report.get("quantization")

@@ -41,6 +41,7 @@ from . import (  # noqa: F401 - registers the tactic families
     fallback,
     gluon_gemm,
     gluon_stem,
+    sparse,
     triton_conv,
     triton_family,
     triton_gemm,

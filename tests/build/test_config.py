@@ -45,8 +45,11 @@ def test_config_round_trips_through_a_dict():
         timing_cache="cache.json",
         tactic_families=("vendor",),
         quantization=QuantizationConfig("calib/", "percentile", 99.9, "calib.json", ("top1", 0.99), ("conv1",)),
+        sparsity="force",
     )
     assert BuildConfig.from_dict(config.to_dict()) == config
+    older = {k: v for k, v in config.to_dict().items() if k != "sparsity"}  # an engine header of before
+    assert BuildConfig.from_dict(older).sparsity == "auto"
 
 
 @pytest.mark.parametrize(
@@ -78,6 +81,7 @@ def test_accuracy_targets_parse_and_bad_ones_say_how_to_write_them():
         ({"precisions": ("fp32", "int8", "fp8")}, "one quantized precision"),
         ({"precisions": ("fp16",)}, "fp32 must stay allowed"),
         ({"effort": 7}, "effort"),
+        ({"sparsity": "on"}, "sparsity must be one of"),
         ({"workspace_bytes": -1}, "workspace"),
     ],
 )

@@ -1,0 +1,89 @@
+"""Products with a 2:4-sparse weight on the sparse tensor cores (Ampere and later), through torch's two backends.
+
+`compress(W, backend)` packs a weight W [N, K] with at most two nonzeros in every four along K (fp16 or bf16, on
+CUDA) once; `sparse_linear(rows, weight, bias)` computes `rows · Wᵀ + bias`, [M, N], with it.
+
+- "cusparselt": NVIDIA's cuSPARSELt (`torch._cslt_compress`, `torch._cslt_sparse_mm`). It multiplies the sparse
+  operand on the left, so the product is W · rowsᵀ, written transposed (`transpose_result`): [M, N] row-major
+  without a copy. The algorithm is cuSPARSELt's own search's, once per row count (`torch._cslt_sparse_mm_search`).
+  Bias inside.
+- "cutlass": PyTorch's CUTLASS kernels (`torch._to_sparse_semi_structured`, `torch._sparse_semi_structured_linear`),
+  with the bias and a ReLU or SiLU inside.
+
+Shapes (torch's rules for fp16 and bf16): W's N and K multiples of 16 for cuSPARSELt, of 32 and 64 for CUTLASS;
+rows of any count (padded here to a multiple of 8 when needed, and the padding's rows dropped after).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("cusparselt", "cutlass")
+_WEIGHT_MULTIPLES = {"cusparselt": (16, 16), "cutlass": (32, 64)}  # (N, K)
+_ROW_MULTIPLE = 8
+DTYPES = (torch.float16, torch.bfloat16)
+# our activation names the CUTLASS kernels apply in their epilogue, and theirs
+CUTLASS_ACTIVATIONS = {"Relu": "relu", "Swish": "silu"}
+
+
+def backend_problem(backend: str) -> str | None:
+    """Why this torch build cannot run `backend`, or None."""
+    if backend == "cusparselt" and not torch.backends.cusparselt.is_available():
+        return "this torch build has no cuSPARSELt"
+    if backend == "cutlass" and not hasattr(torch, "_sparse_semi_structured_linear"):
+        return "this torch build has no CUTLASS semi-structured product"
+    return None
+
+
+def shape_problem(n: int, k: int, backend: str) -> str | None:
+    """Why `backend` cannot take a weight of [n, k], or None."""
+    rows, columns = _WEIGHT_MULTIPLES[backend]
+    if n % rows or k % columns:
+        return f"{backend} needs N a multiple of {rows} and K of {columns}, not {n} × {k}"
+    return None
+
+
+@dataclass
+class SparseWeight:
+    """A weight packed for one backend; for cuSPARSELt also the algorithm its search chose per row count."""
+
+    backend: str
+    rows: int  # N
+    packed: torch.Tensor
+    meta: torch.Tensor | None = None
+    algorithms: dict[int, int] = field(default_factory=dict)
+
+
+def compress(matrix: torch.Tensor, backend: str) -> SparseWeight:
+    """`matrix` [N, K] (2:4 along K, fp16 or bf16, CUDA) packed for `backend`."""
+    matrix = matrix.contiguous()
+    if backend == "cusparselt":
+        return SparseWeight(backend, matrix.shape[0], torch._cslt_compress(matrix))
+    packed, meta = torch._to_sparse_semi_structured(matrix)
+    return SparseWeight(backend, matrix.shape[0], packed, meta)
+
+
+def sparse_linear(
+    rows: torch.Tensor, weight: SparseWeight, bias: torch.Tensor | None = None, activation: str | None = None
+) -> torch.Tensor:
+    """`rows · Wᵀ + bias` [M, N] in rows' type; `activation` ("relu", "silu") only on CUTLASS, inside its kernel.
+    `bias` is [N] in rows' type."""
+    count = rows.shape[0]
+    padding = -count % _ROW_MULTIPLE
+    if padding:
+        rows = F.pad(rows, (0, 0, 0, padding))
+    if weight.backend == "cusparselt":
+        if activation is not None:
+            raise ValueError("cuSPARSELt's product here applies no activation")
+        dense = rows.t()
+        algorithm = weight.algorithms.get(rows.shape[0])
+        if algorithm is None:
+            found = torch._cslt_sparse_mm_search(weight.packed, dense, bias=bias, transpose_result=True)
+            algorithm = weight.algorithms[rows.shape[0]] = int(found)
+        y = torch._cslt_sparse_mm(weight.packed, dense, bias=bias, transpose_result=True, alg_id=algorithm)
+    else:
+        y = torch._sparse_semi_structured_linear(rows, weight.packed, weight.meta, bias=bias, activation=activation)
+    return y[:count] if padding else y

@@ -1,0 +1,118 @@
+"""The sparse family: layers whose weight has the 2:4 pattern, on the sparse tensor cores.
+
+`sparse.semi-structured` runs FusedGemm with a constant weight and 1×1 FusedConv without groups or padding
+(`ops.structured_sparsity.weight_matrix`) as `rows · Wᵀ` through cuSPARSELt or CUTLASS (`kernels.sparse_gemm`,
+one configuration each), in fp16 or bf16, when W has at most two nonzeros in every four along K. The zeros are
+the model's: a weight without the pattern is declined, never pruned here (`BuildConfig.sparsity`, "force",
+prunes the graph before tuning, and says so). Half the weight's bytes and up to twice the dense rate; whether
+that beats the dense kernels at a layer's shape is the autotuner's to measure. The convolution reads its input
+as NHWC rows (a view of a channels_last tensor; another layout costs a copy, timed with it) and writes
+channels_last; the epilogue beyond the bias (and CUTLASS's ReLU or SiLU) runs after the product, in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import Node
+from ..kernels.sparse_gemm import (
+    BACKENDS,
+    CUTLASS_ACTIVATIONS,
+    backend_problem,
+    compress,
+    shape_problem,
+    sparse_linear,
+)
+from ..ops.fused import DOMAIN, apply_activation
+from ..ops.structured_sparsity import is_2to4, weight_matrix
+from .base import Kernel, PerWeight, Tactic, register_tactic
+from .vendor import _linear_operands_problem
+
+SPARSE_FAMILY = "sparse"
+_GEMM, _CONV = f"{DOMAIN}::FusedGemm", f"{DOMAIN}::FusedConv"
+
+
+@register_tactic
+class SemiStructuredTactic(Tactic):
+    family = SPARSE_FAMILY
+    name = "semi-structured"
+    op_types = (_GEMM, _CONV)
+    precisions = ("fp16", "bf16")
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA (sparse tensor cores)"
+        matrix = weight_matrix(node)
+        if matrix is None:
+            return "a FusedGemm with a constant weight, or a 1×1 convolution without groups or dilation"
+        a = node.attributes
+        if node.op_type == "FusedGemm":
+            if float(a.get("alpha", 1.0)) != 1.0 or float(a.get("beta", 1.0)) != 1.0:
+                return "alpha and beta of 1 only"
+            problem = _linear_operands_problem(node, matrix.shape[0])
+            if problem:
+                return problem
+        else:
+            if any(a.get("pads") or ()) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+                return "a 1×1 convolution without padding"
+            bias = node.inputs[2] if len(node.inputs) > 2 else None
+            if bias is not None and not bias.is_const:
+                return "the bias must be a constant"
+        if not is_2to4(matrix):
+            return "the weight is not 2:4 sparse (at most two nonzeros in every four along K); --sparsity force prunes"
+        if torch.cuda.get_device_capability(device) < (8, 0):
+            return "sparse tensor cores need compute capability 8.0 or later"
+        if not self.space_for(node, 0):
+            problems = [backend_problem(b) or shape_problem(*matrix.shape, b) for b in BACKENDS]
+            return "; ".join(p for p in problems if p)
+        return None
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        matrix = weight_matrix(node)
+        if matrix is None:
+            return []
+        return [
+            {"backend": b} for b in BACKENDS if backend_problem(b) is None and shape_problem(*matrix.shape, b) is None
+        ]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        backend = config["backend"]
+        a = node.attributes
+        conv = node.op_type == "FusedConv"
+        strides = tuple(a.get("strides") or (1, 1)) if conv else (1, 1)
+        transposed = bool(a.get("transB", 0))
+        pre, pre_params = a.get("pre", ""), list(a.get("pre_params", ()))
+        post, post_params = a.get("post", ""), list(a.get("post_params", ()))
+
+        def matrix_of(w: torch.Tensor) -> torch.Tensor:
+            if conv:
+                return w.reshape(w.shape[0], w.shape[1])
+            return w if transposed else w.t()
+
+        packs = PerWeight(lambda w: compress(matrix_of(w), backend))
+        biases = PerWeight(lambda b, dtype: b.reshape(-1).to(dtype).contiguous())
+
+        def kernel(inputs):
+            x, w, b, z = (list(inputs) + [None] * 4)[:4]
+            if conv:
+                if strides != (1, 1):
+                    x = x[:, :, :: strides[0], :: strides[1]]
+                batch, channels, height, width = x.shape
+                rows = x.permute(0, 2, 3, 1).reshape(-1, channels)
+            else:
+                rows = x.reshape(-1, x.shape[-1])
+            inside = CUTLASS_ACTIVATIONS.get(pre) if backend == "cutlass" and z is None else None
+            y = sparse_linear(rows, packs(w), None if b is None else biases(b, rows.dtype), inside)
+            if conv:
+                y = y.view(batch, height, width, -1).permute(0, 3, 1, 2)
+            else:
+                y = y.view(*x.shape[:-1], y.shape[-1])
+            if inside is None:
+                y = apply_activation(y, pre, pre_params)
+            if z is not None:
+                y = y.add_(z)
+            return (apply_activation(y, post, post_params),)
+
+        return kernel

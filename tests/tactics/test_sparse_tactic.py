@@ -1,0 +1,152 @@
+"""`sparse.semi-structured`: 2:4-sparse products and 1×1 convolutions on the sparse tensor cores: what it declines
+and why (CPU), and its kernels against the float64 reference and as autotuned candidates (CUDA)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tensorforge.ops.structured_sparsity import prune_2to4, weight_from_matrix, weight_matrix
+from tensorforge.tactics.autotune import autotune, build_layer_kernel, relative_error
+from tensorforge.tactics.base import tactic_by_key
+from tensorforge.tactics.vendor import ReferenceTactic
+from tests.helpers import fused_conv, fused_gemm
+
+TACTIC = "sparse.semi-structured"
+CUDA = torch.device("cuda")
+CPU = torch.device("cpu")
+
+
+def _pruned(node):
+    node.inputs[1].const = weight_from_matrix(node, prune_2to4(weight_matrix(node)))
+    return node
+
+
+def _conv(x_shape, cout, residual=False, activation="", **conv):
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((cout, x_shape[1], 1, 1)).astype(np.float32) / x_shape[1] ** 0.5
+    bias = rng.standard_normal(cout).astype(np.float32)
+    stride = conv.get("strides", [1, 1])
+    out = [x_shape[0], cout, (x_shape[2] - 1) // stride[0] + 1, (x_shape[3] - 1) // stride[1] + 1]
+    return _pruned(fused_conv(x_shape, weight, bias, out if residual else None, activation, **conv)), out
+
+
+def test_it_declines_without_cuda_and_says_why_on_cuda():
+    gemm, _ = fused_gemm([4, 64], matmul=False, n=32)
+    assert "needs CUDA" in tactic_by_key(TACTIC).supports(_pruned(gemm), 17, CPU)
+    dense, _ = fused_gemm([4, 64], matmul=False, n=32)
+    assert "not 2:4 sparse" in tactic_by_key(TACTIC).supports(dense, 17, CUDA)
+    scaled, _ = fused_gemm([4, 64], matmul=False, n=32)
+    scaled.attributes["alpha"] = 0.5
+    assert "alpha and beta of 1 only" in tactic_by_key(TACTIC).supports(_pruned(scaled), 17, CUDA)
+    padded, _ = _conv([1, 32, 6, 6], 32, pads=[1, 1, 1, 1])
+    assert "without padding" in tactic_by_key(TACTIC).supports(padded, 17, CUDA)
+    rng = np.random.default_rng(1)
+    square = fused_conv([1, 32, 6, 6], rng.standard_normal((32, 32, 3, 3)).astype(np.float32), None)
+    assert "1×1 convolution" in tactic_by_key(TACTIC).supports(square, 17, CUDA)
+
+
+def _inputs(node, feeds):
+    """Every input of `node` in order: the activations from `feeds`, the constants from the graph."""
+    activations = iter(feeds)
+    return [next(activations) if not v.is_const else v.const for v in node.inputs if v is not None]
+
+
+def _check_kernel(node, feeds, backend, precision):
+    """The kernel's output against the float64 reference on the same (pruned) weights, within the precision's
+    bound; its output must not be the reference's untouched buffer."""
+    want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
+    config = {"precision": precision, "layout": "any", "backend": backend}
+    kernel = build_layer_kernel(tactic_by_key(TACTIC), node, 17, CUDA, config, {})
+    got = kernel([f.cuda() for f in feeds])[0]
+    assert got.shape == want.shape and not got.isnan().any()
+    bound = {"fp16": 5e-3, "bf16": 3e-2}[precision]
+    assert relative_error(got.cpu().double(), want) <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cusparselt", "cutlass"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize(
+    ("shape", "options"),
+    [
+        ([3, 37, 128], {"activation": "Relu"}),  # rows not a multiple of 8: padded
+        ([256, 128], {"trans_b": True, "matmul": False, "residual": True}),
+        ([2, 64, 128], {"activation": "Sigmoid", "residual": True}),
+    ],
+)
+def test_products_match_the_reference(backend, precision, shape, options):
+    torch.manual_seed(0)
+    node, feeds = fused_gemm(shape, n=64, **options)
+    _check_kernel(_pruned(node), feeds, backend, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cusparselt", "cutlass"])
+@pytest.mark.parametrize(
+    ("strides", "residual", "activation"), [([1, 1], True, "Relu"), ([2, 2], False, "Relu"), ([1, 1], False, "")]
+)
+def test_pointwise_convolutions_match_the_reference(backend, strides, residual, activation):
+    torch.manual_seed(1)
+    node, out = _conv([2, 64, 14, 14], 128, residual, activation, strides=strides)
+    feeds = [torch.randn(2, 64, 14, 14)] + ([torch.randn(out)] if residual else [])
+    _check_kernel(node, feeds, backend, "fp16")
+
+
+@pytest.mark.gpu
+def test_it_is_a_correct_candidate_on_cuda():
+    torch.manual_seed(2)
+    node, feeds = fused_gemm([512, 256], matmul=False, trans_b=True, n=256, activation="Relu")
+    choice = autotune(
+        _pruned(node), 17, [feeds[0].cuda()], CUDA, effort=0, precisions=("fp32", "fp16"), exhaustive=True
+    )
+    candidates = [c for c in choice.candidates if c.tactic == TACTIC]
+    assert len(candidates) == 2 and all(math.isfinite(c.median_ms) for c in candidates), [c.note for c in candidates]
+
+
+def _dense_stand_in(monkeypatch):
+    """The tactic's kernels with the sparse product replaced by a dense one, so that what surrounds it (rows of
+    an NHWC view, strides, bias, the epilogue, the output's shape and layout) is checked without a GPU."""
+    import tensorforge.tactics.sparse as sparse
+
+    def linear(rows, weight, bias=None, activation=None):
+        y = rows @ weight.t() + (0 if bias is None else bias)
+        return torch.relu(y) if activation == "relu" else y
+
+    monkeypatch.setattr(sparse, "compress", lambda matrix, backend: matrix.contiguous())
+    monkeypatch.setattr(sparse, "sparse_linear", linear)
+
+
+@pytest.mark.parametrize("backend", ["cusparselt", "cutlass"])
+@pytest.mark.parametrize(
+    ("strides", "residual", "activation"), [([1, 1], True, "Relu"), ([2, 2], False, "Relu"), ([1, 1], True, "")]
+)
+def test_around_the_product_the_convolution_kernel_is_right(monkeypatch, backend, strides, residual, activation):
+    _dense_stand_in(monkeypatch)
+    torch.manual_seed(3)
+    node, out = _conv([2, 16, 7, 7], 32, residual, activation, strides=strides)
+    feeds = [torch.randn(2, 16, 7, 7).contiguous(memory_format=torch.channels_last)]
+    feeds += [torch.randn(out)] if residual else []
+    want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
+    config = {"precision": "fp32", "layout": "any", "backend": backend}
+    got = build_layer_kernel(tactic_by_key(TACTIC), node, 17, CPU, config, {})(feeds)[0]
+    assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last)
+    assert relative_error(got.double(), want) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("shape", "options"),
+    [
+        ([3, 5, 32], {"activation": "Relu", "residual": True}),
+        ([6, 32], {"trans_b": True, "matmul": False, "activation": "Relu"}),
+    ],
+)
+def test_around_the_product_the_gemm_kernel_is_right(monkeypatch, shape, options):
+    _dense_stand_in(monkeypatch)
+    torch.manual_seed(4)
+    node, feeds = fused_gemm(shape, n=16, **options)
+    config = {"precision": "fp32", "layout": "any", "backend": "cutlass"}
+    got = build_layer_kernel(tactic_by_key(TACTIC), _pruned(node), 17, CPU, config, {})(feeds)[0]
+    want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
+    assert got.shape == want.shape and relative_error(got.double(), want) <= 1e-5
