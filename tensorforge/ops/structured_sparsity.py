@@ -3,9 +3,9 @@
 A product `Y = X · Wᵀ` with `W` of [N, K] has the 2:4 pattern when every run of four consecutive weights along
 the reduction axis K (`W[n, 4j : 4j + 4]`) holds at most two nonzeros. Ampere's and Hopper's sparse tensor cores
 then skip the zeros: half the weight's bytes and, at best, twice the dense rate. The layers that qualify are
-FusedGemm with a constant B (W is `B` with `transB`, else `Bᵀ`) and 1×1 FusedConv without groups or dilation
-(W is the weight's [Cout, Cin]); a k×k convolution reduces over Cin·k·k in an order our kernels choose, not over a matrix
-that exists, and is left dense.
+FusedGemm with a constant B (W is `B` with `transB`, else `Bᵀ`) and 1×1 FusedConv without groups or dilation (W
+is the weight's [Cout, Cin]); a k×k convolution reduces over Cin·k·k in an order our kernels choose, not over a
+matrix that exists, and is left dense.
 """
 
 from __future__ import annotations
