@@ -6,6 +6,8 @@ ones — and both engines timed in alternation in one process (call by call, so 
     python bench/families.py --model mobilenetv3 --unfused --out DIR              # the CPU block fusions' worth
     python bench/families.py --model mobilenetv3 --unfused pooled-gemm --out DIR  # one of them
     python bench/families.py --model mobilenetv3 --without cpu.gemm --out DIR           # one tactic's worth
+    python bench/families.py --model bert_base --size 128 --batch 64 --sparsity force --without sparse --out DIR
+                                               # the 2:4 sparse kernels' worth, both engines on the same pruned weights
 
 `--without F ...` builds the second engine from every registered family but those (a name with a dot, a tactic's key
 such as `cpu.gemm`, leaves out that tactic alone: it declines every layer in that build); `--unfused [RULE ...]`
@@ -35,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tensorforge import zoo
 from tensorforge.build.builder import Builder
-from tensorforge.build.config import BuildConfig, QuantizationConfig
+from tensorforge.build.config import SPARSITY_MODES, BuildConfig, QuantizationConfig
 from tensorforge.frontend import import_model
 from tensorforge.passes import cpu_blocks
 from tensorforge.tactics import autotune  # noqa: F401 - registers every tactic family
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> None:
         "--unfused", nargs="*", metavar="RULE", choices=[rule.name for rule in cpu_blocks.RULES],
         help="the compared engine without the CPU block fusions (all, or those named)",
     )  # fmt: skip
+    parser.add_argument(
+        "--sparsity", choices=SPARSITY_MODES, default="auto", help="both builds' (force: both prune alike)"
+    )
     parser.add_argument("--runs", type=int, default=300, help="calls of each engine, alternating")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
@@ -133,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         config = BuildConfig(
             device=str(device), precisions=precisions, effort=args.effort, tactic_families=families,
             quantization=QuantizationConfig(method="minmax") if quantized else None, timing_cache=str(timing_cache),
+            sparsity=args.sparsity,
         )  # fmt: skip
         started = time.perf_counter()
         with ExitStack() as stack:
@@ -168,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         "batch": args.batch,
         "device": str(device),
         "precisions": precisions,
+        "sparsity": args.sparsity,
         "compared_families": compared,
         "compared_without_tactics": [name for name in args.without if "." in name],
         "compared_unfused": args.unfused if args.unfused is None else args.unfused or ["all"],
