@@ -67,6 +67,7 @@ def test_bad_build_options_fail_with_a_message(inception, tmp_path):
         (["--int8", "--accuracy-target", "cosine"], "METRIC=VALUE"),
         (["--int8", "--fp8"], "one quantized precision"),
         (["--int8", "--chain", "sometimes"], "unknown chaining mode"),
+        (["--sparsity", "on"], "sparsity must be one of"),
     ]
     for extra, message in cases:
         result = runner.invoke(app, ["build", str(inception), "-o", engine, "--effort", "0", *extra])
@@ -105,3 +106,13 @@ def test_depthwise_inputs_quantize_per_channel_unless_told_otherwise(tmp_path):
     assert result.exit_code == 0 and "depthwise convolution inputs quantized per channel: 1" in result.output
     result = runner.invoke(app, [*args, "-o", str(tmp_path / "b.engine"), "--depthwise-per-tensor"])
     assert result.exit_code == 0 and "per channel" not in result.output, result.output
+
+
+def test_a_forced_sparse_build_says_what_it_pruned_and_inspect_repeats_it(inception, tmp_path):
+    engine = tmp_path / "m.engine"
+    result = runner.invoke(app, ["build", str(inception), "-o", str(engine), "--effort", "0", "--sparsity", "force"])
+    assert result.exit_code == 0, result.output
+    assert "weights pruned to 2:4 by magnitude" in result.output and "2:4 sparse weights:" in result.output
+    inspected = runner.invoke(app, ["inspect", str(engine)])
+    assert inspected.exit_code == 0 and "sparsity force" in inspected.output
+    assert "2:4 sparse weights:" in inspected.output
