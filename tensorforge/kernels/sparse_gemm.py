@@ -1,7 +1,8 @@
 """Products with a 2:4-sparse weight on the sparse tensor cores (Ampere and later), through torch's two backends.
 
-`compress(W, backend)` packs a weight W [N, K] with at most two nonzeros in every four along K (fp16 or bf16, on
-CUDA) once; `sparse_linear(rows, weight, bias)` computes `rows · Wᵀ + bias`, [M, N], with it.
+`compress(W, backend)` packs a weight W [N, K] with at most two nonzeros in every four along K (fp16, bf16 or int8,
+on CUDA) once; `sparse_linear(rows, weight, bias)` computes `rows · Wᵀ + bias`, [M, N], with it (int8 operands:
+exact int32 sums, `out_dtype=torch.int32`).
 
 - "cusparselt": NVIDIA's cuSPARSELt (`torch._cslt_compress`, `torch._cslt_sparse_mm`). It multiplies the sparse
   operand on the left, so the product is W · rowsᵀ, written transposed (`transpose_result`): [M, N] row-major
@@ -10,8 +11,9 @@ CUDA) once; `sparse_linear(rows, weight, bias)` computes `rows · Wᵀ + bias`, 
 - "cutlass": PyTorch's CUTLASS kernels (`torch._to_sparse_semi_structured`, `torch._sparse_semi_structured_linear`),
   with the bias and a ReLU or SiLU inside.
 
-Shapes (torch's rules for fp16 and bf16): W's N and K multiples of 16 for cuSPARSELt, of 32 and 64 for CUTLASS;
-rows of any count (padded here to a multiple of 8 when needed, and the padding's rows dropped after).
+Shapes (torch's rules): W's N and K multiples of 16 for cuSPARSELt, of 32 and 64 for CUTLASS in fp16 and bf16;
+in int8 of 32 and 32, and of 16 and 128. Rows of any count (padded here to a multiple of 8, 16 in int8, when
+needed, and the padding's rows dropped after).
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ import torch
 import torch.nn.functional as F
 
 BACKENDS = ("cusparselt", "cutlass")
-_WEIGHT_MULTIPLES = {"cusparselt": (16, 16), "cutlass": (32, 64)}  # (N, K)
-_ROW_MULTIPLE = 8
-DTYPES = (torch.float16, torch.bfloat16)
+# (N, K) multiples by backend and whether the operands are int8
+_WEIGHT_MULTIPLES = {
+    ("cusparselt", False): (16, 16),
+    ("cutlass", False): (32, 64),
+    ("cusparselt", True): (32, 32),
+    ("cutlass", True): (16, 128),
+}
 # our activation names the CUTLASS kernels apply in their epilogue, and theirs
 CUTLASS_ACTIVATIONS = {"Relu": "relu", "Swish": "silu"}
 
@@ -38,9 +44,9 @@ def backend_problem(backend: str) -> str | None:
     return None
 
 
-def shape_problem(n: int, k: int, backend: str) -> str | None:
-    """Why `backend` cannot take a weight of [n, k], or None."""
-    rows, columns = _WEIGHT_MULTIPLES[backend]
+def shape_problem(n: int, k: int, backend: str, int8: bool = False) -> str | None:
+    """Why `backend` cannot take a weight of [n, k] (of int8 when `int8`, else 16-bit floats), or None."""
+    rows, columns = _WEIGHT_MULTIPLES[backend, int8]
     if n % rows or k % columns:
         return f"{backend} needs N a multiple of {rows} and K of {columns}, not {n} × {k}"
     return None
@@ -58,7 +64,7 @@ class SparseWeight:
 
 
 def compress(matrix: torch.Tensor, backend: str) -> SparseWeight:
-    """`matrix` [N, K] (2:4 along K, fp16 or bf16, CUDA) packed for `backend`."""
+    """`matrix` [N, K] (2:4 along K, fp16, bf16 or int8, CUDA) packed for `backend`."""
     matrix = matrix.contiguous()
     if backend == "cusparselt":
         return SparseWeight(backend, matrix.shape[0], torch._cslt_compress(matrix))
@@ -67,12 +73,16 @@ def compress(matrix: torch.Tensor, backend: str) -> SparseWeight:
 
 
 def sparse_linear(
-    rows: torch.Tensor, weight: SparseWeight, bias: torch.Tensor | None = None, activation: str | None = None
+    rows: torch.Tensor,
+    weight: SparseWeight,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`rows · Wᵀ + bias` [M, N] in rows' type; `activation` ("relu", "silu") only on CUTLASS, inside its kernel.
-    `bias` is [N] in rows' type."""
+    """`rows · Wᵀ + bias` [M, N], in rows' type or `out_dtype` (int8 rows: torch.int32 for exact sums);
+    `activation` ("relu", "silu") only on CUTLASS, inside its kernel. `bias` is [N] in the output's type."""
     count = rows.shape[0]
-    padding = -count % _ROW_MULTIPLE
+    padding = -count % (16 if rows.dtype == torch.int8 else 8)
     if padding:
         rows = F.pad(rows, (0, 0, 0, padding))
     if weight.backend == "cusparselt":
@@ -81,9 +91,15 @@ def sparse_linear(
         dense = rows.t()
         algorithm = weight.algorithms.get(rows.shape[0])
         if algorithm is None:
-            found = torch._cslt_sparse_mm_search(weight.packed, dense, bias=bias, transpose_result=True)
+            found = torch._cslt_sparse_mm_search(
+                weight.packed, dense, bias=bias, out_dtype=out_dtype, transpose_result=True
+            )
             algorithm = weight.algorithms[rows.shape[0]] = int(found)
-        y = torch._cslt_sparse_mm(weight.packed, dense, bias=bias, transpose_result=True, alg_id=algorithm)
+        y = torch._cslt_sparse_mm(
+            weight.packed, dense, bias=bias, out_dtype=out_dtype, transpose_result=True, alg_id=algorithm
+        )
     else:
-        y = torch._sparse_semi_structured_linear(rows, weight.packed, weight.meta, bias=bias, activation=activation)
+        y = torch._sparse_semi_structured_linear(
+            rows, weight.packed, weight.meta, bias=bias, activation=activation, out_dtype=out_dtype
+        )
     return y[:count] if padding else y

@@ -3,9 +3,9 @@
 A product `Y = X · Wᵀ` with `W` of [N, K] has the 2:4 pattern when every run of four consecutive weights along
 the reduction axis K (`W[n, 4j : 4j + 4]`) holds at most two nonzeros. Ampere's and Hopper's sparse tensor cores
 then skip the zeros: half the weight's bytes and, at best, twice the dense rate. The layers that qualify are
-FusedGemm with a constant B (W is `B` with `transB`, else `Bᵀ`) and 1×1 FusedConv without groups or dilation (W
-is the weight's [Cout, Cin]); a k×k convolution reduces over Cin·k·k in an order our kernels choose, not over a
-matrix that exists, and is left dense.
+FusedGemm with a constant B (W is `B` with `transB`, else `Bᵀ`), int8 QuantizedGemm (W is `Bqᵀ`) and 1×1
+FusedConv without groups or dilation (W is the weight's [Cout, Cin]); a k×k convolution reduces over Cin·k·k in
+an order our kernels choose, not over a matrix that exists, and is left dense.
 """
 
 from __future__ import annotations
@@ -25,9 +25,13 @@ def weight_matrix(node: Node) -> torch.Tensor | None:
     if node.domain not in (DOMAIN, "", "ai.onnx") or len(node.inputs) < 2 or node.inputs[1] is None:
         return None
     weight = node.inputs[1]
-    if not weight.is_const or not isinstance(weight.const, torch.Tensor) or not weight.const.is_floating_point():
+    if not weight.is_const or not isinstance(weight.const, torch.Tensor):
         return None
     const, a = weight.const, node.attributes
+    if node.op_type == "QuantizedGemm" and node.domain == DOMAIN and const.dtype == torch.int8:
+        return const.t()  # Bq [K, N]
+    if not const.is_floating_point():
+        return None
     if node.op_type in ("FusedGemm", "Gemm") and const.dim() == 2 and not a.get("transA", 0):
         return const if a.get("transB", 0) else const.t()
     if node.op_type == "MatMul" and const.dim() == 2:
@@ -40,7 +44,9 @@ def weight_matrix(node: Node) -> torch.Tensor | None:
 
 def weight_from_matrix(node: Node, matrix: torch.Tensor) -> torch.Tensor:
     """The constant weight of `node` whose `weight_matrix` is `matrix` (its inverse)."""
-    if node.op_type == "MatMul" or (node.op_type in ("FusedGemm", "Gemm") and not node.attributes.get("transB", 0)):
+    if node.op_type in ("MatMul", "QuantizedGemm") or (
+        node.op_type in ("FusedGemm", "Gemm") and not node.attributes.get("transB", 0)
+    ):
         matrix = matrix.t()
     return matrix.reshape(node.inputs[1].const.shape).contiguous()
 

@@ -2,7 +2,9 @@
 
 `sparse.semi-structured` runs FusedGemm with a constant weight and 1×1 FusedConv without groups or padding
 (`ops.structured_sparsity.weight_matrix`) as `rows · Wᵀ` through cuSPARSELt or CUTLASS (`kernels.sparse_gemm`,
-one configuration each), in fp16 or bf16, when W has at most two nonzeros in every four along K. The zeros are
+one configuration each), in fp16 or bf16, when W has at most two nonzeros in every four along K;
+`sparse.semi-structured-int8` does the same for int8 QuantizedGemm, exact int32 sums and `vendor.cublas-int8`'s
+epilogue. The zeros are
 the model's: a weight without the pattern is declined, never pruned here (`BuildConfig.sparsity`, "force",
 prunes the graph before tuning, and says so). Half the weight's bytes and up to twice the dense rate; whether
 that beats the dense kernels at a layer's shape is the autotuner's to measure. The convolution reads its input
@@ -12,6 +14,7 @@ channels_last; the epilogue beyond the bias (and CUTLASS's ReLU or SiLU) runs af
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +31,7 @@ from ..kernels.sparse_gemm import (
 from ..ops.fused import DOMAIN, apply_activation
 from ..ops.structured_sparsity import is_2to4, weight_matrix
 from .base import Kernel, PerWeight, Tactic, register_tactic
-from .vendor import _linear_operands_problem
+from .vendor import CublasInt8GemmTactic, _linear_operands_problem
 
 SPARSE_FAMILY = "sparse"
 _GEMM, _CONV = f"{DOMAIN}::FusedGemm", f"{DOMAIN}::FusedConv"
@@ -60,22 +63,10 @@ class SemiStructuredTactic(Tactic):
             bias = node.inputs[2] if len(node.inputs) > 2 else None
             if bias is not None and not bias.is_const:
                 return "the bias must be a constant"
-        if not is_2to4(matrix):
-            return "the weight is not 2:4 sparse (at most two nonzeros in every four along K); --sparsity force prunes"
-        if torch.cuda.get_device_capability(device) < (8, 0):
-            return "sparse tensor cores need compute capability 8.0 or later"
-        if not self.space_for(node, 0):
-            problems = [backend_problem(b) or shape_problem(*matrix.shape, b) for b in BACKENDS]
-            return "; ".join(p for p in problems if p)
-        return None
+        return _sparse_problem(matrix, device)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        matrix = weight_matrix(node)
-        if matrix is None:
-            return []
-        return [
-            {"backend": b} for b in BACKENDS if backend_problem(b) is None and shape_problem(*matrix.shape, b) is None
-        ]
+        return _backends(weight_matrix(node))
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         backend = config["backend"]
@@ -116,3 +107,55 @@ class SemiStructuredTactic(Tactic):
             return (apply_activation(y, post, post_params),)
 
         return kernel
+
+
+@register_tactic
+class SemiStructuredInt8Tactic(CublasInt8GemmTactic):
+    """int8 QuantizedGemm whose weight Bq has the 2:4 pattern along K: `vendor.cublas-int8` with the product on the
+    sparse tensor cores instead (cuSPARSELt or CUTLASS, exact int32 sums; the same epilogue after it)."""
+
+    family = SPARSE_FAMILY
+    name = "semi-structured-int8"
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs CUDA (sparse tensor cores)"
+        if node.attributes.get("quant", "int8") != "int8":
+            return "int8 only"
+        return _sparse_problem(weight_matrix(node), device)
+
+    def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
+        return _backends(weight_matrix(node))
+
+    def product(self, config: dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        packs = PerWeight(lambda w: compress(w.t(), config["backend"]))
+
+        def sparse(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return sparse_linear(q.contiguous(), packs(w), out_dtype=torch.int32)
+
+        return sparse
+
+
+def _backends(matrix: torch.Tensor | None) -> list[dict[str, Any]]:
+    """One configuration per backend that can take `matrix` (W [N, K])."""
+    if matrix is None:
+        return []
+    int8 = matrix.dtype == torch.int8
+    return [
+        {"backend": b} for b in BACKENDS if backend_problem(b) is None and shape_problem(*matrix.shape, b, int8) is None
+    ]
+
+
+def _sparse_problem(matrix: torch.Tensor | None, device: torch.device) -> str | None:
+    """Why the sparse kernels cannot take the weight matrix `matrix` on CUDA `device`, or None."""
+    if matrix is None:
+        return "the weight is not a constant matrix"
+    if not is_2to4(matrix):
+        return "the weight is not 2:4 sparse (at most two nonzeros in every four along K); --sparsity force prunes"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "sparse tensor cores need compute capability 8.0 or later"
+    if not _backends(matrix):
+        int8 = matrix.dtype == torch.int8
+        problems = [backend_problem(b) or shape_problem(*matrix.shape, b, int8) for b in BACKENDS]
+        return "; ".join(p for p in problems if p)
+    return None

@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -666,7 +667,7 @@ class CublasInt8GemmTactic(Tactic):
     """int8 QuantizedGemm on CUDA: the activation quantized as the reference does (an int8 input as it is),
     `torch._int_mm` (cuBLAS int8 tensor cores, int32 sums), then the dequantizing epilogue and the output
     quantization (`y_scale`) in torch. cuBLAS takes more than 16 rows and K and N in
-    multiples of 8."""
+    multiples of 8. A subclass may replace the product (`product`) and keep the rest."""
 
     family = "vendor"
     name = "cublas-int8"
@@ -683,20 +684,28 @@ class CublasInt8GemmTactic(Tactic):
             return f"cuBLAS's int8 product takes K and N in multiples of 8, not {k} and {n}"
         return None
 
+    def product(self, config: dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """`(q, w) -> q @ w`: int8 rows [M, K] times the int8 weight [K, N], exact int32 sums."""
+
+        def cublas(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            if q.shape[0] <= 16:
+                raise ValueError(f"cuBLAS's int8 product takes more than 16 rows, not {q.shape[0]}")
+            return torch._int_mm(q, w)
+
+        return cublas
+
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         pre, pre_params, post, post_params = _epilogue_attributes(node)
         x_scale = float(node.attributes["x_scale"])
         y_scale, z_scale = float(node.attributes.get("y_scale", 0.0)), float(node.attributes.get("z_scale", 0.0))
+        product = self.product(config)
 
         def kernel(inputs):
             a, w, b, z, w_scale = (list(inputs) + [None] * 5)[:5]
             z = residual_values(z, z_scale)
             rows = a.reshape(-1, a.shape[-1])
-            if rows.shape[0] <= 16:
-                raise ValueError(f"cuBLAS's int8 product takes more than 16 rows, not {rows.shape[0]}")
             q = rows if rows.dtype == torch.int8 else quantize_activation(rows, x_scale, "int8")
-            acc = torch._int_mm(q, w)
-            y = acc.float() * (w_scale.float() * x_scale)
+            y = product(q, w).float() * (w_scale.float() * x_scale)
             y = epilogue(y.reshape(*a.shape[:-1], -1), b, z, pre, pre_params, post, post_params, lambda t: t.shape)
             return (requantize(y, y_scale, "int8", output_dtype(a)),)
 

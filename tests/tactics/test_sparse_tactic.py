@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from tensorforge.ops.structured_sparsity import prune_2to4, weight_from_matrix, weight_matrix
+from tensorforge.ir import Model
+from tensorforge.ops.structured_sparsity import is_2to4, prune_2to4, weight_from_matrix, weight_matrix
+from tensorforge.quant import calibrate
+from tensorforge.quant.lower import quantize_layers
 from tensorforge.tactics.autotune import autotune, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.vendor import ReferenceTactic
@@ -150,3 +153,48 @@ def test_around_the_product_the_gemm_kernel_is_right(monkeypatch, shape, options
     got = build_layer_kernel(tactic_by_key(TACTIC), _pruned(node), 17, CPU, config, {})(feeds)[0]
     want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
     assert got.shape == want.shape and relative_error(got.double(), want) <= 1e-5
+
+
+def _quantized_pruned(x_shape, activation="", residual=False, n=64):
+    """A FusedGemm with its weight pruned to 2:4, then calibrated (minmax) and lowered to an int8 QuantizedGemm:
+    its int8 weight keeps the pattern (a pruned weight quantizes to 0)."""
+    node, feeds = fused_gemm(x_shape, activation, residual=residual, n=n)
+    model = Model(_pruned(node).graph, {"": 17, "tensorforge": 1})
+    names = [v.name for v in model.graph.inputs]
+    table = calibrate(model, [{name: f.numpy() for name, f in zip(names, feeds, strict=True)}], "minmax")
+    quantize_layers(model, table)
+    (layer,) = model.graph.nodes
+    assert layer.op_type == "QuantizedGemm" and is_2to4(weight_matrix(layer))
+    return layer, feeds
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_around_the_int8_product_the_kernel_is_cublas_int8s(monkeypatch, residual):
+    import tensorforge.tactics.sparse as sparse
+
+    monkeypatch.setattr(sparse, "compress", lambda matrix, backend: matrix.contiguous())
+    monkeypatch.setattr(
+        sparse,
+        "sparse_linear",
+        lambda q, w, bias=None, activation=None, out_dtype=None: (q.long() @ w.long().t()).int(),
+    )
+    torch.manual_seed(5)
+    layer, feeds = _quantized_pruned([3, 7, 64], "Relu", residual)
+    want = build_layer_kernel(ReferenceTactic(), layer, 1, CPU, {}, {})(feeds)[0]
+    config = {"precision": "fp32", "backend": "cusparselt"}
+    got = build_layer_kernel(tactic_by_key(f"{TACTIC}-int8"), layer, 1, CPU, config, {})(feeds)[0]
+    assert got.shape == want.shape and relative_error(got, want) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_int8_products_are_correct_candidates_on_cuda(residual):
+    torch.manual_seed(6)
+    layer, feeds = _quantized_pruned([4, 40, 128], "Relu", residual, n=128)
+    feeds = [f.cuda() for f in feeds]
+    activations = iter(feeds)
+    inputs = [None if v is None or v.is_const else next(activations) for v in layer.inputs]
+    choice = autotune(layer, 1, inputs, CUDA, effort=0, precisions=("fp32", "fp16"), exhaustive=True)
+    ours = [c for c in choice.candidates if c.tactic == f"{TACTIC}-int8"]
+    assert {c.config["backend"] for c in ours} == {"cusparselt", "cutlass"}
+    assert all(math.isfinite(c.median_ms) for c in ours), [(c.config, c.note) for c in ours]
