@@ -1,11 +1,11 @@
 """Where 2:4 sparsity pays: products with a 2:4-pruned weight on the sparse tensor cores (cuSPARSELt and CUTLASS,
-`kernels.sparse_gemm`) beside the dense product of the same pruned weight (cuBLAS through `torch.mm`, the vendor
-baseline every dense tactic competes with), fp16, in one run, timed in interleaved rounds (CUDA graphs, L2
-flushed: `tactics.timing.measure_interleaved`).
+`kernels.sparse_gemm`) beside the dense product of the same pruned weight (cuBLAS through `torch.addmm`, and
+`torch._int_mm` in int8: the vendor baselines the dense tactics compete with), in fp16 and in int8 (int32 sums),
+in one run, timed in interleaved rounds (CUDA graphs, L2 flushed: `tactics.timing.measure_interleaved`).
 
 Products are BERT-base's at batch 64 × sequence 128 and ResNet-50's 1×1 convolutions as products over pixel rows
 at batch 256 (and at batch 1 / 8 for latency). Each row: M, K, N, the dense median, each backend's median and the
-dense/sparse ratio (over 1: sparse is faster), and each backend's error against the float64 product.
+dense/sparse ratio (over 1: sparse is faster), and each backend's error against the float64 product (int8: exact).
 
     python bench/sparse_gemm.py --out DIR      (writes sparse-gemm.json, prints a table)
 """
@@ -44,49 +44,70 @@ PRODUCTS = [
 ]
 
 
+def _operands(m, k, n, dtype, device, generator):
+    """Rows [M, K], a 2:4-pruned weight W [N, K] and a bias [N] (None in int8), in `dtype`, and the float64
+    product with the bias."""
+    x = torch.randn(m, k, device=device, generator=generator)
+    w = prune_2to4(torch.randn(n, k, device=device, generator=generator) / k**0.5)
+    if dtype == "int8":
+        x = (x * 40).round().clamp(-127, 127).to(torch.int8)
+        w = (w * 127 / w.abs().amax()).round().to(torch.int8)
+        return x, w, None, x.double() @ w.double().t()
+    x, w, bias = x.half(), w.half(), torch.randn(n, device=device, generator=generator).half()
+    return x, w, bias, torch.addmm(bias.double(), x.double(), w.double().t())
+
+
+def _product(name, m, k, n, dtype, device, generator, rounds) -> dict:
+    """One product's row: dense and each backend timed in interleaved rounds, with their errors."""
+    x, w, bias, want = _operands(m, k, n, dtype, device, generator)
+    if dtype == "int8":
+        weight_kn = w.t().contiguous()
+        forms = {"dense": lambda: torch._int_mm(x, weight_kn)}
+    else:
+        forms = {"dense": lambda: torch.addmm(bias, x, w.t())}
+    out_dtype = torch.int32 if dtype == "int8" else None
+    errors, problems = {"dense": relative_error(forms["dense"](), want)}, {}
+    for backend in BACKENDS:
+        problem = backend_problem(backend) or shape_problem(n, k, backend, dtype == "int8")
+        if problem:
+            problems[backend] = problem
+            continue
+        packed = compress(w, backend)
+        forms[backend] = lambda packed=packed: sparse_linear(x, packed, bias, out_dtype=out_dtype)
+        try:
+            errors[backend] = relative_error(forms[backend](), want)
+        except Exception as err:  # reported in the row, the other forms still timed
+            problems[backend] = f"{type(err).__name__}: {err}"
+            del forms[backend]
+    timed = measure_interleaved(list(forms.values()), device=device, rounds=rounds)
+    medians = {label: t.median for label, t in zip(forms, timed, strict=True)}
+    dense = medians["dense"]
+    cells = [f"{medians[b]:.4f} ({dense / medians[b]:.2f}x)" if b in medians else "n/a" for b in BACKENDS]
+    print(f"{name:28} {dtype:>5} {m:>7} {k:>5} {n:>5} {dense:9.4f} " + " ".join(f"{c:>18}" for c in cells))
+    return {
+        "product": name, "dtype": dtype, "m": m, "k": k, "n": n, "median_ms": medians,
+        "speedup_over_dense": {b: dense / t for b, t in medians.items() if b != "dense"},
+        "relative_error": errors, "not_run": problems,
+        "timing_errors": {label: t.error for label, t in zip(forms, timed, strict=True) if t.error},
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", nargs="+", choices=("fp16", "int8"), default=["fp16", "int8"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     generator = torch.Generator(device).manual_seed(0)
     rows_out = []
-    print(f"{'product':28} {'M':>7} {'K':>5} {'N':>5} {'dense ms':>9} " + " ".join(f"{b:>18}" for b in BACKENDS))
+    print(
+        f"{'product':28} {'type':>5} {'M':>7} {'K':>5} {'N':>5} {'dense ms':>9} "
+        + " ".join(f"{b:>18}" for b in BACKENDS)
+    )
     for name, m, k, n in PRODUCTS:
-        x = torch.randn(m, k, device=device, generator=generator, dtype=torch.float16)
-        w = prune_2to4(torch.randn(n, k, device=device, generator=generator) / k**0.5).half()
-        bias = torch.randn(n, device=device, generator=generator).half()
-        want = torch.addmm(bias.double(), x.double(), w.double().t())
-        forms = {"dense": lambda x=x, w=w, bias=bias: torch.addmm(bias, x, w.t())}
-        errors, problems = {"dense": relative_error(forms["dense"](), want)}, {}
-        for backend in BACKENDS:
-            problem = backend_problem(backend) or shape_problem(n, k, backend)
-            if problem:
-                problems[backend] = problem
-                continue
-            packed = compress(w, backend)
-            forms[backend] = lambda x=x, packed=packed, bias=bias: sparse_linear(x, packed, bias)
-            errors[backend] = relative_error(forms[backend](), want)
-        timed = measure_interleaved(list(forms.values()), device=device, rounds=args.rounds)
-        timings = dict(zip(forms, timed, strict=True))
-        medians = {label: t.median for label, t in timings.items()}
-        dense = medians["dense"]
-        cells = []
-        for backend in BACKENDS:
-            if backend in medians:
-                cells.append(f"{medians[backend]:.4f} ({dense / medians[backend]:.2f}x)")
-            else:
-                cells.append("n/a")
-        print(f"{name:28} {m:>7} {k:>5} {n:>5} {dense:9.4f} " + " ".join(f"{c:>18}" for c in cells))
-        rows_out.append(
-            {
-                "product": name, "m": m, "k": k, "n": n, "median_ms": medians,
-                "speedup_over_dense": {b: dense / t for b, t in medians.items() if b != "dense"},
-                "relative_error": errors, "not_run": problems,
-                "timing_errors": {label: t.error for label, t in timings.items() if t.error},
-            }
-        )  # fmt: skip
+        for dtype in args.dtype:
+            rows_out.append(_product(name, m, k, n, dtype, device, generator, args.rounds))
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "device": torch.cuda.get_device_name(device),
