@@ -1,15 +1,17 @@
 """The sparse family: layers whose weight has the 2:4 pattern, on the sparse tensor cores.
 
 `sparse.semi-structured` runs FusedGemm with a constant weight and 1×1 FusedConv without groups or padding
-(`ops.structured_sparsity.weight_matrix`) as `rows · Wᵀ` through cuSPARSELt or CUTLASS (`kernels.sparse_gemm`,
-one configuration each), in fp16 or bf16, when W has at most two nonzeros in every four along K;
-`sparse.semi-structured-int8` does the same for int8 QuantizedGemm, exact int32 sums and `vendor.cublas-int8`'s
-epilogue. The zeros are
-the model's: a weight without the pattern is declined, never pruned here (`BuildConfig.sparsity`, "force",
-prunes the graph before tuning, and says so). Half the weight's bytes and up to twice the dense rate; whether
-that beats the dense kernels at a layer's shape is the autotuner's to measure. The convolution reads its input
-as NHWC rows (a view of a channels_last tensor; another layout costs a copy, timed with it) and writes
-channels_last; the epilogue beyond the bias (and CUTLASS's ReLU or SiLU) runs after the product, in place.
+(`ops.structured_sparsity.weight_matrix`) as `rows · Wᵀ` through cuSPARSELt or CUTLASS (`kernels.sparse_gemm`), in
+fp16 or bf16, when W has at most two nonzeros in every four along K; `sparse.semi-structured-int8` does the same
+for int8 QuantizedGemm, with exact int32 sums and `vendor.cublas-int8`'s epilogue. The zeros are the model's: a
+weight without the pattern is declined, never pruned here (`BuildConfig.sparsity` "force" prunes the model before
+it is optimized, and says so). Half the weight's bytes and up to twice the dense rate; whether that beats the
+dense kernels at a layer's shape is the autotuner's to measure.
+
+The convolution reads its input as NHWC rows (a view of a channels_last tensor; another layout costs a copy,
+timed with it) and writes channels_last. The epilogue beyond the bias (and CUTLASS's ReLU or SiLU) runs after the
+product, as torch's in-place ops or, a configuration of its own, as one Triton pass over the output
+(`conv_epilogue_nhwc`, which takes a product's [M, N] as a channels_last [M, N, 1, 1]).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from ..ir import Node
+from ..kernels.activations import activation_args
 from ..kernels.sparse_gemm import (
     BACKENDS,
     CUTLASS_ACTIVATIONS,
@@ -28,6 +31,7 @@ from ..kernels.sparse_gemm import (
     shape_problem,
     sparse_linear,
 )
+from ..kernels.triton.conv import conv_epilogue_nhwc
 from ..ops.fused import DOMAIN, apply_activation
 from ..ops.structured_sparsity import is_2to4, weight_matrix
 from .base import Kernel, PerWeight, Tactic, register_tactic
@@ -66,16 +70,28 @@ class SemiStructuredTactic(Tactic):
         return _sparse_problem(matrix, device)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _backends(weight_matrix(node))
+        """Per backend, the epilogue after the product in torch's in-place ops, and, where the layer has more than a
+        bias to apply, in one Triton pass (`conv_epilogue_nhwc`) instead."""
+        epilogues = ["torch"]
+        a = node.attributes
+        if a.get("pre") or a.get("post") or (len(node.inputs) > 3 and node.inputs[3] is not None):
+            try:
+                activation_args(a.get("pre", ""), a.get("pre_params", ()))
+                activation_args(a.get("post", ""), a.get("post_params", ()))
+                epilogues.append("triton")
+            except ValueError:
+                pass  # (an activation the Triton epilogue lacks: torch's ops only)
+        return [{**c, "epilogue": e} for c in _backends(weight_matrix(node)) for e in epilogues]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
-        backend = config["backend"]
+        backend, one_pass = config["backend"], config["epilogue"] == "triton"
         a = node.attributes
         conv = node.op_type == "FusedConv"
         strides = tuple(a.get("strides") or (1, 1)) if conv else (1, 1)
         transposed = bool(a.get("transB", 0))
         pre, pre_params = a.get("pre", ""), list(a.get("pre_params", ()))
         post, post_params = a.get("post", ""), list(a.get("post_params", ()))
+        activations = (activation_args(pre, pre_params), activation_args(post, post_params)) if one_pass else None
 
         def matrix_of(w: torch.Tensor) -> torch.Tensor:
             if conv:
@@ -92,14 +108,19 @@ class SemiStructuredTactic(Tactic):
                     x = x[:, :, :: strides[0], :: strides[1]]
                 batch, channels, height, width = x.shape
                 rows = x.permute(0, 2, 3, 1).reshape(-1, channels)
+                shaped = (batch, height, width)
             else:
                 rows = x.reshape(-1, x.shape[-1])
+                shaped = (rows.shape[0], 1, 1)  # [M, N] as a channels_last [M, N, 1, 1]
+            bias = None if b is None else biases(b, rows.dtype)
+            if one_pass:  # the product alone, then bias, activations and residual in one Triton pass, in place
+                acc = sparse_linear(rows, packs(w)).view(*shaped, -1).permute(0, 3, 1, 2)
+                residual = z if conv or z is None else z.reshape(acc.shape)
+                y = conv_epilogue_nhwc(acc, bias, residual, pre=activations[0], post=activations[1], out=acc)
+                return (y if conv else y.view(*x.shape[:-1], y.shape[1]),)
             inside = CUTLASS_ACTIVATIONS.get(pre) if backend == "cutlass" and z is None else None
-            y = sparse_linear(rows, packs(w), None if b is None else biases(b, rows.dtype), inside)
-            if conv:
-                y = y.view(batch, height, width, -1).permute(0, 3, 1, 2)
-            else:
-                y = y.view(*x.shape[:-1], y.shape[-1])
+            y = sparse_linear(rows, packs(w), bias, inside)
+            y = y.view(*shaped, -1).permute(0, 3, 1, 2) if conv else y.view(*x.shape[:-1], y.shape[-1])
             if inside is None:
                 y = apply_activation(y, pre, pre_params)
             if z is not None:

@@ -56,11 +56,11 @@ def _inputs(node, feeds):
     return [next(activations) if not v.is_const else v.const for v in node.inputs if v is not None]
 
 
-def _check_kernel(node, feeds, backend, precision):
+def _check_kernel(node, feeds, backend, precision, epilogue="torch"):
     """The kernel's output against the float64 reference on the same (pruned) weights, within the precision's
     bound; its output must not be the reference's untouched buffer."""
     want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
-    config = {"precision": precision, "layout": "any", "backend": backend}
+    config = {"precision": precision, "layout": "any", "backend": backend, "epilogue": epilogue}
     kernel = build_layer_kernel(tactic_by_key(TACTIC), node, 17, CUDA, config, {})
     got = kernel([f.cuda() for f in feeds])[0]
     assert got.shape == want.shape and not got.isnan().any()
@@ -69,6 +69,7 @@ def _check_kernel(node, feeds, backend, precision):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("epilogue", ["torch", "triton"])
 @pytest.mark.parametrize("backend", ["cusparselt", "cutlass"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize(
@@ -79,22 +80,23 @@ def _check_kernel(node, feeds, backend, precision):
         ([2, 64, 128], {"activation": "Sigmoid", "residual": True}),
     ],
 )
-def test_products_match_the_reference(backend, precision, shape, options):
+def test_products_match_the_reference(epilogue, backend, precision, shape, options):
     torch.manual_seed(0)
     node, feeds = fused_gemm(shape, n=64, **options)
-    _check_kernel(_pruned(node), feeds, backend, precision)
+    _check_kernel(_pruned(node), feeds, backend, precision, epilogue)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("epilogue", ["torch", "triton"])
 @pytest.mark.parametrize("backend", ["cusparselt", "cutlass"])
 @pytest.mark.parametrize(
     ("strides", "residual", "activation"), [([1, 1], True, "Relu"), ([2, 2], False, "Relu"), ([1, 1], False, "")]
 )
-def test_pointwise_convolutions_match_the_reference(backend, strides, residual, activation):
+def test_pointwise_convolutions_match_the_reference(epilogue, backend, strides, residual, activation):
     torch.manual_seed(1)
     node, out = _conv([2, 64, 14, 14], 128, residual, activation, strides=strides)
     feeds = [torch.randn(2, 64, 14, 14)] + ([torch.randn(out)] if residual else [])
-    _check_kernel(node, feeds, backend, "fp16")
+    _check_kernel(node, feeds, backend, "fp16", epilogue)
 
 
 @pytest.mark.gpu
@@ -105,7 +107,10 @@ def test_it_is_a_correct_candidate_on_cuda():
         _pruned(node), 17, [feeds[0].cuda()], CUDA, effort=0, precisions=("fp32", "fp16"), exhaustive=True
     )
     candidates = [c for c in choice.candidates if c.tactic == TACTIC]
-    assert len(candidates) == 2 and all(math.isfinite(c.median_ms) for c in candidates), [c.note for c in candidates]
+    assert {(c.config["backend"], c.config["epilogue"]) for c in candidates} == {
+        (b, e) for b in ("cusparselt", "cutlass") for e in ("torch", "triton")
+    }
+    assert all(math.isfinite(c.median_ms) for c in candidates), [c.note for c in candidates]
 
 
 def _dense_stand_in(monkeypatch):
@@ -121,18 +126,21 @@ def _dense_stand_in(monkeypatch):
     monkeypatch.setattr(sparse, "sparse_linear", linear)
 
 
+@pytest.mark.parametrize("epilogue", ["torch", "triton"])
 @pytest.mark.parametrize("backend", ["cusparselt", "cutlass"])
 @pytest.mark.parametrize(
     ("strides", "residual", "activation"), [([1, 1], True, "Relu"), ([2, 2], False, "Relu"), ([1, 1], True, "")]
 )
-def test_around_the_product_the_convolution_kernel_is_right(monkeypatch, backend, strides, residual, activation):
+def test_around_the_product_the_convolution_kernel_is_right(
+    monkeypatch, epilogue, backend, strides, residual, activation
+):
     _dense_stand_in(monkeypatch)
     torch.manual_seed(3)
     node, out = _conv([2, 16, 7, 7], 32, residual, activation, strides=strides)
     feeds = [torch.randn(2, 16, 7, 7).contiguous(memory_format=torch.channels_last)]
     feeds += [torch.randn(out)] if residual else []
     want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
-    config = {"precision": "fp32", "layout": "any", "backend": backend}
+    config = {"precision": "fp32", "layout": "any", "backend": backend, "epilogue": epilogue}
     got = build_layer_kernel(tactic_by_key(TACTIC), node, 17, CPU, config, {})(feeds)[0]
     assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last)
     assert relative_error(got.double(), want) <= 1e-5
@@ -145,11 +153,12 @@ def test_around_the_product_the_convolution_kernel_is_right(monkeypatch, backend
         ([6, 32], {"trans_b": True, "matmul": False, "activation": "Relu"}),
     ],
 )
-def test_around_the_product_the_gemm_kernel_is_right(monkeypatch, shape, options):
+@pytest.mark.parametrize("epilogue", ["torch", "triton"])
+def test_around_the_product_the_gemm_kernel_is_right(monkeypatch, epilogue, shape, options):
     _dense_stand_in(monkeypatch)
     torch.manual_seed(4)
     node, feeds = fused_gemm(shape, n=16, **options)
-    config = {"precision": "fp32", "layout": "any", "backend": "cutlass"}
+    config = {"precision": "fp32", "layout": "any", "backend": "cutlass", "epilogue": epilogue}
     got = build_layer_kernel(tactic_by_key(TACTIC), _pruned(node), 17, CPU, config, {})(feeds)[0]
     want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
     assert got.shape == want.shape and relative_error(got.double(), want) <= 1e-5
@@ -198,3 +207,14 @@ def test_the_int8_products_are_correct_candidates_on_cuda(residual):
     ours = [c for c in choice.candidates if c.tactic == f"{TACTIC}-int8"]
     assert {c.config["backend"] for c in ours} == {"cusparselt", "cutlass"}
     assert all(math.isfinite(c.median_ms) for c in ours), [(c.config, c.note) for c in ours]
+
+
+def test_the_one_pass_epilogue_is_timed_only_where_there_is_more_than_a_bias():
+    tactic = tactic_by_key(TACTIC)
+    plain, _ = fused_gemm([8, 128], matmul=False, trans_b=True, n=64)
+    residual, _ = fused_gemm([8, 128], matmul=False, trans_b=True, n=64, residual=True)
+    epilogues = {c["epilogue"] for c in tactic.space_for(_pruned(plain), 0)}
+    assert epilogues <= {"torch"}
+    with_residual = tactic.space_for(_pruned(residual), 0)
+    assert {c["epilogue"] for c in with_residual} == ({"torch", "triton"} if with_residual else set())
+    assert all(c["backend"] in ("cusparselt", "cutlass") for c in with_residual)
