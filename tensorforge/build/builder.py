@@ -179,6 +179,8 @@ class Builder:
                     chaining["restored_to_float"] = [name for name in chaining["chained"] if name not in kept]
                     chaining["chained"] = kept
         tuning_seconds = time.perf_counter() - tuning_started
+        if sparsity is not None:
+            sparsity["sparse_kernels"] = [_sparse_kernels(plan) for plan in plans]
         if self.config.timing_cache:
             cache.save(self.config.timing_cache)
         report = {
@@ -190,7 +192,7 @@ class Builder:
             },
             "quantization": quantization,
             "quantized_activations": chaining,
-            "sparsity": sparsity and {**sparsity, "sparse_kernels": [_sparse_kernels(plan) for plan in plans]},
+            "sparsity": sparsity,
             "plan_selection": selections,
             "tuning_seconds": round(tuning_seconds, 3),
             "tuning": {key: round(value, 3) for key, value in tuning.items()},

@@ -43,6 +43,8 @@ _GEMM, _CONV = f"{DOMAIN}::FusedGemm", f"{DOMAIN}::FusedConv"
 
 @register_tactic
 class SemiStructuredTactic(Tactic):
+    """FusedGemm and 1×1 FusedConv with a 2:4 weight as a sparse product and its epilogue (module docstring)."""
+
     family = SPARSE_FAMILY
     name = "semi-structured"
     op_types = (_GEMM, _CONV)
