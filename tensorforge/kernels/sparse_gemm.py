@@ -57,7 +57,6 @@ class SparseWeight:
     """A weight packed for one backend; for cuSPARSELt also the algorithm its search chose per row count."""
 
     backend: str
-    rows: int  # N
     packed: torch.Tensor
     meta: torch.Tensor | None = None
     algorithms: dict[int, int] = field(default_factory=dict)
@@ -67,9 +66,9 @@ def compress(matrix: torch.Tensor, backend: str) -> SparseWeight:
     """`matrix` [N, K] (2:4 along K, fp16, bf16 or int8, CUDA) packed for `backend`."""
     matrix = matrix.contiguous()
     if backend == "cusparselt":
-        return SparseWeight(backend, matrix.shape[0], torch._cslt_compress(matrix))
+        return SparseWeight(backend, torch._cslt_compress(matrix))
     packed, meta = torch._to_sparse_semi_structured(matrix)
-    return SparseWeight(backend, matrix.shape[0], packed, meta)
+    return SparseWeight(backend, packed, meta)
 
 
 def sparse_linear(

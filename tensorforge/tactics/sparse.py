@@ -101,7 +101,6 @@ class SemiStructuredTactic(Tactic):
             return w if transposed else w.t()
 
         packs = PerWeight(lambda w: compress(matrix_of(w), backend))
-        biases = PerWeight(lambda b, dtype: b.reshape(-1).to(dtype).contiguous())
 
         def kernel(inputs):
             x, w, b, z = (list(inputs) + [None] * 4)[:4]
@@ -114,7 +113,7 @@ class SemiStructuredTactic(Tactic):
             else:
                 rows = x.reshape(-1, x.shape[-1])
                 shaped = (rows.shape[0], 1, 1)  # [M, N] as a channels_last [M, N, 1, 1]
-            bias = None if b is None else biases(b, rows.dtype)
+            bias = None if b is None else b.reshape(-1)  # (the variant converted it to the layer's type)
             if one_pass:  # the product alone, then bias, activations and residual in one Triton pass, in place
                 acc = sparse_linear(rows, packs(w)).view(*shaped, -1).permute(0, 3, 1, 2)
                 residual = z if conv or z is None else z.reshape(acc.shape)
