@@ -9,7 +9,7 @@ exact int32 sums, `out_dtype=torch.int32`).
   without a copy. The algorithm is cuSPARSELt's own search's, once per row count (`torch._cslt_sparse_mm_search`).
   Bias inside.
 - "cutlass": PyTorch's CUTLASS kernels (`torch._to_sparse_semi_structured`, `torch._sparse_semi_structured_linear`),
-  with the bias and a ReLU or SiLU inside.
+  with the bias and a ReLU or SiLU inside; Ampere and Ada only (compute capability 8.x).
 
 Shapes (torch's rules): W's N and K multiples of 16 for cuSPARSELt, of 32 and 64 for CUTLASS in fp16 and bf16;
 in int8 of 32 and 32, and of 16 and 128. Rows of any count (padded here to a multiple of 8, 16 in int8, when
@@ -36,11 +36,17 @@ CUTLASS_ACTIVATIONS = {"Relu": "relu", "Swish": "silu"}
 
 
 def backend_problem(backend: str) -> str | None:
-    """Why this torch build cannot run `backend`, or None."""
+    """Why this torch build, on this machine's current GPU if it has one, cannot run `backend`, or None."""
     if backend == "cusparselt" and not torch.backends.cusparselt.is_available():
         return "this torch build has no cuSPARSELt"
-    if backend == "cutlass" and not hasattr(torch, "_sparse_semi_structured_linear"):
-        return "this torch build has no CUTLASS semi-structured product"
+    if backend == "cutlass":
+        if not hasattr(torch, "_sparse_semi_structured_linear"):
+            return "this torch build has no CUTLASS semi-structured product"
+        # torch's CUTLASS kernels are built for sm_80-sm_89 only: on a Hopper GPU compressing a weight runs an
+        # illegal instruction, which poisons the whole CUDA context, so the backend must never be tried there
+        if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 8:
+            major, minor = torch.cuda.get_device_capability()
+            return f"PyTorch's CUTLASS sparse kernels run only on compute capability 8.x, not {major}.{minor}"
     return None
 
 
