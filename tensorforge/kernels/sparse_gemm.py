@@ -6,8 +6,9 @@ exact int32 sums, `out_dtype=torch.int32`).
 
 - "cusparselt": NVIDIA's cuSPARSELt (`torch._cslt_compress`, `torch._cslt_sparse_mm`). It multiplies the sparse
   operand on the left, so the product is W · rowsᵀ, written transposed (`transpose_result`): [M, N] row-major
-  without a copy. The algorithm is cuSPARSELt's own search's, once per row count (`torch._cslt_sparse_mm_search`).
-  Bias inside.
+  without a copy. Its algorithm (`alg_id`) is the caller's to choose: the autotuner times them as configurations,
+  rather than cuSPARSELt's own search (`torch._cslt_sparse_mm_search`), which also tries split-K plans, some of
+  which fail inside the library. Bias inside.
 - "cutlass": PyTorch's CUTLASS kernels (`torch._to_sparse_semi_structured`, `torch._sparse_semi_structured_linear`),
   with the bias and a ReLU or SiLU inside; Ampere and Ada only (compute capability 8.x).
 
@@ -18,12 +19,14 @@ needed, and the padding's rows dropped after).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 BACKENDS = ("cusparselt", "cutlass")
+# cuSPARSELt's algorithms (`alg_id`) timed at each tuning effort
+CUSPARSELT_ALGORITHMS = {0: (0, 1), 1: (0, 1, 2, 3), 2: tuple(range(8))}
 # (N, K) multiples by backend and whether the operands are int8
 _WEIGHT_MULTIPLES = {
     ("cusparselt", False): (16, 16),
@@ -60,12 +63,11 @@ def shape_problem(n: int, k: int, backend: str, int8: bool = False) -> str | Non
 
 @dataclass
 class SparseWeight:
-    """A weight packed for one backend; for cuSPARSELt also the algorithm its search chose per row count."""
+    """A weight packed for one backend (CUTLASS's also has its metadata apart)."""
 
     backend: str
     packed: torch.Tensor
     meta: torch.Tensor | None = None
-    algorithms: dict[int, int] = field(default_factory=dict)
 
 
 def compress(matrix: torch.Tensor, backend: str) -> SparseWeight:
@@ -83,9 +85,11 @@ def sparse_linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     out_dtype: torch.dtype | None = None,
+    algorithm: int = 0,
 ) -> torch.Tensor:
     """`rows · Wᵀ + bias` [M, N], in rows' type or `out_dtype` (int8 rows: torch.int32 for exact sums);
-    `activation` ("relu", "silu") only on CUTLASS, inside its kernel. `bias` is [N] in the output's type."""
+    `activation` ("relu", "silu") only on CUTLASS, inside its kernel; `algorithm` cuSPARSELt's `alg_id`. `bias`
+    is [N] in the output's type."""
     count = rows.shape[0]
     padding = -count % (16 if rows.dtype == torch.int8 else 8)
     if padding:
@@ -93,15 +97,8 @@ def sparse_linear(
     if weight.backend == "cusparselt":
         if activation is not None:
             raise ValueError("cuSPARSELt's product here applies no activation")
-        dense = rows.t()
-        algorithm = weight.algorithms.get(rows.shape[0])
-        if algorithm is None:
-            found = torch._cslt_sparse_mm_search(
-                weight.packed, dense, bias=bias, out_dtype=out_dtype, transpose_result=True
-            )
-            algorithm = weight.algorithms[rows.shape[0]] = int(found)
         y = torch._cslt_sparse_mm(
-            weight.packed, dense, bias=bias, out_dtype=out_dtype, transpose_result=True, alg_id=algorithm
+            weight.packed, rows.t(), bias=bias, out_dtype=out_dtype, transpose_result=True, alg_id=algorithm
         )
     else:
         y = torch._sparse_semi_structured_linear(

@@ -25,6 +25,7 @@ from ..ir import Node
 from ..kernels.activations import activation_args
 from ..kernels.sparse_gemm import (
     BACKENDS,
+    CUSPARSELT_ALGORITHMS,
     CUTLASS_ACTIVATIONS,
     backend_problem,
     compress,
@@ -83,10 +84,11 @@ class SemiStructuredTactic(Tactic):
                 epilogues.append("triton")
             except ValueError:
                 pass  # (an activation the Triton epilogue lacks: torch's ops only)
-        return [{**c, "epilogue": e} for c in _backends(weight_matrix(node)) for e in epilogues]
+        return [{**c, "epilogue": e} for c in _backends(weight_matrix(node), effort) for e in epilogues]
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         backend, one_pass = config["backend"], config["epilogue"] == "triton"
+        algorithm = config.get("algorithm", 0)
         a = node.attributes
         conv = node.op_type == "FusedConv"
         strides = tuple(a.get("strides") or (1, 1)) if conv else (1, 1)
@@ -115,12 +117,12 @@ class SemiStructuredTactic(Tactic):
                 shaped = (rows.shape[0], 1, 1)  # [M, N] as a channels_last [M, N, 1, 1]
             bias = None if b is None else b.reshape(-1)  # (the variant converted it to the layer's type)
             if one_pass:  # the product alone, then bias, activations and residual in one Triton pass, in place
-                acc = sparse_linear(rows, packs(w)).view(*shaped, -1).permute(0, 3, 1, 2)
+                acc = sparse_linear(rows, packs(w), algorithm=algorithm).view(*shaped, -1).permute(0, 3, 1, 2)
                 residual = z if conv or z is None else z.reshape(acc.shape)
                 y = conv_epilogue_nhwc(acc, bias, residual, pre=activations[0], post=activations[1], out=acc)
                 return (y if conv else y.view(*x.shape[:-1], y.shape[1]),)
             inside = CUTLASS_ACTIVATIONS.get(pre) if backend == "cutlass" and z is None else None
-            y = sparse_linear(rows, packs(w), bias, inside)
+            y = sparse_linear(rows, packs(w), bias, inside, algorithm=algorithm)
             y = y.view(*shaped, -1).permute(0, 3, 1, 2) if conv else y.view(*x.shape[:-1], y.shape[-1])
             if inside is None:
                 y = apply_activation(y, pre, pre_params)
@@ -147,25 +149,32 @@ class SemiStructuredInt8Tactic(CublasInt8GemmTactic):
         return _sparse_problem(weight_matrix(node), device)
 
     def space_for(self, node: Node, effort: int) -> list[dict[str, Any]]:
-        return _backends(weight_matrix(node))
+        return _backends(weight_matrix(node), effort)
 
     def product(self, config: dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         packs = PerWeight(lambda w: compress(w.t(), config["backend"]))
 
         def sparse(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-            return sparse_linear(q.contiguous(), packs(w), out_dtype=torch.int32)
+            return sparse_linear(q.contiguous(), packs(w), out_dtype=torch.int32, algorithm=config.get("algorithm", 0))
 
         return sparse
 
 
-def _backends(matrix: torch.Tensor | None) -> list[dict[str, Any]]:
-    """One configuration per backend that can take `matrix` (W [N, K])."""
+def _backends(matrix: torch.Tensor | None, effort: int = 0) -> list[dict[str, Any]]:
+    """The configurations of each backend that can take `matrix` (W [N, K]): CUTLASS's one, cuSPARSELt's algorithms
+    at `effort`."""
     if matrix is None:
         return []
     int8 = matrix.dtype == torch.int8
-    return [
-        {"backend": b} for b in BACKENDS if backend_problem(b) is None and shape_problem(*matrix.shape, b, int8) is None
-    ]
+    configs = []
+    for backend in BACKENDS:
+        if backend_problem(backend) is None and shape_problem(*matrix.shape, backend, int8) is None:
+            if backend == "cusparselt":
+                algorithms = CUSPARSELT_ALGORITHMS[min(effort, max(CUSPARSELT_ALGORITHMS))]
+                configs += [{"backend": backend, "algorithm": a} for a in algorithms]
+            else:
+                configs.append({"backend": backend})
+    return configs
 
 
 def _sparse_problem(matrix: torch.Tensor | None, device: torch.device) -> str | None:

@@ -130,7 +130,7 @@ def _dense_stand_in(monkeypatch):
     an NHWC view, strides, bias, the epilogue, the output's shape and layout) is checked without a GPU."""
     import tensorforge.tactics.sparse as sparse
 
-    def linear(rows, weight, bias=None, activation=None):
+    def linear(rows, weight, bias=None, activation=None, algorithm=0):
         y = rows @ weight.t() + (0 if bias is None else bias)
         return torch.relu(y) if activation == "relu" else y
 
@@ -198,7 +198,7 @@ def test_around_the_int8_product_the_kernel_is_cublas_int8s(monkeypatch, residua
     monkeypatch.setattr(
         sparse,
         "sparse_linear",
-        lambda q, w, bias=None, activation=None, out_dtype=None: (q.long() @ w.long().t()).int(),
+        lambda q, w, bias=None, activation=None, out_dtype=None, algorithm=0: (q.long() @ w.long().t()).int(),
     )
     torch.manual_seed(5)
     layer, feeds = _quantized_pruned([3, 7, 64], "Relu", residual)
