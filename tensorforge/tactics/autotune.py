@@ -51,7 +51,7 @@ from . import (  # noqa: F401 - registers the tactic families
 )
 from .base import Tactic, tactics_for
 from .fallback import output_quantization, with_float_output
-from .timing import TimingBudget, measure, measure_interleaved
+from .timing import ContextLost, TimingBudget, context_lost, first_line, measure, measure_interleaved
 from .timing_cache import TimingCache, describe, device_key, signature, software_versions
 from .variant import (
     PRECISION_DTYPE,
@@ -474,7 +474,9 @@ class _Search:
                     problem = _mismatch(
                         outputs, reference, kernel.out_dtypes, variant, self.quantized, self.fp8_products
                     )
-        except Exception as err:  # a failing candidate scores inf; the build goes on
+        except Exception as err:  # a failing candidate scores inf; the build goes on, unless nothing more can run
+            if context_lost(err):
+                raise self._context_lost(tactic, config, f"{type(err).__name__}: {first_line(err)}") from err
             return None, f"failed: {type(err).__name__}: {err}"
         finally:
             with self._clock:
@@ -523,7 +525,10 @@ class _Search:
                 kernel(args)
 
         give_up_ms = self.budget.give_up_ratio * self.fastest_ms
-        timing = measure(call, device=self.device, give_up_ms=give_up_ms, **self.budget.as_kwargs())
+        try:
+            timing = measure(call, device=self.device, give_up_ms=give_up_ms, **self.budget.as_kwargs())
+        except ContextLost as err:
+            raise self._context_lost(tactic, config, str(err)) from err
         self.calls[_call_key(tactic.key, config)] = call
         if self.cache is not None:
             self.cache.record(self.key, tactic.key, config, timing, description=self.description)
@@ -535,6 +540,15 @@ class _Search:
             note = ""
         self.fastest_ms = min(self.fastest_ms, timing.median)
         return Candidate(tactic.key, config, timing.median, note)
+
+    def _context_lost(self, tactic: Tactic, config: dict[str, Any], error: str) -> ContextLost:
+        """The build's error when a candidate's kernel has left the CUDA context unusable."""
+        return ContextLost(
+            f"{self.node.label}: candidate {tactic.key} {_short(config)} left this process's CUDA context unusable "
+            f"({error}); every later kernel would fail, so the build stops. Rebuild with the family "
+            f"{tactic.family!r} left out of the tactic families (`tensorforge build --families`). CUDA reports such "
+            "errors late: with CUDA_LAUNCH_BLOCKING=1 set, the candidate named is the one whose kernel faulted."
+        )
 
 
 def _mismatch(

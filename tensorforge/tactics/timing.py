@@ -106,6 +106,31 @@ _EFFORTS = {
 METHOD = "cuda-graph-replay"  # how CUDA timings are taken; part of the timing cache's key
 
 
+# what torch says of CUDA errors after which the process's context is unusable: every later call fails with them
+_CONTEXT_LOST = (
+    "illegal instruction",
+    "illegal memory access",
+    "an illegal address",
+    "unspecified launch failure",
+    "misaligned address",
+    "device-side assert",
+)
+
+
+class ContextLost(RuntimeError):
+    """A CUDA error left this process's context unusable (it is sticky: every later kernel fails with it)."""
+
+
+def context_lost(err: BaseException) -> bool:
+    """Whether `err` is a CUDA error after which nothing more runs in this process."""
+    return any(signature in str(err) for signature in _CONTEXT_LOST)
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of `err`'s message (torch appends lines of advice to its CUDA errors)."""
+    return str(err).strip().split("\n", 1)[0]
+
+
 def measure(
     fn: Callable[[], object],
     *,
@@ -124,8 +149,9 @@ def measure(
     least `repeats` times and until the timed calls add up to `min_time_s` (at most 10 × `repeats` calls). A first
     timed call over `give_up_ms` is the only one (on CUDA after one untimed replay, so that a graph's first upload
     is not timed). `flush_l2` applies to CUDA only. If `fn` raises (while warming up, while timed, or in a CUDA
-    error surfacing at synchronization), the result has `error` set and `inf` times. A CUDA error that corrupts
-    the context (an illegal address) is sticky: later candidates will fail too.
+    error surfacing at synchronization), the result has `error` set and `inf` times, except for a CUDA error that
+    leaves the context unusable (an illegal address or instruction: sticky, every later kernel would fail too),
+    which raises `ContextLost`.
     """
     _check_budget(warmup, repeats, min_time_s)
     device = torch.device(device)
@@ -140,6 +166,8 @@ def measure(
     try:
         samples = timer(fn, device, flush_l2, _Plan(warmup, repeats, min_time_s, give_up_ms))
     except Exception as exc:
+        if context_lost(exc):
+            raise ContextLost(f"{type(exc).__name__}: {first_line(exc)}") from exc
         return Timing.failed(f"{type(exc).__name__}: {exc}")
     return Timing.from_samples(samples)
 

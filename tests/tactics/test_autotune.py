@@ -14,6 +14,7 @@ from tensorforge.tactics import autotune as autotune_module
 from tensorforge.tactics import base
 from tensorforge.tactics.autotune import autotune
 from tensorforge.tactics.base import Tactic
+from tensorforge.tactics.timing import ContextLost, measure
 from tensorforge.tactics.timing_cache import TimingCache
 from tensorforge.tactics.vendor import ReferenceTactic
 from tests.helpers import make_model, tensor_info
@@ -289,3 +290,37 @@ def test_e4m3_products_are_held_to_the_fp8_accumulation_bound_in_float_and_quant
         assert "no rounding" in _mismatch([got_q], [want], [torch.float8_e4m3fn], fp32, quantized)
         result = _mismatch([got_q], [want], [torch.float8_e4m3fn], fp32, quantized, fp8_products=True)
         assert (result == "") is products_pass
+
+
+class _PoisoningTactic(Tactic):
+    """A kernel that fails as a CUDA kernel does when it leaves the context unusable."""
+
+    family, name, op_types = "test", "poisoning", ("tensorforge::FusedConv",)
+
+    def build(self, node, opset, device, config):
+        def kernel(inputs):
+            raise RuntimeError("CUDA error: an illegal instruction was encountered\nCompile with TORCH_USE_CUDA_DSA")
+
+        return kernel
+
+
+def test_a_candidate_that_loses_the_cuda_context_stops_the_build_and_is_named(monkeypatch):
+    monkeypatch.setattr(base, "_TACTICS", [*base._TACTICS, _PoisoningTactic()])
+    node, inputs = _fused_conv_layer()
+    with pytest.raises(ContextLost) as caught:
+        autotune(node, 1, inputs, "cpu", effort=0, workers=2)
+    message = str(caught.value)
+    assert node.label in message and "test.poisoning" in message and "'test' left out" in message
+    assert "illegal instruction was encountered" in message and "TORCH_USE_CUDA_DSA" not in message
+
+
+def test_measure_raises_when_the_context_is_lost_and_scores_other_failures():
+    def poisoned():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def failing():
+        raise RuntimeError("out of resource: shared memory")
+
+    with pytest.raises(ContextLost, match="illegal memory access"):
+        measure(poisoned, device="cpu")
+    assert not measure(failing, device="cpu").ok
