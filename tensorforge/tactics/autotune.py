@@ -476,7 +476,7 @@ class _Search:
                     )
         except Exception as err:  # a failing candidate scores inf; the build goes on, unless nothing more can run
             if context_lost(err):
-                raise self._context_lost(tactic, config, f"{type(err).__name__}: {first_line(err)}") from err
+                raise lost_context_error(self.node, tactic, config, err) from err
             return None, f"failed: {type(err).__name__}: {err}"
         finally:
             with self._clock:
@@ -528,7 +528,7 @@ class _Search:
         try:
             timing = measure(call, device=self.device, give_up_ms=give_up_ms, **self.budget.as_kwargs())
         except ContextLost as err:
-            raise self._context_lost(tactic, config, str(err)) from err
+            raise lost_context_error(self.node, tactic, config, err) from err
         self.calls[_call_key(tactic.key, config)] = call
         if self.cache is not None:
             self.cache.record(self.key, tactic.key, config, timing, description=self.description)
@@ -541,14 +541,16 @@ class _Search:
         self.fastest_ms = min(self.fastest_ms, timing.median)
         return Candidate(tactic.key, config, timing.median, note)
 
-    def _context_lost(self, tactic: Tactic, config: dict[str, Any], error: str) -> ContextLost:
-        """The build's error when a candidate's kernel has left the CUDA context unusable."""
-        return ContextLost(
-            f"{self.node.label}: candidate {tactic.key} {_short(config)} left this process's CUDA context unusable "
-            f"({error}); every later kernel would fail, so the build stops. Rebuild with the family "
-            f"{tactic.family!r} left out of the tactic families (`tensorforge build --families`). CUDA reports such "
-            "errors late: with CUDA_LAUNCH_BLOCKING=1 set, the candidate named is the one whose kernel faulted."
-        )
+
+def lost_context_error(node: Node, tactic: Tactic, config: dict[str, Any], err: BaseException) -> ContextLost:
+    """The build's error when candidate (`tactic`, `config`) of `node` has left the CUDA context unusable (`err`)."""
+    error = str(err) if isinstance(err, ContextLost) else f"{type(err).__name__}: {first_line(err)}"
+    return ContextLost(
+        f"{node.label}: candidate {tactic.key} {_short(config)} left this process's CUDA context unusable "
+        f"({error}); every later kernel would fail, so the build stops. Rebuild with the family "
+        f"{tactic.family!r} left out of the tactic families (`tensorforge build --families`). CUDA reports such "
+        "errors late: with CUDA_LAUNCH_BLOCKING=1 set, the candidate named is the one whose kernel faulted."
+    )
 
 
 def _mismatch(

@@ -32,8 +32,16 @@ from ..ir import Model, Node, Value
 from ..ir.walk import Walk
 from ..kernels.quantize import KINDS
 from ..ops.math_flags import full_float32
-from .autotune import build_layer_kernel, candidate_groups, layer_key, on_device, unpromoted_twin
+from .autotune import (
+    build_layer_kernel,
+    candidate_groups,
+    layer_key,
+    lost_context_error,
+    on_device,
+    unpromoted_twin,
+)
 from .base import Tactic, tactic_by_key
+from .timing import ContextLost, context_lost
 from .timing_cache import TimingCache
 from .variant import PRECISION_DTYPE, ConstantCache
 
@@ -86,7 +94,7 @@ def precompile(
                     candidates = [(t, c) for t, c in candidates if all(cache.get(k, t.key, c) is None for k in keys)]
                 if candidates:
                     if len(layers) >= _LAYERS_IN_FLIGHT:
-                        wait(layers.popleft())
+                        _raise_lost_context(layers.popleft())
                     layers.append(
                         [pool.submit(_compile, t, node, opset, device, c, constants, args) for t, c in candidates]
                     )
@@ -94,14 +102,26 @@ def precompile(
                 kernel = build_layer_kernel(reference, node, opset, device, {"precision": "fp32"}, constants)
                 with torch.inference_mode(), full_float32():
                     outputs = kernel(args)
+            except ContextLost:
+                raise
             except Exception as err:  # the tuning runs this layer its own way; the later layers compile there
                 stopped = f"{node.label}: {type(err).__name__}: {err}"
                 break
             walk.after(index, outputs)
+    for futures in layers:  # (a stop may have come from a candidate's lost context: that is the error to raise)
+        _raise_lost_context(futures)
     env.clear()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the candidates' outputs: the tuning starts with the memory it had
     return Precompiled(time.perf_counter() - started, submitted, stopped)
+
+
+def _raise_lost_context(futures: Sequence[Future]) -> None:
+    """Wait for one layer's compilations; raise the `ContextLost` of one that left the CUDA context unusable."""
+    wait(futures)
+    for future in futures:
+        if isinstance(future.exception(), ContextLost):
+            raise future.exception()
 
 
 def _likely_keys(
@@ -144,9 +164,10 @@ def _compiling(
 
 def _compile(tactic: Tactic, node: Node, opset: int, device: torch.device, config, constants, args) -> None:
     """Build and run one candidate once, which compiles its kernels into the caches; its failures are the
-    tuning's to report."""
+    tuning's to report, but for one that leaves the CUDA context unusable (`ContextLost`)."""
     try:
         with on_device(device), torch.inference_mode(), full_float32():
             build_layer_kernel(tactic, node, opset, device, config, constants)(args)
-    except Exception:  # met again, and reported, when the layer is tuned
-        pass
+    except Exception as err:  # met again, and reported, when the layer is tuned, unless nothing more can run
+        if context_lost(err):
+            raise lost_context_error(node, tactic, config, err) from err

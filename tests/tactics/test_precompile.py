@@ -19,7 +19,7 @@ from tensorforge.tactics import base
 from tensorforge.tactics.autotune import layer_key
 from tensorforge.tactics.base import Tactic
 from tensorforge.tactics.precompile import precompile
-from tensorforge.tactics.timing import Timing
+from tensorforge.tactics.timing import ContextLost, Timing
 from tensorforge.tactics.timing_cache import TimingCache
 from tensorforge.tactics.vendor import ReferenceTactic
 from tests.helpers import make_model, tensor_info
@@ -163,3 +163,22 @@ def test_candidates_the_timing_cache_holds_are_not_compiled(compiling, monkeypat
     )  # fmt: skip
     assert {run[0] for run in compiling.runs} == {second.name}, compiling.runs
     assert done.submitted == 3 + 1  # the second layer's fp16 configs and its fp32 first one
+
+
+def test_a_candidate_that_loses_the_cuda_context_stops_the_pass_and_is_named(compiling, monkeypatch):
+    def build(self, node, opset, device, config):
+        def kernel(inputs):
+            if config["tile"] == 3:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered\nFor debugging consider ...")
+            return (inputs[0],)
+
+        return kernel
+
+    monkeypatch.setattr(compiling, "build", build)
+    monkeypatch.setattr(compiling, "precisions", ("fp16",))
+    model = _two_convs()
+    with pytest.raises(ContextLost) as caught:
+        precompile(model, _env(model), CPU, effort=1, precisions=("fp16",), families=None, constants={}, workers=2)
+    message = str(caught.value)
+    assert "triton.stand-in" in message and "illegal memory access" in message and "For debugging" not in message
+    assert model.graph.nodes[0].label in message or model.graph.nodes[1].label in message
