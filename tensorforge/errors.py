@@ -25,3 +25,11 @@ class InputError(TensorforgeError):
 
 class OpError(TensorforgeError):
     """An op failed while running; the message names the node."""
+
+
+class TuningError(TensorforgeError):
+    """No candidate kernel of a layer ran correctly; the message names the layer and what each candidate did."""
+
+
+class DeviceError(TensorforgeError):
+    """The GPU failed in a way this process cannot recover from (a sticky CUDA error); the message says what ran."""

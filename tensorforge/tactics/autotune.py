@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..errors import TuningError
 from ..ir import DType, Node, qualified_op
 from ..kernels.quantize import KINDS
 from ..ops.fused import DOMAIN, is_quantized_tensor
@@ -248,7 +249,7 @@ def autotune(
     best = min(candidates, key=lambda c: c.median_ms)
     if not math.isfinite(best.median_ms):
         notes = "; ".join(f"{c.tactic} {_short(c.config)}: {c.note}" for c in candidates)
-        raise RuntimeError(f"{node.label}: no tactic ran correctly ({notes})")
+        raise TuningError(f"{node.label}: no tactic ran correctly ({notes})")
     return Choice(
         best.tactic, best.config, best.median_ms, candidates, from_cache,
         skipped=skipped, prepare_s=search.prepare_s, timing_s=search.timing_s, candidate_s=search.candidate_s,

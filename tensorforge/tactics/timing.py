@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..errors import DeviceError
 from ..ops.cuda_graphs import capture
 
 # With min_time_s unmet, measuring stops anyway at this many times `repeats` samples.
@@ -117,7 +118,7 @@ _CONTEXT_LOST = (
 )
 
 
-class ContextLost(RuntimeError):
+class ContextLost(DeviceError):
     """A CUDA error left this process's context unusable (it is sticky: every later kernel fails with it)."""
 
 
