@@ -1,7 +1,8 @@
 """Where 2:4 sparsity pays: products with a 2:4-pruned weight on the sparse tensor cores (cuSPARSELt and CUTLASS,
 `kernels.sparse_gemm`) beside the dense product of the same pruned weight (cuBLAS through `torch.addmm`, and
-`torch._int_mm` in int8: the vendor baselines the dense tactics compete with), in fp16 and in int8 (int32 sums),
-in one run, timed in interleaved rounds (CUDA graphs, L2 flushed: `tactics.timing.measure_interleaved`).
+`torch._int_mm` in int8, with W row-major as `vendor.cublas-int8` holds it and as W's transposed view: the vendor
+baselines the dense tactics compete with), in fp16 and in int8 (int32 sums), in one run, timed in interleaved
+rounds (CUDA graphs, L2 flushed: `tactics.timing.measure_interleaved`).
 
 Products are BERT-base's at batch 64 × sequence 128 and ResNet-50's 1×1 convolutions as products over pixel rows
 at batch 256 (and at batch 1 / 8 for latency). Each row: M, K, N, the dense median, each backend's median and the
@@ -66,15 +67,16 @@ def _operands(m, k, n, dtype, device, generator):
 
 
 def _product(name, m, k, n, dtype, device, generator, rounds) -> dict:
-    """One product's row: dense and each backend timed in interleaved rounds, with their errors."""
+    """One product's row: the dense forms and each backend timed in interleaved rounds, with their errors; each
+    backend's ratio is to the fastest dense form."""
     x, w, bias, want = _operands(m, k, n, dtype, device, generator)
-    if dtype == "int8":
-        weight_kn = w.t().contiguous()
-        forms = {"dense": lambda: torch._int_mm(x, weight_kn)}
-    else:
-        forms = {"dense": lambda: torch.addmm(bias, x, w.t())}
     out_dtype = torch.int32 if dtype == "int8" else None
-    errors, problems = {"dense": relative_error(forms["dense"](), want)}, {}
+    if dtype == "int8":  # cuBLAS's int8 product with W as [K, N] row-major (vendor.cublas-int8's), and as W's view
+        weight_kn = w.t().contiguous()
+        candidates = {"dense": lambda: torch._int_mm(x, weight_kn), "dense-wt": lambda: torch._int_mm(x, w.t())}
+    else:
+        candidates = {"dense": lambda: torch.addmm(bias, x, w.t())}
+    problems = {}
     for backend in BACKENDS:
         problem = backend_problem(backend) or shape_problem(n, k, backend, dtype == "int8")
         if problem:
@@ -83,24 +85,26 @@ def _product(name, m, k, n, dtype, device, generator, rounds) -> dict:
         packed = compress(w, backend)
         for algorithm in CUSPARSELT_ALGORITHMS[1] if backend == "cusparselt" else (0,):
             label = f"{backend}/{algorithm}" if backend == "cusparselt" else backend
-            forms[label] = lambda packed=packed, algorithm=algorithm: sparse_linear(
+            candidates[label] = lambda packed=packed, algorithm=algorithm: sparse_linear(
                 x, packed, bias, out_dtype=out_dtype, algorithm=algorithm
             )
-            try:
-                errors[label] = relative_error(forms[label](), want)
-            except Exception as err:  # reported in the row, the other forms still timed
-                problems[label] = f"{type(err).__name__}: {err}"
-                del forms[label]
+    forms, errors = {}, {}
+    for label, form in candidates.items():
+        try:
+            errors[label] = relative_error(form(), want)
+            forms[label] = form
+        except Exception as err:  # reported in the row (cuBLAS refuses some int8 shapes), the others still timed
+            problems[label] = f"{type(err).__name__}: {err}".split("\n", 1)[0]
     timed = measure_interleaved(list(forms.values()), device=device, rounds=rounds)
     medians = {label: t.median for label, t in zip(forms, timed, strict=True)}
-    dense = medians["dense"]
+    dense = min((t for label, t in medians.items() if label.startswith("dense")), default=float("nan"))
     best = {b: min(((t, x) for x, t in medians.items() if x.split("/")[0] == b), default=None) for b in BACKENDS}
     best = {b: found for b, found in best.items() if found}  # (a backend with nothing that ran has no cell)
     cells = [f"{best[b][0]:.4f} ({dense / best[b][0]:.2f}x) {best[b][1]}" if b in best else "n/a" for b in BACKENDS]
     print(f"{name:28} {dtype:>5} {m:>7} {k:>5} {n:>5} {dense:9.4f} " + " ".join(f"{c:>30}" for c in cells))
     return {
         "product": name, "dtype": dtype, "m": m, "k": k, "n": n, "median_ms": medians,
-        "speedup_over_dense": {label: dense / t for label, t in medians.items() if label != "dense"},
+        "speedup_over_dense": {label: dense / t for label, t in medians.items() if not label.startswith("dense")},
         "relative_error": errors, "not_run": problems,
         "timing_errors": {label: t.error for label, t in zip(forms, timed, strict=True) if t.error},
     }  # fmt: skip

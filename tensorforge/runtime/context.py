@@ -15,6 +15,7 @@ into given buffers put their outputs there); the weights and kernels are the eng
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,6 +61,14 @@ class ExecutionContext:
         if cpu_graphs and on_cuda:
             raise InputError("CPU graphs need an engine built for the CPU; this one runs on CUDA")
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        sparse = engine.report.get("sparsity", {}).get("sparse_kernels", [])
+        if on_cuda and not self.cuda_graphs and any(nodes for nodes in sparse):
+            warnings.warn(
+                "this engine runs layers on 2:4 sparse kernels; torch's cuSPARSELt products cost 0.3 ms to hundreds "
+                "of milliseconds a call run without a CUDA graph (host-side setup that a replay skips): keep "
+                "cuda_graphs on",
+                stacklevel=2,
+            )
         self.cpu_graphs = not on_cuda if cpu_graphs is None else cpu_graphs
         self.stream = stream if stream is not None or not on_cuda else torch.cuda.Stream(self.device)
         self._graphs: dict[ShapeKey, _Captured] = {}

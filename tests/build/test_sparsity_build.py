@@ -1,6 +1,8 @@
 """2:4 sparsity in a build: `force` prunes and says so, `auto` finds a model's own pattern, `off` keeps the sparse
 family out; the engine computes the pruned model."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -74,3 +76,18 @@ def test_off_keeps_the_sparse_family_out_and_reports_nothing():
     assert "sparse" not in families and {"vendor", "triton", "reference"} <= set(families)
     assert build_families(BuildConfig(sparsity="off", tactic_families=("vendor", "sparse"))) == ("vendor",)
     assert build_families(BuildConfig()) is None
+
+
+@pytest.mark.gpu
+def test_a_context_without_cuda_graphs_warns_when_layers_run_on_sparse_kernels():
+    """Eagerly, torch's cuSPARSELt products cost far more than in a graph replay (docs/design.md)."""
+    engine = build_engine(
+        import_model(_model()), BuildConfig(device="cuda", effort=0, sparsity="force", precisions=("fp32", "fp16"))
+    )
+    sparse = any(nodes for nodes in engine.report["sparsity"]["sparse_kernels"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.create_context(cuda_graphs=False)
+        engine.create_context()
+    said = [w for w in caught if "2:4 sparse kernels" in str(w.message)]
+    assert len(said) == (1 if sparse else 0)

@@ -151,7 +151,6 @@ def test_around_the_product_the_convolution_kernel_is_right(
     node, out = _conv([2, 16, 7, 7], 32, residual, activation, strides=strides)
     feeds = [torch.randn(2, 16, 7, 7).contiguous(memory_format=torch.channels_last)]
     feeds += [torch.randn(out)] if residual else []
-    _runnable(backend)
     want = ReferenceTactic().build(node, 17, CPU, {})([t.double() for t in _inputs(node, feeds)])[0]
     config = {"precision": "fp32", "layout": "any", "backend": backend, "epilogue": epilogue}
     got = build_layer_kernel(tactic_by_key(TACTIC), node, 17, CPU, config, {})(feeds)[0]
