@@ -15,7 +15,8 @@
   activation or residual add as post-ops and the weight packed once.
 - `vendor.onednn-qconv`: int8 QuantizedConv on the CPU as oneDNN's int8 convolution (VNNI), float32 or int8 out.
 - `vendor.onednn-qlinear`: int8 QuantizedGemm on the CPU as oneDNN's int8 linear (VNNI), float32 or int8 out.
-- `vendor.cublas-int8`: int8 QuantizedGemm on CUDA as cuBLAS's int8 product (`torch._int_mm`), exact int32 sums.
+- `vendor.cublas-int8`: int8 QuantizedGemm on CUDA as cuBLAS's int8 product (`torch._int_mm`), exact int32 sums;
+  the weight read as it is or as the transposed view cuBLASLt's int8 tensor cores take.
 - `vendor.cublas-gemm`: FusedGemm with a constant weight on CUDA as one cuBLASLt product with its bias (and ReLU)
   inside (`torch.addmm` / `_addmm_activation`), the rest of the epilogue in place on the output after it.
 - `vendor.torch-maxpool`: MaxPool through torch's pooling kernels.
@@ -56,7 +57,7 @@ from ..ops.fused import (
 )
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
-from .base import Kernel, Tactic, register_tactic, statistics_reason
+from .base import Kernel, PerWeight, Tactic, register_tactic, statistics_reason
 from .channel_scales import ChannelScales
 from .upsample import upsample_factors
 
@@ -684,13 +685,20 @@ class CublasInt8GemmTactic(Tactic):
             return f"cuBLAS's int8 product takes K and N in multiples of 8, not {k} and {n}"
         return None
 
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        """The weight as cuBLAS reads it: "nk", [K, N] as the view of a row-major [N, K] copy (the "TN" form, the
+        one cuBLASLt's int8 tensor-core kernels take), or "kn", the weight [K, N] as it is (on an H100 this product
+        ran at 117 TOP/s, bench/sparse_gemm.py)."""
+        return [{"weight": "nk"}, {"weight": "kn"}]
+
     def product(self, config: dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """`(q, w) -> q @ w`: int8 rows [M, K] times the int8 weight [K, N], exact int32 sums."""
+        transposed = PerWeight(lambda w: w.t().contiguous().t()) if config.get("weight") == "nk" else None
 
         def cublas(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             if q.shape[0] <= 16:
                 raise ValueError(f"cuBLAS's int8 product takes more than 16 rows, not {q.shape[0]}")
-            return torch._int_mm(q, w)
+            return torch._int_mm(q, w if transposed is None else transposed(w))
 
         return cublas
 

@@ -14,6 +14,7 @@ from tensorforge.quant.layers import quantizable_layers
 from tensorforge.quant.lower import lowerable, quantize_layers
 from tensorforge.tactics.autotune import TOLERANCE, build_layer_kernel, relative_error
 from tensorforge.tactics.base import tactic_by_key
+from tensorforge.tactics.vendor import CublasInt8GemmTactic
 from tests.helpers import fused_gemm
 
 CPU = torch.device("cpu")
@@ -86,11 +87,23 @@ def test_the_cublas_int8_product_matches_the_reference_on_cuda():
     choice = autotune(layer, 1, [feeds[0]], "cuda", effort=0, precisions=("fp32", "fp16"), exhaustive=True)
     ours = [c for c in choice.candidates if c.tactic == "vendor.cublas-int8"]
     assert ours and all(c.median_ms < float("inf") for c in ours), [(c.config, c.note) for c in ours]
+    assert {c.config["weight"] for c in ours} == {"nk", "kn"}
     # the float fallback through cuBLAS's float product (the fp16 engines' GEMM) passes the check too
     fallback = [
         c for c in choice.candidates if c.tactic == "fallback.float-gemm" and c.config["inner"] == "vendor.cublas-gemm"
     ]
     assert fallback and all(c.median_ms < float("inf") for c in fallback), [(c.config, c.note) for c in fallback]
+
+
+@pytest.mark.parametrize("weight", ["nk", "kn"])
+def test_the_cublas_int8_product_reads_the_weight_either_way_exactly(weight):
+    """`torch._int_mm` runs on the CPU too: the product's two weight forms give the exact int32 sums."""
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randint(-128, 128, (40, 64), generator=generator, dtype=torch.int8)
+    w = torch.randint(-128, 128, (64, 24), generator=generator, dtype=torch.int8)
+    product = CublasInt8GemmTactic().product({"weight": weight})
+    got = product(q, w)
+    assert got.dtype == torch.int32 and torch.equal(got.long(), q.long() @ w.long())
 
 
 @pytest.mark.parametrize("key", ["vendor.onednn-qlinear", "cpu.gemm-int8", "triton.gemm-quantized"])
