@@ -400,7 +400,8 @@ class _Search:
         pending = []
         for index, (tactic, config) in enumerate(items):
             cached = self.cache.get(self.key, tactic.key, config) if self.cache is not None else None
-            if cached is None:
+            if cached is None or (cached.error and context_lost(cached.error)):
+                # (a failure filed after another candidate had lost the context says nothing of this one)
                 pending.append(index)
                 continue
             note = f"cached failure: {cached.error}" if cached.error else "cached"

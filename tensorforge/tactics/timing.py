@@ -122,8 +122,8 @@ class ContextLost(DeviceError):
     """A CUDA error left this process's context unusable (it is sticky: every later kernel fails with it)."""
 
 
-def context_lost(err: BaseException) -> bool:
-    """Whether `err` is a CUDA error after which nothing more runs in this process."""
+def context_lost(err: BaseException | str) -> bool:
+    """Whether `err` (an exception or its message) is a CUDA error after which nothing more runs in this process."""
     return any(signature in str(err) for signature in _CONTEXT_LOST)
 
 

@@ -14,7 +14,7 @@ from tensorforge.tactics import autotune as autotune_module
 from tensorforge.tactics import base
 from tensorforge.tactics.autotune import autotune
 from tensorforge.tactics.base import Tactic
-from tensorforge.tactics.timing import ContextLost, measure
+from tensorforge.tactics.timing import ContextLost, Timing, measure
 from tensorforge.tactics.timing_cache import TimingCache
 from tensorforge.tactics.vendor import ReferenceTactic
 from tests.helpers import make_model, tensor_info
@@ -324,3 +324,17 @@ def test_measure_raises_when_the_context_is_lost_and_scores_other_failures():
     with pytest.raises(ContextLost, match="illegal memory access"):
         measure(poisoned, device="cpu")
     assert not measure(failing, device="cpu").ok
+
+
+def test_a_cached_failure_from_a_lost_context_is_timed_again_and_other_failures_are_not():
+    node, inputs = _fused_conv_layer()
+    cache = TimingCache()
+    key = choice_key(node, inputs)
+    lost = Timing.failed("AcceleratorError: CUDA error: an illegal instruction was encountered")
+    cache.record(key, "vendor.torch-direct", {"precision": "fp32", "layout": "NCHW"}, lost)
+    failed = Timing.failed("RuntimeError: out of resource")
+    cache.record(key, "reference.registry", {"precision": "fp32", "layout": "any"}, failed)
+    choice = autotune(node, 1, inputs, "cpu", effort=0, cache=cache, families=("vendor", "reference"))
+    notes = {(c.tactic, c.config.get("layout")): c for c in choice.candidates}
+    assert math.isfinite(notes["vendor.torch-direct", "NCHW"].median_ms)
+    assert notes["reference.registry", "any"].note.startswith("cached failure")
