@@ -7,8 +7,9 @@ exact int32 sums, `out_dtype=torch.int32`).
 - "cusparselt": NVIDIA's cuSPARSELt (`torch._cslt_compress`, `torch._cslt_sparse_mm`). It multiplies the sparse
   operand on the left, so the product is W · rowsᵀ, written transposed (`transpose_result`): [M, N] row-major
   without a copy. Its algorithm (`alg_id`) is the caller's to choose: the autotuner times them as configurations,
-  rather than cuSPARSELt's own search (`torch._cslt_sparse_mm_search`), which also tries split-K plans, some of
-  which fail inside the library. Bias inside.
+  rather than cuSPARSELt's own search (`torch._cslt_sparse_mm_search`), which on an H100 failed inside the library
+  in fp16 with `transpose_result` ("internal error"). Bias inside. Eagerly each call costs 0.3 ms to hundreds of ms
+  of host-side setup (fp16 with `transpose_result`); a CUDA-graph replay skips it.
 - "cutlass": PyTorch's CUTLASS kernels (`torch._to_sparse_semi_structured`, `torch._sparse_semi_structured_linear`),
   with the bias and a ReLU or SiLU inside; Ampere and Ada only (compute capability 8.x).
 

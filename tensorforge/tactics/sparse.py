@@ -1,7 +1,8 @@
 """The sparse family: layers whose weight has the 2:4 pattern, on the sparse tensor cores.
 
 `sparse.semi-structured` runs FusedGemm with a constant weight and 1×1 FusedConv without groups or padding
-(`ops.structured_sparsity.weight_matrix`) as `rows · Wᵀ` through cuSPARSELt or CUTLASS (`kernels.sparse_gemm`), in
+(`ops.structured_sparsity.weight_matrix`) as `rows · Wᵀ` through cuSPARSELt or, on compute capability 8.x,
+CUTLASS (`kernels.sparse_gemm`), in
 fp16 or bf16, when W has at most two nonzeros in every four along K; `sparse.semi-structured-int8` does the same
 for int8 QuantizedGemm, with exact int32 sums and `vendor.cublas-int8`'s epilogue. The zeros are the model's: a
 weight without the pattern is declined, never pruned here (`BuildConfig.sparsity` "force" prunes the model before
