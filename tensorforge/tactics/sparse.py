@@ -2,12 +2,12 @@
 
 `sparse.semi-structured` runs FusedGemm with a constant weight and 1×1 FusedConv without groups or padding
 (`ops.structured_sparsity.weight_matrix`) as `rows · Wᵀ` through cuSPARSELt or, on compute capability 8.x,
-CUTLASS (`kernels.sparse_gemm`), in
-fp16 or bf16, when W has at most two nonzeros in every four along K; `sparse.semi-structured-int8` does the same
-for int8 QuantizedGemm, with exact int32 sums and `vendor.cublas-int8`'s epilogue. The zeros are the model's: a
-weight without the pattern is declined, never pruned here (`BuildConfig.sparsity` "force" prunes the model before
-it is optimized, and says so). Half the weight's bytes and up to twice the dense rate; whether that beats the
-dense kernels at a layer's shape is the autotuner's to measure.
+CUTLASS (`kernels.sparse_gemm`), in fp16 or bf16, when W has at most two nonzeros in every four along K;
+`sparse.semi-structured-int8` does the same for int8 QuantizedGemm, with exact int32 sums and
+`vendor.cublas-int8`'s epilogue. The zeros are the model's: a weight without the pattern is declined, never pruned
+here (`BuildConfig.sparsity` "force" prunes the model before it is optimized, and says so). Half the weight's
+bytes and up to twice the dense rate; whether that beats the dense kernels at a layer's shape is the autotuner's to
+measure.
 
 The convolution reads its input as NHWC rows (a view of a channels_last tensor; another layout costs a copy,
 timed with it) and writes channels_last. The epilogue beyond the bias (and CUTLASS's ReLU or SiLU) runs after the
