@@ -100,6 +100,11 @@ def print_profile(path: Path, result: LayerProfile, top: int | None = None) -> N
         out.print("per-layer timing replays the engine's CPU graph, as an execution context runs it")
     elif result.device.startswith("cuda"):
         out.print("per-layer timing runs eagerly, without a CUDA graph: `tensorforge bench` times the whole engine")
+        if any(layer.tactic.startswith("sparse.") for layer in result.layers):
+            out.print(
+                "layers on sparse kernels (sparse.*) include cuSPARSELt's host-side setup, which a graph replay "
+                "skips: up to hundreds of ms a call eagerly, far less in an engine's replay"
+            )
     else:
         out.print(f"per-layer timing runs eagerly: the schedule could not be recorded as a CPU graph ({result.note})")
 
