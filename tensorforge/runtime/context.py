@@ -61,7 +61,7 @@ class ExecutionContext:
         if cpu_graphs and on_cuda:
             raise InputError("CPU graphs need an engine built for the CPU; this one runs on CUDA")
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
-        sparse = engine.report.get("sparsity", {}).get("sparse_kernels", [])
+        sparse = (engine.report.get("sparsity") or {}).get("sparse_kernels", [])  # (None when sparsity is off)
         if on_cuda and not self.cuda_graphs and any(nodes for nodes in sparse):
             warnings.warn(
                 "this engine runs layers on 2:4 sparse kernels; torch's cuSPARSELt products cost 0.3 ms to hundreds "

@@ -72,6 +72,8 @@ def test_auto_finds_a_models_own_pattern_and_prunes_nothing():
 def test_off_keeps_the_sparse_family_out_and_reports_nothing():
     engine = build_engine(import_model(_model(pruned=True)), BuildConfig(effort=0, sparsity="off"))
     assert engine.report["sparsity"] is None
+    feeds = {"x": torch.randn(4, 16, 8, 8, generator=torch.Generator().manual_seed(2))}
+    assert engine.create_context().run(feeds)["y"].shape == (4, 10)  # (a context reads the absent section)
     families = build_families(BuildConfig(sparsity="off"))
     assert "sparse" not in families and {"vendor", "triton", "reference"} <= set(families)
     assert build_families(BuildConfig(sparsity="off", tactic_families=("vendor", "sparse"))) == ("vendor",)
