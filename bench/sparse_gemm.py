@@ -33,7 +33,7 @@ from tensorforge.kernels.sparse_gemm import (
 )
 from tensorforge.ops.structured_sparsity import prune_2to4
 from tensorforge.tactics.autotune import relative_error
-from tensorforge.tactics.timing import measure_interleaved
+from tensorforge.tactics.timing import first_line, measure_interleaved
 
 # (name, M, K, N): rows · Wᵀ with W [N, K]
 PRODUCTS = [
@@ -94,7 +94,7 @@ def _product(name, m, k, n, dtype, device, generator, rounds) -> dict:
             errors[label] = relative_error(form(), want)
             forms[label] = form
         except Exception as err:  # reported in the row (cuBLAS refuses some int8 shapes), the others still timed
-            problems[label] = f"{type(err).__name__}: {err}".split("\n", 1)[0]
+            problems[label] = f"{type(err).__name__}: {first_line(err)}"
     timed = measure_interleaved(list(forms.values()), device=device, rounds=rounds)
     medians = {label: t.median for label, t in zip(forms, timed, strict=True)}
     dense = min((t for label, t in medians.items() if label.startswith("dense")), default=float("nan"))

@@ -16,6 +16,7 @@ from ..runtime.bench import engine_shapes
 from ..runtime.engine import Engine
 from ..runtime.engine_file import is_engine_file
 from ..runtime.profiler import LayerProfile, profile_engine
+from ..tactics.sparse import SPARSE_FAMILY
 from .bench_command import InputsOption, ShapesOption, feeds_for
 from .common import app, choose_device, fail, out
 
@@ -100,7 +101,7 @@ def print_profile(path: Path, result: LayerProfile, top: int | None = None) -> N
         out.print("per-layer timing replays the engine's CPU graph, as an execution context runs it")
     elif result.device.startswith("cuda"):
         out.print("per-layer timing runs eagerly, without a CUDA graph: `tensorforge bench` times the whole engine")
-        if any(layer.tactic.startswith("sparse.") for layer in result.layers):
+        if any(layer.tactic.split(".")[0] == SPARSE_FAMILY for layer in result.layers):
             out.print(
                 "layers on sparse kernels (sparse.*) include cuSPARSELt's host-side setup, which a graph replay "
                 "skips: up to hundreds of ms a call eagerly, far less in an engine's replay"
