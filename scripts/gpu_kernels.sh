@@ -45,7 +45,7 @@
 #             (FP8ACC_S=150)
 #   sparse    bench/sparse_gemm.py (2:4 products beside cuBLAS, SPARSE_GEMM_S=120), then bench/families.py on
 #             SPARSE_MODELS="bert_base:128:64 resnet50:224:256" (model:size:batch) pruned by --sparsity force, with and
-#             without the sparse family (SPARSE_MODEL_S=200 each)
+#             without the sparse family (SPARSE_MODEL_S=200 each; SPARSE_PRECISIONS="fp32 fp16")
 #   norms     bench/layer_norm.py: a transformer norm's forms (fp16, int8, both) beside cuda.layernorm and torch
 #             (NORMS_S=90)
 #   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches
@@ -217,11 +217,12 @@ for stage in $stages; do
       # 2:4 sparsity: each product on cuSPARSELt and CUTLASS beside cuBLAS, then each of SPARSE_MODELS built twice
       # on the same pruned weights (--sparsity force), with and without the sparse family, timed in alternation.
       timeout "${SPARSE_GEMM_S:-120}" python3 bench/sparse_gemm.py --out "$out/sparse" 2>&1 | tail -16
+      precisions=()
+      for precision in ${SPARSE_PRECISIONS:-fp32 fp16}; do precisions+=(--precision "$precision"); done
       for spec in ${SPARSE_MODELS:-bert_base:128:64 resnet50:224:256}; do
         IFS=: read -r model size batch <<< "$spec"
         timeout "${SPARSE_MODEL_S:-200}" python3 bench/families.py --model "$model" --size "$size" --batch "$batch" \
-          --precision fp32 --precision fp16 --sparsity force --without sparse --runs 100 --out "$out/sparse" 2>&1 \
-          | tail -4
+          "${precisions[@]}" --sparsity force --without sparse --runs 100 --out "$out/sparse" 2>&1 | tail -4
       done
       ;;
     buildtime)

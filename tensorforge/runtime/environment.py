@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedError
+from ..kernels.cpu.avx512 import features as cpu_features
 
 ENGINE_FORMAT_VERSION = 1
 """Version of the engine file layout and header schema; bump it on any incompatible change."""
@@ -52,7 +53,7 @@ class Environment:
             name = torch.cuda.get_device_name(index)
             capability: tuple[int, int] | None = tuple(torch.cuda.get_device_capability(index))
         elif device.type == "cpu":
-            name = f"{platform.machine() or 'unknown'} CPU"
+            name = f"{platform.machine() or 'unknown'} CPU with {cpu_features()}"
             capability = None
         else:
             raise UnsupportedError(f"device {str(device)!r} is not supported; tensorforge runs on 'cpu' and 'cuda'")

@@ -2,32 +2,33 @@
 
 - `cpu.squeeze-excite`: a SqueezeExcite block in one call (`kernels.cpu.squeeze_excite`), where torch runs it
   as seven ops.
-- `cpu.depthwise`: a depthwise FusedConv with its bias and activation (`kernels.cpu.depthwise`, AVX-512),
+- `cpu.depthwise`: a depthwise FusedConv with its bias and activation (`kernels.cpu.depthwise`, AVX-512 or AVX2),
   where a oneDNN call through torch costs more to set up than the layer computes.
 - `cpu.pointwise`: a 1×1 FusedConv (stride 1, unpadded, one group) with its whole epilogue, residual included
-  (`kernels.cpu.pointwise`, AVX-512).
+  (`kernels.cpu.pointwise`, AVX-512 or AVX2).
 - `cpu.gemm`: a FusedGemm with a constant weight, its whole epilogue inside, as the 1×1 kernel over the rows of A
   (`kernels.cpu.pointwise`: a classifier's matrix-vector product at batch 1 spread over the threads).
 - `cpu.pooled-gemm`: a PooledGemm (a classifier's head: global average pool, flatten, product; made by
   `passes.cpu_blocks`) as one call of the 1×1 kernel, the pool into a buffer first.
 - `cpu.depthwise-pointwise`: a DepthwisePointwise block (a depthwise convolution and the 1×1 after it, made by
   `passes.cpu_blocks` for CPU builds) in one pass that keeps the depthwise output in cache
-  (`kernels.cpu.depthwise_pointwise`, AVX-512).
+  (`kernels.cpu.depthwise_pointwise`, AVX-512 or AVX2).
 - `cpu.expand-depthwise`: an ExpandDepthwise block (a 1×1 expansion, the depthwise convolution after it and
   optionally the 1×1 projection after that, made by `passes.cpu_blocks`) in one pass that keeps the expanded tensor
-  in cache (`kernels.cpu.expand_depthwise`, AVX-512).
+  in cache (`kernels.cpu.expand_depthwise`, AVX-512 or AVX2).
 - `cpu.squeeze-excite-pointwise`: a SqueezeExcitePointwise block (squeeze-excite and the 1×1 after it, made by
   `passes.cpu_blocks`) as the gate alone (`kernels.cpu.squeeze_excite.gate`) and the 1×1 kernel with each image's
   weight rows scaled by it.
 - `cpu.stem-conv`: a one-group FusedConv of at most four input channels (a network's stem) with its bias and
-  activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512).
+  activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512 or AVX2).
 - `cpu.conv`: a one-group FusedConv of any window, stride, dilation and padding with its whole epilogue, residual
-  included (`kernels.cpu.conv`, AVX-512: the 1×1 kernel's tile over the window's taps).
+  included (`kernels.cpu.conv`, AVX-512 or AVX2: the 1×1 kernel's tile over the window's taps).
 - `cpu.winograd`: a one-group 3×3 FusedConv at stride 1 with its whole epilogue by Winograd's F(2×2, 3×3) or
-  F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512: 2.25× or 4× fewer multiplications).
-- `cpu.layernorm`: LayerNormalization over the last axes, several rows in step (`kernels.cpu.layer_norm`, AVX-512).
+  F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512 or AVX2: 2.25× or 4× fewer multiplications).
+- `cpu.layernorm`: LayerNormalization over the last axes, several rows in step (`kernels.cpu.layer_norm`, AVX-512
+  or AVX2).
 - `cpu.attention`: Attention (`softmax(Q·Kᵀ·scale + B)·V`) in one pass over each block of query rows, reading Q,
-  K and V where the graph left them (`kernels.cpu.attention`, AVX-512).
+  K and V where the graph left them (`kernels.cpu.attention`, AVX-512 or AVX2).
 
 In float32, and in bf16 where the CPU has bf16 dot products (AVX512-BF16: bf16 activations and 1×1 weights, float32
 sums and epilogues) for all but `cpu.squeeze-excite` and `cpu.stem-conv` (and `cpu.winograd` with F(2×2, 3×3)

@@ -42,6 +42,7 @@ import torch
 
 from ..errors import TensorforgeError
 from ..ir.dtypes import DType
+from ..kernels.cpu.avx512 import features as cpu_features
 from .timing import METHOD, Timing
 
 FORMAT = "tensorforge-timing-cache"
@@ -55,14 +56,15 @@ class TimingCacheError(TensorforgeError):
 
 
 def device_key(device: torch.device | str) -> str:
-    """What identifies a device for timing: the GPU model, compute capability and SM count; the CPU model and
-    the number of threads torch uses."""
+    """What identifies a device for timing: the GPU model, compute capability and SM count; the CPU model, the
+    vector instructions our kernels use on it (one model name can hide two generations: "AMD EPYC" in a VM) and the
+    number of threads torch uses."""
     device = torch.device(device)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return f"cuda:{props.name}:sm{props.major}{props.minor}:{props.multi_processor_count}sms"
     if device.type == "cpu":
-        return f"cpu:{_cpu_model()}:{platform.machine()}:{torch.get_num_threads()}threads"
+        return f"cpu:{_cpu_model()}:{platform.machine()}:{cpu_features()}:{torch.get_num_threads()}threads"
     raise ValueError(f"device_key(): tensorforge times on 'cpu' or 'cuda' devices, not {str(device)!r}")
 
 

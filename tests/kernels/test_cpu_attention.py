@@ -1,5 +1,5 @@
 """The C++ attention kernel against softmax(Q·Kᵀ·scale + B)·V in float64 (built with the host's compiler on first
-use, then cached; skipped where no compiler, ninja or AVX-512 is found): strided views as a QKV projection leaves
+use, then cached; skipped where no compiler, ninja, AVX-512 or AVX2 is found): strided views as a QKV projection leaves
 them, masks, broadcast operands, odd sizes, outputs poisoned before the call."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The C++ direct convolution (AVX-512) against a float64 convolution with the fused epilogue (built with the host's
-compiler on first use, then cached; skipped where no compiler, ninja or AVX-512 is found)."""
+compiler on first use, then cached; skipped where no compiler, ninja, AVX-512 or AVX2 is found)."""
 
 from __future__ import annotations
 

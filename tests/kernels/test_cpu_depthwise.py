@@ -1,5 +1,5 @@
 """The C++ depthwise convolution (AVX-512) against a float64 convolution with the fused activation (built with the
-host's compiler on first use, then cached; skipped where no compiler, ninja or AVX-512 is found)."""
+host's compiler on first use, then cached; skipped where no compiler, ninja, AVX-512 or AVX2 is found)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _reference(x, w, b, strides, pads, dilations, act, params) -> torch.Tensor:
     return apply_activation(y, act, params)
 
 
-def _run(x, w, b, strides, pads, dilations, act, params, tile=8, out=None) -> torch.Tensor:
+def _run(x, w, b, strides, pads, dilations, act, params, tile=None, out=None) -> torch.Tensor:
     kernel = tuple(w.shape[2:])
     out_hw = [
         (x.shape[2 + i] + pads[i] + pads[i + 2] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in (0, 1)
@@ -164,9 +164,16 @@ def test_bad_arguments_are_refused_by_name(make, message):
         make(weight, x)
 
 
-def test_a_cpu_without_avx512_is_declined(monkeypatch):
-    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu sse2 avx2 fma")
-    assert "AVX-512" in dw.problem()
+def test_a_cpu_with_neither_avx512_nor_avx2_is_declined(monkeypatch):
+    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu sse2 avx")
+    assert "AVX-512 or AVX2" in dw.problem()
+
+
+def test_a_cpu_with_avx2_runs_the_float_kernels_but_not_the_int8_ones(monkeypatch):
+    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu sse2 avx avx2 fma")
+    assert avx512.isa() == "avx2"
+    assert dw.problem() is None
+    assert "AVX-512" in avx512.avx512_problem("int8 convolution")
 
 
 # -- bf16 ----------------------------------------------------------------------------------------------------------

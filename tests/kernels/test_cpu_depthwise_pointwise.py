@@ -1,5 +1,5 @@
 """The C++ depthwise + 1×1 block (AVX-512) against the two float64 convolutions with their epilogues (built with
-the host's compiler on first use, then cached; skipped where no compiler, ninja or AVX-512 is found)."""
+the host's compiler on first use, then cached; skipped where no compiler, ninja, AVX-512 or AVX2 is found)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _reference(x, wd, bd, wp, bp, z, strides, pads, dilations, acts):
     return y if z is None else apply_activation(y + z.double(), post, post_params)
 
 
-def _run(x, wd, bd, wp, bp, z, strides, pads, dilations, acts, tile=(8, 3), out=None):
+def _run(x, wd, bd, wp, bp, z, strides, pads, dilations, acts, tile=None, out=None):
     kernel = tuple(wd.shape[2:])
     out_hw = [
         (x.shape[2 + i] + pads[i] + pads[i + 2] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in (0, 1)

@@ -1,5 +1,5 @@
 """The C++ layer-norm kernel against LayerNormalization in float64 (built with the host's compiler on first use,
-then cached; skipped where no compiler, ninja or AVX-512 is found): rows in groups and alone, partial vectors,
+then cached; skipped where no compiler, ninja, AVX-512 or AVX2 is found): rows in groups and alone, partial vectors,
 several normalized axes, strided rows, large means."""
 
 from __future__ import annotations

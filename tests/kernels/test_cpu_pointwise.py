@@ -1,5 +1,5 @@
 """The C++ 1×1 convolution (AVX-512) against a float64 convolution with the fused epilogue (built with the host's
-compiler on first use, then cached; skipped where no compiler, ninja or AVX-512 is found)."""
+compiler on first use, then cached; skipped where no compiler, ninja, AVX-512 or AVX2 is found)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _reference(x, w, b, z, pre, pre_params, post, post_params) -> torch.Tensor:
     return y if z is None else apply_activation(y + z.double(), post, post_params)
 
 
-def _run(x, w, b, z=None, pre="", pre_params=(), post="", post_params=(), tile=(8, 3), out=None) -> torch.Tensor:
+def _run(x, w, b, z=None, pre="", pre_params=(), post="", post_params=(), tile=None, out=None) -> torch.Tensor:
     if out is None:
         out = torch.full((x.shape[0], w.shape[0], *x.shape[2:]), math.nan, dtype=x.dtype)
         out = out.contiguous(memory_format=torch.channels_last)

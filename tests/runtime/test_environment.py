@@ -1,10 +1,12 @@
 import dataclasses
+import platform
 
 import pytest
 import torch
 
 import tensorforge
 from tensorforge.errors import UnsupportedError
+from tensorforge.kernels.cpu import avx512
 from tensorforge.runtime.environment import ENGINE_FORMAT_VERSION, Environment, compatibility_problems
 
 H200 = Environment(
@@ -26,9 +28,21 @@ def test_current_cpu_records_this_process():
     assert env.torch_version == torch.__version__
     assert env.cuda_version == torch.version.cuda
     assert env.device_type == "cpu"
-    assert env.device_name.endswith("CPU")
+    assert env.device_name == f"{platform.machine()} CPU with {avx512.features()}"
     assert env.compute_capability is None
     assert Environment.current(torch.device("cpu")) == env
+
+
+def test_an_engine_from_a_cpu_with_other_vector_instructions_is_refused(monkeypatch):
+    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu sse2 avx avx2 fma")
+    here = Environment.current("cpu")
+    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu avx2 fma avx512f avx512_bf16 avx512_vnni")
+    other = Environment.current("cpu")
+    assert here.device_name.endswith("CPU with AVX2")
+    assert other.device_name.endswith("CPU with AVX-512, BF16, VNNI")
+    assert compatibility_problems(other, here) == [
+        f"built on {other.device_name} (cpu), this device is {here.device_name} (cpu)"
+    ]
 
 
 def test_environment_is_frozen():

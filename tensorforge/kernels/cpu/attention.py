@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .avx512 import ABSENT, avx512_problem, load_avx512, module_source
+from .avx512 import ABSENT, load_vector, module_source, vector_problem
 
 MAX_VALUE_SIZE = 128  # V's head size: the accumulators of a block of rows are 16-lane vectors of it, in registers
 
@@ -351,12 +351,12 @@ SOURCE = module_source(_CORE, _ENTRY)
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("attention")
+    return vector_problem("attention")
 
 
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("attention", SOURCE, "attention")
+    return load_vector("attention", SOURCE, "attention")
 
 
 def attention(

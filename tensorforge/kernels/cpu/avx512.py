@@ -14,22 +14,31 @@ its operands' type.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 import torch
 
 from ..activations import EXP2_16, GELU_SQUARE, GELU_T, GELU_TAIL, GELU_TAIL_16
+from .avx2 import AVX2_FORMS
 from .extension import host_flags, load
 
 # The activations the kernels evaluate (by `kernels.activations` code): the rest decline.
 ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU", "Gelu")
 LANES = 16  # float32 lanes of an AVX-512 vector
 ABSENT = torch.empty(0)  # an operand a call leaves out (the C++ reads an empty tensor as none); never written
+T = TypeVar("T")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bf16"}  # the activation types of our CPU kernels, by name
 
-_VECTOR_MATH = r"""
+_VECTOR_MATH = (
+    r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+"""
+    + AVX2_FORMS
+    + r"""
 
 namespace {
 
@@ -190,7 +199,11 @@ constexpr int64_t weight_rows(int64_t C) {
 inline __m512 load16(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
 inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
 inline __m512 load16(__mmask16 m, const uint16_t* p) {
+#ifdef __AVX512F__
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+#else
+  return tf_avx2::load_bf16(m, p);
+#endif
 }
 inline void store16(uint16_t* p, __mmask16 m, __m512 v) {
 #ifdef __AVX512BF16__
@@ -231,6 +244,7 @@ template <int MR, int NV>
 
 }  // namespace
 """
+)
 
 
 def _gelu_constants() -> str:
@@ -259,22 +273,78 @@ def check_activations(kernel: str, *names: str) -> None:
             raise ValueError(f"the CPU {kernel} kernel has no activation {name!r}; it has {ACTIVATIONS}")
 
 
+def isa() -> str | None:
+    """The vector instructions the float32 CPU kernels compile to here: "avx512", "avx2" (AVX2 with FMA, through
+    `avx2.AVX2_FORMS`), or None."""
+    flags = host_flags().split()
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags and "fma" in flags:
+        return "avx2"
+    return None
+
+
+def features() -> str:
+    """What of the CPU's vector instructions our kernels depend on, e.g. "AVX-512, BF16, VNNI" or "AVX2" (or
+    "no AVX2"): an engine's and a timing's CPU are told apart by it."""
+    flags = host_flags().split()
+    if isa() == "avx512":
+        extra = [name for flag, name in (("avx512_bf16", "BF16"), ("avx512_vnni", "VNNI")) if flag in flags]
+        return ", ".join(["AVX-512", *extra])
+    return "AVX2" if isa() == "avx2" else "no AVX2"
+
+
+def register_tiles(avx512: Sequence[T], avx2: Sequence[T]) -> tuple[T, ...]:
+    """A kernel's register tiles for this CPU: `avx512` where it has AVX-512's 32 vector registers, else `avx2`
+    (AVX2 has 16, and a vector of 16 float32 takes two of them: `avx2.AVX2_FORMS`)."""
+    return tuple(avx512 if isa() == "avx512" else avx2)
+
+
+def tile_dispatch(tiles: Sequence[tuple[int, ...]], names: Sequence[str], call: str, kernel: str) -> str:
+    """C++ statements that make `call` (a C++ call with `{tile}` where its template arguments go) for the tile of
+    `tiles` whose values the C++ variables `names` hold, and fail naming `kernel` and this CPU's tiles for any
+    other: e.g. `tile_dispatch(TILES, ("rows", "vectors"), "run<{tile}>(q)", "pointwise")`."""
+    branches = []
+    for tile in tiles:
+        test = " && ".join(f"{name} == {value}" for name, value in zip(names, tile, strict=True))
+        branches.append(f"if ({test}) {call.format(tile=', '.join(map(str, tile)))};")
+    asked = ', " × ", '.join(names)
+    shown = ", ".join("×".join(map(str, tile)) for tile in tiles)
+    branches.append(f'TORCH_CHECK(false, "{kernel}: no tile of ", {asked}, " (this CPU\'s tiles: {shown})");')
+    return "\n  else ".join(branches)
+
+
+def vector_problem(kernel: str) -> str | None:
+    """Why the float32 `kernel` cannot run on this CPU (it needs AVX-512, or AVX2 with FMA), or None."""
+    if isa() is None:
+        return f"the {kernel} kernel needs AVX-512 or AVX2 with FMA, and this CPU has neither"
+    return None
+
+
 def avx512_problem(kernel: str) -> str | None:
-    """Why the `kernel` cannot run on this CPU (it is written for AVX-512), or None."""
-    if "avx512f" not in host_flags():
+    """Why the `kernel`, written for AVX-512 alone (the int8 kernels), cannot run on this CPU, or None."""
+    if isa() != "avx512":
         return f"the {kernel} kernel is written for AVX-512 and this CPU has none"
     return None
 
 
 def module_source(core: str, entry: str) -> str:
-    """An AVX-512 kernel's module: the vector math, the kernel's C++ (`core`) in an unnamed namespace, and its
-    entry point."""
+    """A CPU kernel's module: the vector math, the kernel's C++ (`core`) in an unnamed namespace, and its entry
+    point."""
     return VECTOR_MATH + "namespace {\n" + core + "}  // namespace\n" + entry
 
 
+def load_vector(name: str, source: str, kernel: str, functions: tuple[str, ...] = ()):
+    """The extension module of a float32 kernel (`extension.load`) exposing `functions` (by default the one named
+    `name`), or RuntimeError where the CPU has neither AVX-512 nor AVX2 with FMA."""
+    problem = vector_problem(kernel)
+    if problem:
+        raise RuntimeError(problem)
+    return load(name, source, functions or (name,))
+
+
 def load_avx512(name: str, source: str, kernel: str, functions: tuple[str, ...] = ()):
-    """The extension module of an AVX-512 kernel (`extension.load`) exposing `functions` (by default the one named
-    `name`), or RuntimeError where the CPU has none."""
+    """The extension module of a kernel written for AVX-512 alone, or RuntimeError where the CPU has none."""
     problem = avx512_problem(kernel)
     if problem:
         raise RuntimeError(problem)

@@ -27,18 +27,22 @@ import torch
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 from .avx512 import (
-    avx512_problem,
     check_activations,
     kernel_dtype,
-    load_avx512,
+    load_vector,
     module_source,
     pack_bias,
     paired_rows,
+    register_tiles,
     rounded,
+    tile_dispatch,
+    vector_problem,
 )
 from .depthwise import convolution_operands
 
-TILES = ((8, 3), (6, 4))  # (output pixels of a row, vectors of 16 output channels); the C++ instantiates these
+# (output pixels of a row, vectors of 16 output channels), for AVX-512's 32 registers and for AVX2's 16; the C++
+# instantiates this CPU's
+TILES = register_tiles(((8, 3), (6, 4)), ((6, 1), (3, 2)))
 
 CORE = r"""
 
@@ -171,9 +175,9 @@ void launch(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor z, 
                     _mm512_set1_ps(float(pre0)), _mm512_set1_ps(float(pre1)), _mm512_set1_ps(float(post0)),
                     _mm512_set1_ps(float(post1))};
   const int64_t N = x.size(0);
-  if (rows == 8 && vectors == 3) run<8, 3>(q, N);
-  else if (rows == 6 && vectors == 4) run<6, 4>(q, N);
-  else TORCH_CHECK(false, "conv: no tile of ", rows, " pixels by ", vectors, " vectors (8×3 or 6×4)");
+  """
+    + tile_dispatch(TILES, ("rows", "vectors"), "run<{tile}>(q, N)", "conv")
+    + r"""
 }
 
 }  // namespace
@@ -194,7 +198,7 @@ void conv(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor z, to
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("convolution")
+    return vector_problem("convolution")
 
 
 def pack_weight(w: torch.Tensor, vectors: int) -> torch.Tensor:
@@ -229,10 +233,11 @@ class DirectConv:
         pre_params: tuple[float, float] = (0.0, 0.0),
         post: str = "",
         post_params: tuple[float, float] = (0.0, 0.0),
-        tile: tuple[int, int] = (8, 3),
+        tile: tuple[int, int] | None = None,
     ) -> None:
         check_activations("convolution", pre, post)
-        if tuple(tile) not in TILES:
+        tile = TILES[0] if tile is None else tuple(tile)
+        if tile not in TILES:
             raise ValueError(f"the CPU convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
         self.channels, self.in_channels = weight.shape[:2]
         self.kernel = tuple(weight.shape[2:])
@@ -265,4 +270,4 @@ class DirectConv:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("conv", SOURCE, "convolution")
+    return load_vector("conv", SOURCE, "convolution")

@@ -26,21 +26,28 @@ from ..activations import ACTIVATION_CODES
 from .avx512 import (
     ABSENT,
     DTYPE_NAMES,
-    avx512_problem,
     check_activations,
     kernel_dtype,
-    load_avx512,
+    load_vector,
     module_source,
     pack_bias,
+    register_tiles,
     rounded,
+    tile_dispatch,
+    vector_problem,
 )
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
-TILES = (4, 8)  # output pixels a tile (accumulator vectors); the C++ instantiates these
+# output pixels a tile (accumulator vectors), for AVX-512's 32 registers and for AVX2's 16; the C++ instantiates this
+# CPU's, and the fused kernels that include this one take the widest, ROW_TILE
+TILES = register_tiles((4, 8), (2, 4))
+ROW_TILE = max(TILES)
 
 # The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
 # kernel, `kernels.cpu.depthwise_pointwise`, in a named one).
-CORE = r"""
+CORE = (
+    f"constexpr int ROW_TILE = {ROW_TILE};  // the fused kernels' tile\n"
+    + r"""
 
 struct Geometry {
   int64_t H, W, C, Cp, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW;
@@ -260,6 +267,7 @@ void dispatch(const Elem* x, const float* w, const float* b, Elem* y, const Geom
 }
 
 """
+)
 
 SOURCE = module_source(
     CORE,
@@ -274,11 +282,11 @@ void launch(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor y, 
   auto* yp = reinterpret_cast<Elem*>(y.data_ptr());
   const float* wp = w.data_ptr<float>();
   const float* bp = b.data_ptr<float>();
-  switch (tile) {
-    case 4: dispatch<4>(xp, wp, bp, yp, g, x.size(0), act, p0, p1); break;
-    case 8: dispatch<8>(xp, wp, bp, yp, g, x.size(0), act, p0, p1); break;
-    default: TORCH_CHECK(false, "depthwise: no tile of ", tile, " pixels (4 or 8)");
-  }
+  """
+    + tile_dispatch(
+        [(t,) for t in TILES], ("tile",), "dispatch<{tile}>(xp, wp, bp, yp, g, x.size(0), act, p0, p1)", "depthwise"
+    )
+    + r"""
 }
 
 }  // namespace
@@ -299,7 +307,7 @@ void depthwise(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor 
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("depthwise")
+    return vector_problem("depthwise")
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
@@ -385,9 +393,10 @@ class DepthwiseConv:
         dilations: Sequence[int] = (1, 1),
         act: str = "",
         act_params: tuple[float, float] = (0.0, 0.0),
-        tile: int = 8,
+        tile: int | None = None,
     ) -> None:
         check_activations("depthwise", act)
+        tile = TILES[-1] if tile is None else tile
         if tile not in TILES:
             raise ValueError(f"the CPU depthwise kernel tiles {TILES} pixels, not {tile}")
         self.channels, self.kernel = weight.shape[0], tuple(weight.shape[2:])
@@ -418,4 +427,4 @@ class DepthwiseConv:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("depthwise", SOURCE, "depthwise")
+    return load_vector("depthwise", SOURCE, "depthwise")

@@ -23,11 +23,20 @@ from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
-from .avx512 import VECTOR_MATH, avx512_problem, check_activations, kernel_dtype, load_avx512, pack_bias
+from .avx512 import (
+    VECTOR_MATH,
+    check_activations,
+    kernel_dtype,
+    load_vector,
+    pack_bias,
+    register_tiles,
+    tile_dispatch,
+    vector_problem,
+)
 
 # The 1×1 part's tiles (pixels, vectors of 16 output channels), those of `pointwise.TILES` that span a row of pixels;
-# the depthwise part's is 8 pixels.
-TILES = ((8, 3), (6, 4))
+# the depthwise part's is the depthwise kernel's widest (`depthwise.ROW_TILE`).
+TILES = register_tiles(((8, 3), (6, 4)), ((6, 1), (3, 2)))
 
 SOURCE = (
     VECTOR_MATH
@@ -79,7 +88,7 @@ void run(const Fused<Elem>& f) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
       const dwk::BlockOf<Elem> k{f.x + n * g.xN, f.wd, f.bd, buffer.get(), oh * g.sh - g.ph, __mmask16(0xFFFF)};
-      dwk::row<8, KW, S>(k, g, 0, blocks, lo, hi, f.act, f.p0, f.p1);
+      dwk::row<dwk::ROW_TILE, KW, S>(k, g, 0, blocks, lo, hi, f.act, f.p0, f.p1);
       q.y = f.q.y + n * f.yN + oh * f.yH;
       q.z = f.q.z ? f.q.z + n * f.zN + oh * f.zH : nullptr;
       pointwise_row<MR, NV>(q);
@@ -127,9 +136,9 @@ void launch(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, torch::Tensor w
   f.yH = y.stride(2);
   f.zN = z.numel() ? z.stride(0) : 0;
   f.zH = z.numel() ? z.stride(2) : 0;
-  if (rows == 8 && vectors == 3) dispatch<8, 3>(f);
-  else if (rows == 6 && vectors == 4) dispatch<6, 4>(f);
-  else TORCH_CHECK(false, "depthwise_pointwise: no 1×1 tile of ", rows, " pixels by ", vectors, " vectors");
+  """
+    + tile_dispatch(TILES, ("rows", "vectors"), "dispatch<{tile}>(f)", "depthwise_pointwise")
+    + r"""
 }
 
 }  // namespace
@@ -154,7 +163,7 @@ void depthwise_pointwise(torch::Tensor x, torch::Tensor wd, torch::Tensor bd, to
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("depthwise + 1×1 convolution")
+    return vector_problem("depthwise + 1×1 convolution")
 
 
 class DepthwisePointwise:
@@ -180,10 +189,11 @@ class DepthwisePointwise:
         pre_params: tuple[float, float] = (0.0, 0.0),
         post: str = "",
         post_params: tuple[float, float] = (0.0, 0.0),
-        tile: tuple[int, int] = (8, 3),
+        tile: tuple[int, int] | None = None,
     ) -> None:
         check_activations("depthwise + 1×1", act, pre, post)
-        if tuple(tile) not in TILES:
+        tile = TILES[0] if tile is None else tuple(tile)
+        if tile not in TILES:
             raise ValueError(f"the CPU depthwise + 1×1 kernel tiles {TILES} (pixels, vectors), not {tile}")
         if pw_weight.shape[1] != dw_weight.shape[0] or tuple(pw_weight.shape[2:]) != (1, 1):
             raise ValueError(f"the 1×1 weight {list(pw_weight.shape)} does not read the depthwise convolution's "
@@ -225,4 +235,4 @@ class DepthwisePointwise:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("depthwise_pointwise", SOURCE, "depthwise + 1×1 convolution")
+    return load_vector("depthwise_pointwise", SOURCE, "depthwise + 1×1 convolution")

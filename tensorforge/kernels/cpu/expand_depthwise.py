@@ -30,10 +30,22 @@ import torch
 from ..activations import ACTIVATION_CODES
 from . import depthwise as dw
 from . import pointwise as pw
-from .avx512 import ABSENT, VECTOR_MATH, avx512_problem, check_activations, kernel_dtype, load_avx512, pack_bias
+from .avx512 import (
+    ABSENT,
+    VECTOR_MATH,
+    check_activations,
+    kernel_dtype,
+    load_vector,
+    pack_bias,
+    register_tiles,
+    tile_dispatch,
+    vector_problem,
+)
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
-TILES = ((8, 3), (6, 4))  # the 1×1 parts' tiles (pixels, vectors of 16 output channels); the depthwise's is 8 pixels
+# the 1×1 parts' tiles (pixels, vectors of 16 output channels); the depthwise's is the depthwise kernel's widest
+# (`depthwise.ROW_TILE`)
+TILES = register_tiles(((8, 3), (6, 4)), ((6, 1), (3, 2)))
 
 SOURCE = (
     VECTOR_MATH
@@ -82,7 +94,7 @@ inline void depthwise_row(const Fused<Elem>& f, int64_t n, int64_t oh, const Ele
                           pwk::ProblemOf<Elem>& q, int64_t lo, int64_t hi) {
   Elem* out = f.project ? buffer : f.y + n * f.yN + oh * f.yH;
   const dwk::RowsBlockOf<Elem> k{{taps[0], f.wd, f.bd, out, oh * f.g.sh - f.g.ph, __mmask16(0xFFFF)}, taps, 0};
-  dwk::row<8, KW, S>(k, f.g, 0, f.g.Cp / 16, lo, hi, f.act, f.p0, f.p1);
+  dwk::row<dwk::ROW_TILE, KW, S>(k, f.g, 0, f.g.Cp / 16, lo, hi, f.act, f.p0, f.p1);
   if (f.project) {
     q.x = buffer;
     q.y = f.y + n * f.yN + oh * f.yH;
@@ -229,9 +241,9 @@ void launch(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64_t Ce, tor
   } else {
     f.g.yW = y.stride(3);
   }
-  if (rows == 8 && vectors == 3) dispatch<8, 3>(f);
-  else if (rows == 6 && vectors == 4) dispatch<6, 4>(f);
-  else TORCH_CHECK(false, "expand_depthwise: no 1×1 tile of ", rows, " pixels by ", vectors, " vectors");
+  """
+    + tile_dispatch(TILES, ("rows", "vectors"), "dispatch<{tile}>(f)", "expand_depthwise")
+    + r"""
 }
 
 }  // namespace
@@ -258,7 +270,7 @@ void expand_depthwise(torch::Tensor x, torch::Tensor we, torch::Tensor be, int64
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("1×1 + depthwise convolution")
+    return vector_problem("1×1 + depthwise convolution")
 
 
 _L2_SIZE = Path("/sys/devices/system/cpu/cpu0/cache/index2/size")
@@ -304,10 +316,11 @@ class ExpandDepthwise:
         pre_params: tuple[float, float] = (0.0, 0.0),
         post: str = "",
         post_params: tuple[float, float] = (0.0, 0.0),
-        tile: tuple[int, int] = (8, 3),
+        tile: tuple[int, int] | None = None,
     ) -> None:
         check_activations("1×1 + depthwise", expand_act, act, pre, post)
-        if tuple(tile) not in TILES:
+        tile = TILES[0] if tile is None else tuple(tile)
+        if tile not in TILES:
             raise ValueError(f"the CPU 1×1 + depthwise kernel tiles {TILES} (pixels, vectors), not {tile}")
         expanded = expand_weight.shape[0]
         if dw_weight.shape[0] != expanded or tuple(expand_weight.shape[2:]) != (1, 1):
@@ -364,4 +377,4 @@ class ExpandDepthwise:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("expand_depthwise", SOURCE, "1×1 + depthwise convolution")
+    return load_vector("expand_depthwise", SOURCE, "1×1 + depthwise convolution")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .avx512 import ABSENT, avx512_problem, load_avx512, module_source
+from .avx512 import ABSENT, load_vector, module_source, vector_problem
 
 _CORE = r"""
 // R rows at once: a row's passes are a chain of dependent sums and reductions (about 110 cycles at C = 96), so
@@ -132,12 +132,12 @@ SOURCE = module_source(_CORE, _ENTRY)
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("layer norm")
+    return vector_problem("layer norm")
 
 
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("layer_norm", SOURCE, "layer_norm")
+    return load_vector("layer_norm", SOURCE, "layer_norm")
 
 
 def layer_norm(

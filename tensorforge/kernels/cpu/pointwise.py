@@ -30,18 +30,23 @@ from ..activations import ACTIVATION_CODES
 from .avx512 import (
     ABSENT,
     DTYPE_NAMES,
-    avx512_problem,
     check_activations,
     kernel_dtype,
-    load_avx512,
+    load_vector,
     module_source,
     pack_bias,
     paired_rows,
+    register_tiles,
     rounded,
+    tile_dispatch,
+    vector_problem,
 )
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
-TILES = ((8, 3), (6, 4), (1, 8))  # (pixels, vectors of 16 output channels) a tile; the C++ instantiates these
+# (pixels, vectors of 16 output channels) a tile, for AVX-512's 32 registers and for AVX2's 16; the C++ instantiates
+# this CPU's
+AVX512_TILES = ((8, 3), (6, 4), (1, 8))
+TILES = register_tiles(AVX512_TILES, ((6, 1), (3, 2), (1, 6)))
 SCALED_BYTES = 4 << 20  # with input-channel scales, the most their scaled copies (weights or inputs) take at once
 
 # The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
@@ -233,10 +238,9 @@ namespace {
 
 template <typename T>
 void dispatch(const ProblemOf<T>& q, int64_t rows, int64_t vectors) {
-  if (rows == 8 && vectors == 3) run<8, 3>(q);
-  else if (rows == 6 && vectors == 4) run<6, 4>(q);
-  else if (rows == 1 && vectors == 8) run<1, 8>(q);
-  else TORCH_CHECK(false, "pointwise: no tile of ", rows, " pixels by ", vectors, " vectors (8×3, 6×4 or 1×8)");
+  """
+    + tile_dispatch(TILES, ("rows", "vectors"), "run<{tile}>(q)", "pointwise")
+    + r"""
 }
 
 // The call on x, w, z and y of T (their data pointers as T).
@@ -320,7 +324,7 @@ void pooled_pointwise(torch::Tensor x, int64_t xs, int64_t N, int64_t HW, torch:
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("1×1 convolution")
+    return vector_problem("1×1 convolution")
 
 
 def pack_weight(w: torch.Tensor, vectors: int) -> torch.Tensor:
@@ -362,10 +366,11 @@ class PointwiseConv:
         pre_params: tuple[float, float] = (0.0, 0.0),
         post: str = "",
         post_params: tuple[float, float] = (0.0, 0.0),
-        tile: tuple[int, int] = (8, 3),
+        tile: tuple[int, int] | None = None,
     ) -> None:
         check_activations("1×1 convolution", pre, post)
-        if tuple(tile) not in TILES:
+        tile = TILES[0] if tile is None else tuple(tile)
+        if tile not in TILES:
             raise ValueError(f"the CPU 1×1 convolution kernel tiles {TILES} (pixels, vectors), not {tile}")
         self.channels, self.in_channels = weight.shape[:2]
         self.dtype = kernel_dtype(weight)
@@ -438,4 +443,4 @@ def _rows(name: str, t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor,
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("pointwise", SOURCE, "1×1 convolution", ("pointwise", "pooled_pointwise"))
+    return load_vector("pointwise", SOURCE, "1×1 convolution", ("pointwise", "pooled_pointwise"))

@@ -30,7 +30,7 @@ from ..activations import ACTIVATION_CODES
 from .avx512 import ABSENT, check_activations, load_avx512, module_source, pack_bias, rounded
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 from .extension import host_flags
-from .pointwise import TILES as TILES  # the tiles, as the float 1×1 kernel's
+from .pointwise import AVX512_TILES as TILES  # the tiles, as the float 1×1 kernel's on AVX-512
 
 OPERAND_TYPES = (torch.float32, torch.bfloat16, torch.int8)  # of inputs and residuals (bf16: AVX512-BF16 CPUs)
 

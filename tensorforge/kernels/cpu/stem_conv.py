@@ -22,7 +22,7 @@ import torch
 
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
-from .avx512 import VECTOR_MATH, avx512_problem, check_activations, load_avx512, pack_bias, rounded
+from .avx512 import VECTOR_MATH, check_activations, load_vector, pack_bias, rounded, vector_problem
 
 TILE = 8  # output pixels a tile
 MAX_CHANNELS = 4  # the most input channels the kernel takes
@@ -138,7 +138,7 @@ void stem_conv(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor 
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("stem convolution")
+    return vector_problem("stem convolution")
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
@@ -190,4 +190,4 @@ class StemConv:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("stem_conv", SOURCE, "stem convolution")
+    return load_vector("stem_conv", SOURCE, "stem convolution")

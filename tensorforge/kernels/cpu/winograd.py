@@ -38,14 +38,16 @@ import torch
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 from .avx512 import (
-    avx512_problem,
     check_activations,
     kernel_dtype,
-    load_avx512,
+    load_vector,
     module_source,
     pack_bias,
     paired_rows,
+    register_tiles,
     rounded,
+    tile_dispatch,
+    vector_problem,
 )
 from .depthwise import convolution_operands
 
@@ -76,7 +78,9 @@ TRANSFORMS = {
         ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1)),
     ),
 }
-TILES = ((8, 3), (6, 4))  # (output tiles of a product's register tile, vectors of 16 output channels)
+# (output tiles of a product's register tile, vectors of 16 output channels), for AVX-512's 32 registers and for
+# AVX2's 16
+TILES = register_tiles(((8, 3), (6, 4)), ((6, 1), (3, 2)))
 SCRATCH_BYTES = 512 << 10  # an item's V and M together, at most (at least `rows` tiles an item)
 
 CORE = r"""
@@ -280,7 +284,8 @@ void run(const ConvOf<T>& q, int64_t N, int64_t tiles) {
 
 """
 
-ENTRY = r"""
+ENTRY = (
+    r"""
 
 namespace {
 
@@ -306,11 +311,11 @@ void launch(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z, 
                     _mm512_set1_ps(float(post1))};
   const int64_t N = x.size(0);
   TORCH_CHECK(tiles >= rows, "winograd: at least ", rows, " tiles an item, not ", tiles);
-  if (m == 4 && rows == 8 && vectors == 3) run<4, 8, 3>(q, N, tiles);
-  else if (m == 4 && rows == 6 && vectors == 4) run<4, 6, 4>(q, N, tiles);
-  else if (m == 2 && rows == 8 && vectors == 3) run<2, 8, 3>(q, N, tiles);
-  else if (m == 2 && rows == 6 && vectors == 4) run<2, 6, 4>(q, N, tiles);
-  else TORCH_CHECK(false, "winograd: no tile of ", rows, " tiles by ", vectors, " vectors (8×3 or 6×4)");
+  """
+    + tile_dispatch(
+        [(m, *t) for m in (4, 2) for t in TILES], ("m", "rows", "vectors"), "run<{tile}>(q, N, tiles)", "winograd"
+    )
+    + r"""
 }
 
 }  // namespace
@@ -326,6 +331,7 @@ void winograd(torch::Tensor x, torch::Tensor u, torch::Tensor b, torch::Tensor z
   });
 }
 """
+)
 
 
 def _matrix(name: str, rows: tuple) -> str:
@@ -347,7 +353,7 @@ SOURCE = module_source(_transform_source() + CORE, ENTRY)
 
 def problem() -> str | None:
     """Why the kernel cannot run on this CPU, or None."""
-    return avx512_problem("Winograd convolution")
+    return vector_problem("Winograd convolution")
 
 
 def pack_weight(w: torch.Tensor, m: int, vectors: int) -> torch.Tensor:
@@ -402,12 +408,13 @@ class WinogradConv:
         pre_params: tuple[float, float] = (0.0, 0.0),
         post: str = "",
         post_params: tuple[float, float] = (0.0, 0.0),
-        tile: tuple[int, int] = (8, 3),
+        tile: tuple[int, int] | None = None,
     ) -> None:
         check_activations("Winograd convolution", pre, post)
         if m not in TRANSFORMS:
             raise ValueError(f"the CPU Winograd kernel computes output tiles of {tuple(TRANSFORMS)} pixels, not {m}")
-        if tuple(tile) not in TILES:
+        tile = TILES[0] if tile is None else tuple(tile)
+        if tile not in TILES:
             raise ValueError(f"the CPU Winograd kernel tiles {TILES} (tiles, vectors), not {tile}")
         if weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
             raise ValueError(f"Winograd F(m×m, 3×3) takes a 3×3 weight [K, C, 3, 3], not {tuple(weight.shape)}")
@@ -446,4 +453,4 @@ class WinogradConv:
 @functools.cache
 def module():
     """The compiled extension (built on first use, then loaded from the cache)."""
-    return load_avx512("winograd", SOURCE, "Winograd convolution")
+    return load_vector("winograd", SOURCE, "Winograd convolution")
