@@ -45,7 +45,8 @@
 #             (FP8ACC_S=150)
 #   sparse    bench/sparse_gemm.py (2:4 products beside cuBLAS, SPARSE_GEMM_S=120), then bench/families.py on
 #             SPARSE_MODELS="bert_base:128:64 resnet50:224:256" (model:size:batch) pruned by --sparsity force, with and
-#             without the sparse family (SPARSE_MODEL_S=200 each; SPARSE_PRECISIONS="fp32 fp16")
+#             without the sparse family (SPARSE_MODEL_S=200 each; SPARSE_PRECISIONS="fp32 fp16", the builds' allowed
+#             precisions: fp32 always among them)
 #   norms     bench/layer_norm.py: a transformer norm's forms (fp16, int8, both) beside cuda.layernorm and torch
 #             (NORMS_S=90)
 #   buildtime one engine built without and with the compile pass before tuning, fresh processes and compile caches

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tensorforge import Executor
 from tensorforge.frontend import import_model
+from tensorforge.kernels.cpu.extension import host_flags
 from tensorforge.tensors import to_numpy
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -127,11 +128,25 @@ def run_tensorforge(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], dev
     return {name: to_numpy(value, dtypes[name]) for name, value in results.items()}
 
 
-def run_onnxruntime(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]):
+def needs_onednn_int8():
+    """A mark skipping a test of oneDNN's int8 kernels where they saturate (`tactics.vendor.onednn_int8_problem`)."""
+    from tensorforge.tactics.vendor import onednn_int8_problem
+
+    return pytest.mark.skipif(onednn_int8_problem() is not None, reason=onednn_int8_problem() or "")
+
+
+def run_onnxruntime(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray], *, quantized: bool = False):
+    """ONNX Runtime's outputs by name. `quantized`: the model carries Q/DQ pairs, whose integer products ONNX
+    Runtime computes exactly only on a CPU with VNNI; without it (AVX2 alone) its u8s8 product adds each pair of
+    products in int16 and saturates, so there the graph runs unfused (dequantized operands, float32 products of
+    small integers times two scales, quantized)."""
     import onnxruntime as ort
 
     source = model if isinstance(model, str) else model.SerializeToString()
-    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if quantized and not {"avx512_vnni", "avx_vnni"} & set(host_flags().split()):
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, dict(feeds)), strict=True))
 

@@ -122,9 +122,19 @@ class ContextLost(DeviceError):
     """A CUDA error left this process's context unusable (it is sticky: every later kernel fails with it)."""
 
 
+# the exception types torch and Triton raise CUDA's errors as (torch.AcceleratorError is a RuntimeError)
+_CUDA_ERROR_TYPES = ("RuntimeError", "AcceleratorError")
+
+
 def context_lost(err: BaseException | str) -> bool:
-    """Whether `err` (an exception or its message) is a CUDA error after which nothing more runs in this process."""
-    return any(signature in str(err) for signature in _CONTEXT_LOST)
+    """Whether `err` (an exception, or a failure note "Type: message" as `measure` writes them) is a CUDA error after
+    which nothing more runs in this process. Only the types CUDA's errors come as count: a kernel's own refusal
+    (a ValueError) may name such an error in its advice without having met one."""
+    if isinstance(err, BaseException):
+        kind, message = ("RuntimeError" if isinstance(err, RuntimeError) else type(err).__name__), str(err)
+    else:
+        kind, _, message = err.partition(": ")
+    return kind in _CUDA_ERROR_TYPES and any(signature in message for signature in _CONTEXT_LOST)
 
 
 def first_line(err: BaseException) -> str:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType, Node
+from ..kernels.cpu.extension import host_flags
 from ..ops import load_all
 from ..ops.conv import convolution
 from ..ops.fused import (
@@ -369,6 +370,17 @@ def _linear_operands_problem(node: Node, n: int) -> str | None:
     return None
 
 
+def onednn_int8_problem() -> str | None:
+    """Why oneDNN's int8 kernels give wrong sums on this CPU, or None: without VNNI (`vpdpbusd`, AVX-512 or AVX)
+    they multiply with `vpmaddubsw`, which adds each pair of uint8 × int8 products in int16 and saturates
+    (2 · 255 · 127 > 32767), as our uint8 activations with their 128 offset reach (seen on an AVX2 CPU: errors of 8-15%
+    of the output's range)."""
+    flags = host_flags().split()
+    if "avx512_vnni" not in flags and "avx_vnni" not in flags:
+        return "oneDNN's int8 kernels saturate their pairs of products on a CPU without VNNI (vpdpbusd)"
+    return None
+
+
 def _uint8_activation(x: torch.Tensor, x_scale: float) -> torch.Tensor:
     """`x` quantized to int8 as the reference QuantizedConv / QuantizedGemm does (or `x` itself when it is int8
     already), offset to oneDNN's uint8 with zero point 128 (oneDNN's int8 products take unsigned activations):
@@ -528,6 +540,8 @@ class OneDnnQuantizedConvTactic(Tactic):
             return "this torch build has no oneDNN int8 convolution"
         if node.attributes.get("quant", "int8") != "int8":
             return "int8 only"
+        if problem := onednn_int8_problem():
+            return problem
         if len(node.inputs[1].shape or ()) != 4:
             return "2-D convolutions only"
         return _onednn_padding_problem(node)
@@ -631,6 +645,8 @@ class OneDnnQuantizedLinearTactic(Tactic):
             return "this torch build has no oneDNN int8 linear"
         if node.attributes.get("quant", "int8") != "int8":
             return "int8 only"
+        if problem := onednn_int8_problem():
+            return problem
         return _linear_operands_problem(node, node.inputs[1].shape[1])
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:

@@ -12,10 +12,9 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from tensorforge import Executor
 from tensorforge.build.builder import build_engine
 from tensorforge.frontend import import_model
-from tensorforge.kernels.cpu.extension import host_flags
 from tensorforge.passes.pipeline import optimize
 from tensorforge.tactics.base import tactic_by_key
-from tests.helpers import make_model, tensor_info
+from tests.helpers import make_model, run_onnxruntime, tensor_info
 
 
 def _float_model():
@@ -62,14 +61,7 @@ def _x(seed=5):
 
 
 def _ort(path, x):
-    """ONNX Runtime's output on the quantized model. On a CPU with VNNI its int8 kernels sum exactly, as ours do;
-    without (AVX2 alone) its u8s8 product saturates each pair of products to int16, so there the Q/DQ graph runs
-    unfused: dequantized operands, a float32 convolution (sums of these small integers times two scales), quantized."""
-    options = ort.SessionOptions()
-    if not {"avx512_vnni", "avx_vnni"} & set(host_flags().split()):
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+    return run_onnxruntime(str(path), {"x": x}, quantized=True)["y"]
 
 
 @pytest.mark.parametrize("per_channel", [True, False])

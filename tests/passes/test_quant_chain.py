@@ -259,7 +259,7 @@ def test_an_explicitly_quantized_model_chains_and_still_matches_onnx_runtime(tmp
     ]  # fmt: skip
     x = batches(1, seed=5)[0]["x"]
     got = Executor(model).run({"x": x})["y"].numpy()
-    np.testing.assert_array_equal(got, run_onnxruntime(str(target), {"x": x})["y"])
+    np.testing.assert_array_equal(got, run_onnxruntime(str(target), {"x": x}, quantized=True)["y"])
 
 
 def _pool_model(quant: str = "int8", **options):

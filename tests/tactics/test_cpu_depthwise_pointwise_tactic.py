@@ -44,7 +44,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(stride, residual):
     want = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})(feeds)[0]
     for layout in ("NHWC", "NCHW"):  # an NCHW input is made channels_last by the variant or the kernel
         moved = [f.contiguous(memory_format=torch.channels_last) if layout == "NHWC" else f for f in feeds]
-        config = {"precision": "fp32", "layout": "NHWC", "tile": [6, 4]}
+        config = {"precision": "fp32", "layout": "NHWC", "tile": list(dp.TILES[-1])}
         got = build_layer_kernel(tactic_by_key(TACTIC), node, 1, CPU, config, {})(moved)[0]
         assert got.is_contiguous(memory_format=torch.channels_last)
         assert relative_error(got, want) <= TOLERANCE["fp32"]

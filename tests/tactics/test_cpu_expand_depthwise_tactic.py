@@ -43,7 +43,7 @@ def test_both_schedules_match_the_reference_and_the_autotuner_times_the_one_for_
     assert all(math.isfinite(c.median_ms) for c in timed), [c.note for c in timed]
     want = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})(feeds)[0]
     for schedule in ("one pass", "apart"):
-        config = {"precision": "fp32", "layout": "NHWC", "tile": [6, 4], "schedule": schedule}
+        config = {"precision": "fp32", "layout": "NHWC", "tile": list(ed.TILES[-1]), "schedule": schedule}
         got = build_layer_kernel(tactic_by_key(EXPAND), node, 1, CPU, config, {})(feeds)[0]
         assert got.shape == want.shape and relative_error(got, want) <= TOLERANCE["fp32"], schedule
 

@@ -45,7 +45,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(activation, residua
     want = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})(feeds)[0]
     for layout in ("NHWC", "NCHW"):  # an NCHW input is made channels_last by the variant or the kernel
         feeds_in = [f.contiguous(memory_format=torch.channels_last) if layout == "NHWC" else f for f in feeds]
-        config = {"precision": "fp32", "layout": "NHWC", "tile": [6, 4]}
+        config = {"precision": "fp32", "layout": "NHWC", "tile": list(pw.TILES[1])}
         got = build_layer_kernel(tactic_by_key(POINTWISE), node, 1, CPU, config, {})(feeds_in)[0]
         assert got.is_contiguous(memory_format=torch.channels_last)
         assert relative_error(got, want) <= TOLERANCE["fp32"]

@@ -42,7 +42,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(trans_b):
     want = build_layer_kernel(tactic_by_key("reference.registry"), node, 1, CPU, {}, {})(feeds)[0]
     for layout in ("NCHW", "NHWC"):
         x = feeds[0].contiguous(memory_format=torch.channels_last) if layout == "NHWC" else feeds[0]
-        config = {"precision": "fp32", "tile": [1, 8]}
+        config = {"precision": "fp32", "tile": list(pw.TILES[-1])}
         got = build_layer_kernel(tactic_by_key(POOLED), node, 1, CPU, config, {})([x])[0]
         assert got.shape == want.shape == (2, 24)
         assert relative_error(got, want) <= TOLERANCE["fp32"]

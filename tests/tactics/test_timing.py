@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from tensorforge.tactics.timing import Timing, TimingBudget, measure, measure_interleaved
+from tensorforge.tactics.timing import Timing, TimingBudget, context_lost, measure, measure_interleaved
 
 
 def counting(fail_on: int | None = None, sleep_s: float = 0.0):
@@ -255,3 +255,23 @@ def test_interleaved_timing_keeps_a_failure_and_checks_its_rounds():
     assert not bad.ok and "broke in round two" in bad.error and math.isinf(bad.median)
     with pytest.raises(ValueError, match="rounds >= 1"):
         measure_interleaved([lambda: None], device="cpu", rounds=0)
+
+
+@pytest.mark.parametrize(
+    ("err", "lost"),
+    [
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), True),
+        ("RuntimeError: CUDA error: an illegal instruction was encountered", True),
+        ("AcceleratorError: CUDA error: unspecified launch failure", True),
+        (RuntimeError("CUDA error: out of memory"), False),
+        # a kernel's own refusal that names such an error in its advice has met none (seen on an H100: the
+        # quantized TMA kernel's refusal of 256-row E4M3 tiles stopped a build)
+        (
+            ValueError("these tiles compile into code that stops the GPU with an illegal instruction; use smaller"),
+            False,
+        ),
+        ("ValueError: these tiles compile into code that stops the GPU with an illegal instruction", False),
+    ],
+)
+def test_only_cuda_errors_that_are_sticky_count_as_a_lost_context(err, lost):
+    assert context_lost(err) is lost

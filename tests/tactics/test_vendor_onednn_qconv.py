@@ -7,9 +7,11 @@ import torch
 
 from tensorforge.ir import DType
 from tensorforge.passes.quant_chain import chain_quantized
+from tensorforge.tactics import vendor
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, quantized_mismatch, relative_error
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.fallback import with_float_output
+from tests.helpers import needs_onednn_int8
 from tests.quant.chain_support import lowered
 from tests.tactics.test_triton_quantized_conv_tactic import _quantized_layer
 
@@ -17,6 +19,7 @@ TACTIC = "vendor.onednn-qconv"
 CPU = torch.device("cpu")
 
 
+@needs_onednn_int8()
 @pytest.mark.parametrize("residual", [True, False])
 def test_onednn_int8_convolution_matches_the_reference(residual):
     node, feeds = _quantized_layer(residual=residual, size=9)
@@ -37,6 +40,15 @@ def test_onednn_int8_convolution_declines_fp8_and_other_devices():
     assert "oneDNN runs on the CPU" in tactic.supports(node, 1, torch.device("cuda"))
 
 
+def test_onednn_int8_convolution_declines_a_cpu_without_vnni(monkeypatch):
+    node, _ = _quantized_layer()
+    monkeypatch.setattr(vendor, "host_flags", lambda: "flags : fpu avx2 fma avx512f")
+    assert "saturate" in tactic_by_key(TACTIC).supports(node, 1, CPU)
+    monkeypatch.setattr(vendor, "host_flags", lambda: "flags : fpu avx2 fma avx_vnni")
+    assert tactic_by_key(TACTIC).supports(node, 1, CPU) is None
+
+
+@needs_onednn_int8()
 @pytest.mark.parametrize("residual", ["int8", "float"])
 @pytest.mark.parametrize("output", ["int8", "float"])
 def test_a_residual_and_relu_run_as_onednns_sum_post_op_in_every_form(residual, output):
