@@ -29,14 +29,13 @@ from .avx512 import (
     kernel_dtype,
     load_vector,
     pack_bias,
-    register_tiles,
     tile_dispatch,
     vector_problem,
 )
 
-# The 1×1 part's tiles (pixels, vectors of 16 output channels), those of `pointwise.TILES` that span a row of pixels;
-# the depthwise part's is the depthwise kernel's widest (`depthwise.ROW_TILE`).
-TILES = register_tiles(((8, 3), (6, 4)), ((6, 1), (3, 2)))
+# The 1×1 part's tiles (pixels, vectors of 16 output channels): the 1×1 kernel's that span a row of pixels; the
+# depthwise part's is the depthwise kernel's widest (`depthwise.ROW_TILE`).
+TILES = pw.ROW_TILES
 
 SOURCE = (
     VECTOR_MATH

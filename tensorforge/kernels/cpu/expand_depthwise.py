@@ -37,15 +37,14 @@ from .avx512 import (
     kernel_dtype,
     load_vector,
     pack_bias,
-    register_tiles,
     tile_dispatch,
     vector_problem,
 )
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
-# the 1×1 parts' tiles (pixels, vectors of 16 output channels); the depthwise's is the depthwise kernel's widest
-# (`depthwise.ROW_TILE`)
-TILES = register_tiles(((8, 3), (6, 4)), ((6, 1), (3, 2)))
+# The 1×1 part's tiles (pixels, vectors of 16 output channels): the 1×1 kernel's that span a row of pixels; the
+# depthwise part's is the depthwise kernel's widest (`depthwise.ROW_TILE`).
+TILES = pw.ROW_TILES
 
 SOURCE = (
     VECTOR_MATH

@@ -47,6 +47,8 @@ from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel eval
 # this CPU's
 AVX512_TILES = ((8, 3), (6, 4), (1, 8))
 TILES = register_tiles(AVX512_TILES, ((6, 1), (3, 2), (1, 6)))
+# those of many pixels, which the kernels that run this one's tiles over a row of pixels take
+ROW_TILES = tuple(tile for tile in TILES if tile[0] > 1)
 SCALED_BYTES = 4 << 20  # with input-channel scales, the most their scaled copies (weights or inputs) take at once
 
 # The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
