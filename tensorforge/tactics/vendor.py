@@ -540,7 +540,8 @@ class OneDnnQuantizedConvTactic(Tactic):
             return "this torch build has no oneDNN int8 convolution"
         if node.attributes.get("quant", "int8") != "int8":
             return "int8 only"
-        if problem := onednn_int8_problem():
+        depthwise = (node.inputs[1].shape or (0, 0))[1] == 1 and node.attributes.get("group", 1) > 1
+        if not depthwise and (problem := onednn_int8_problem()):  # (a depthwise layer sums no pairs of channels)
             return problem
         if len(node.inputs[1].shape or ()) != 4:
             return "2-D convolutions only"
