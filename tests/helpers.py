@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tensorforge import Executor
 from tensorforge.frontend import import_model
-from tensorforge.kernels.cpu.extension import host_flags
+from tensorforge.kernels.cpu.avx512 import vnni
 from tensorforge.tensors import to_numpy
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -144,7 +144,7 @@ def run_onnxruntime(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray
 
     source = model if isinstance(model, str) else model.SerializeToString()
     options = ort.SessionOptions()
-    if quantized and not {"avx512_vnni", "avx_vnni"} & set(host_flags().split()):
+    if quantized and not vnni():
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType, Node
-from ..kernels.cpu.extension import host_flags
+from ..kernels.cpu.avx512 import vnni
 from ..ops import load_all
 from ..ops.conv import convolution
 from ..ops.fused import (
@@ -375,8 +375,7 @@ def onednn_int8_problem() -> str | None:
     they multiply with `vpmaddubsw`, which adds each pair of uint8 × int8 products in int16 and saturates
     (2 · 255 · 127 > 32767), as our uint8 activations with their 128 offset reach (seen on an AVX2 CPU: errors of 8-15%
     of the output's range)."""
-    flags = host_flags().split()
-    if "avx512_vnni" not in flags and "avx_vnni" not in flags:
+    if not vnni():
         return "oneDNN's int8 kernels saturate their pairs of products on a CPU without VNNI (vpdpbusd)"
     return None
 

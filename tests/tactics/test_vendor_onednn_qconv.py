@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tensorforge.ir import DType
+from tensorforge.kernels.cpu import avx512
 from tensorforge.passes.quant_chain import chain_quantized
-from tensorforge.tactics import vendor
 from tensorforge.tactics.autotune import TOLERANCE, autotune, build_layer_kernel, quantized_mismatch, relative_error
 from tensorforge.tactics.base import tactic_by_key
 from tensorforge.tactics.fallback import with_float_output
@@ -42,9 +42,9 @@ def test_onednn_int8_convolution_declines_fp8_and_other_devices():
 
 def test_onednn_int8_convolution_declines_a_cpu_without_vnni(monkeypatch):
     node, _ = _quantized_layer()
-    monkeypatch.setattr(vendor, "host_flags", lambda: "flags : fpu avx2 fma avx512f")
+    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu avx2 fma avx512f")
     assert "saturate" in tactic_by_key(TACTIC).supports(node, 1, CPU)
-    monkeypatch.setattr(vendor, "host_flags", lambda: "flags : fpu avx2 fma avx_vnni")
+    monkeypatch.setattr(avx512, "host_flags", lambda: "flags : fpu avx2 fma avx_vnni")
     assert tactic_by_key(TACTIC).supports(node, 1, CPU) is None
 
 

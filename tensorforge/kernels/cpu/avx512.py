@@ -284,14 +284,21 @@ def isa() -> str | None:
     return None
 
 
+def vnni() -> bool:
+    """Whether the CPU has VNNI's int8 dot product (`vpdpbusd`), in its AVX-512 or its AVX form."""
+    flags = host_flags().split()
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
 def features() -> str:
     """What of the CPU's vector instructions our kernels depend on, e.g. "AVX-512, BF16, VNNI" or "AVX2" (or
     "no AVX2"): an engine's and a timing's CPU are told apart by it."""
-    flags = host_flags().split()
-    if isa() == "avx512":
+    here = isa()
+    if here == "avx512":
+        flags = host_flags().split()
         extra = [name for flag, name in (("avx512_bf16", "BF16"), ("avx512_vnni", "VNNI")) if flag in flags]
         return ", ".join(["AVX-512", *extra])
-    return "AVX2" if isa() == "avx2" else "no AVX2"
+    return "AVX2" if here == "avx2" else "no AVX2"
 
 
 def register_tiles(avx512: Sequence[T], avx2: Sequence[T]) -> tuple[T, ...]:
