@@ -22,12 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tensorforge.kernels.cpu import avx512
+from tensorforge.kernels.cpu import MODULES, avx512
 
-MODULES = (
-    "pointwise", "conv", "depthwise", "depthwise_pointwise", "expand_depthwise", "layer_norm", "stem_conv",
-    "winograd", "attention", "squeeze_excite", "quantized_pointwise", "quantized_conv",
-)  # fmt: skip
 ARCHES = {"avx512": "sapphirerapids", "avx2": "x86-64-v3"}  # AVX-512 with BF16 and VNNI; AVX2 with FMA
 AVX512_ONLY = {"quantized_pointwise", "quantized_conv"}  # the int8 kernels (vpdpbusd)
 

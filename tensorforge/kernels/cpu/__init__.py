@@ -7,7 +7,14 @@ dot products)."""
 
 from __future__ import annotations
 
+import importlib
 from concurrent.futures import ThreadPoolExecutor, wait
+
+# every kernel module: each has its C++ as SOURCE and `module()`, which builds or loads it
+MODULES = (
+    "attention", "conv", "depthwise", "depthwise_pointwise", "expand_depthwise", "layer_norm", "pointwise",
+    "quantized_conv", "quantized_pointwise", "squeeze_excite", "stem_conv", "winograd",
+)  # fmt: skip
 
 
 def compile_all() -> None:
@@ -15,25 +22,6 @@ def compile_all() -> None:
     fresh two-core machine the first four took about 54 s together against 110 one after another. A kernel that
     cannot be built here is left to its tactic, which declines or reports it (`extension.load` remembers the
     error)."""
-    from . import (
-        attention,
-        conv,
-        depthwise,
-        depthwise_pointwise,
-        expand_depthwise,
-        layer_norm,
-        pointwise,
-        quantized_conv,
-        quantized_pointwise,
-        squeeze_excite,
-        stem_conv,
-        winograd,
-    )
-
-    loaders = (
-        attention.module, conv.module, depthwise.module, depthwise_pointwise.module, expand_depthwise.module,
-        layer_norm.module, pointwise.module, quantized_conv.module, quantized_pointwise.module, squeeze_excite.module,
-        stem_conv.module, winograd.module,
-    )  # fmt: skip
+    loaders = [importlib.import_module(f"{__name__}.{name}").module for name in MODULES]
     with ThreadPoolExecutor(len(loaders)) as pool:
         wait([pool.submit(loader) for loader in loaders])
