@@ -5,10 +5,11 @@ An int8 layer is not always faster than its float version: small or depthwise co
 quantizing their input than they save. `fallback.float-conv` lets the autotuner time the layer in float too, as
 TensorRT does with precisions that are allowed rather than required: the weight dequantized once (`Wq · Ws`), the
 activation left unquantized, then a float FusedConv kernel (oneDNN's or cuDNN's fused convolution, our CPU 1×1,
-depthwise, stem, direct and Winograd kernels, our Triton one or torch's convolution: the configurations of this
-tactic), or a float FusedGemm one (oneDNN's linear, our CPU GEMM, cuBLAS, our warp-specialized Gluon or Triton GEMM,
-torch's product). Its results are those of the float layer, not of the int8 one, so the autotuner checks it against
-that layer (`Tactic.semantics`): it is at least as accurate as the quantized layer it replaces.
+depthwise, stem, direct and Winograd kernels, our CUDA and Triton depthwise kernels, our Triton implicit GEMM or
+torch's convolution: the configurations of this tactic), or a float FusedGemm one (oneDNN's linear, our CPU GEMM,
+cuBLAS, our warp-specialized Gluon or Triton GEMM, torch's product). Its results are those of the float layer,
+not of the int8 one, so the autotuner checks it against that layer (`Tactic.semantics`): it is at least as
+accurate as the quantized layer it replaces.
 
 Between chained quantized layers (`passes.quant_chain`) it stays a per-layer fallback: a quantized input is
 dequantized (`X · x_scale`, rounded once to the variant's float type; a quantized residual likewise,
@@ -49,6 +50,8 @@ _INNER = {
         "cpu.conv",
         "cpu.winograd",
         "vendor.cudnn-fused",
+        "cuda.depthwise",
+        "triton.depthwise",
         "triton.conv-igemm",
         "triton.conv-s2d",
         "vendor.torch-direct",

@@ -15,6 +15,7 @@ from tensorforge.build.config import BuildConfig, Profile, QuantizationConfig
 from tensorforge.compare import compare
 from tensorforge.frontend import import_model
 from tensorforge.ir import DType
+from tensorforge.ops.executor import bind_feeds
 from tensorforge.quant import simulate_quantized
 from tensorforge.quant.sensitivity import agreement
 from tensorforge.runtime.engine import Engine
@@ -301,18 +302,35 @@ def test_a_chained_quantized_engine_on_cuda_matches_its_graph_on_the_reference_e
     assert relative_error(got, want) <= (1e-4 if quant == "int8" else 3e-2)
 
 
+def _observed(engine, feed) -> dict[str, torch.Tensor]:
+    """Every value the engine writes running `feed`, by name, as it wrote it (int8 / E4M3 codes included)."""
+    seen = {}
+
+    def observe(value, tensor):
+        if isinstance(tensor, torch.Tensor):
+            seen[value.name] = tensor.detach().clone()
+
+    graph = engine.model.graph
+    engine.schedule(0).execute({v.name: t for v, t in bind_feeds(graph, feed, engine.device).items()}, observe=observe)
+    return seen
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("quant", "dtype"), [("int8", DType.INT8), ("fp8", DType.FLOAT8E4M3FN)])
-def test_a_max_pool_passes_quantized_values_in_the_engine(device, quant, dtype):
+def test_a_max_pool_passes_quantized_values_in_the_engine(device, quant, dtype, tmp_path):
     """The stem's int8 (or E4M3) output through the max pool (on the CPU the vendor's pool in float32 or the
-    reference's, on CUDA ours or the vendor's) to both of its readers: the engine computes its own chained graph,
-    and the pool's output takes a byte per element. The quantized layers run quantized (no float fallback)."""
+    reference's, on CUDA ours or the vendor's) to both of its readers: the pool's output is exactly the max of its
+    window of the stem's codes as the engine wrote them, it takes a byte per element, and the quantized layers run
+    quantized (no float fallback). The engine computes its own chained graph: exactly in int8, and in E4M3 on the
+    CPU. E4M3 tensor cores add in reduced precision, and a sum that lands next to a rounding boundary of the 3-bit
+    mantissa moves a whole step (6 to 12 %): measured on an H100, one stem output of 1024 moved a step and took
+    y 6.1e-2 (of its largest value) from the graph's. There each value is held to E4M3's tolerance against the
+    float model instead, layer by layer (`compare`)."""
     config = BuildConfig(
         device=device, precisions=("fp32", quant), profiles=(PROFILE,), effort=0,
         tactic_families=(*INT8_FAMILIES, "triton") if device == "cuda" else INT8_FAMILIES,
         quantization=QuantizationConfig(method="minmax", chain="always", depthwise_channels=False),
     )  # fmt: skip
-    bound = 1e-5 if device == "cpu" else {"int8": 1e-4, "fp8": 3e-2}[quant]  # (as the chained engine's test above)
     engine = Builder(config, calibration_data=batches()).build(import_model(pool_proto()))
     pool = next(node for node in engine.model.graph.nodes if node.op_type == "MaxPool")
     assert pool.inputs[0].dtype == pool.outputs[0].dtype == dtype
@@ -320,9 +338,19 @@ def test_a_max_pool_passes_quantized_values_in_the_engine(device, quant, dtype):
     memory = engine.plans[0].memory
     pooled = pool.outputs[0]
     assert memory.sizes.get(pooled.name, memory.outside.get(pooled.name)) == math.prod(pooled.shape)
+    exact_graph = device == "cpu" or quant == "int8"
     for feed in batches(2, seed=7):
-        want = Executor(engine.model).run(feed)["y"].numpy()
-        assert relative_error(_run(engine, feed), want) <= bound
+        values = _observed(engine, feed)
+        window = torch.nn.functional.max_pool2d(values[pool.inputs[0].name].float(), 3, 2, padding=1)
+        assert torch.equal(values[pooled.name].float(), window)
+        if exact_graph:
+            want = Executor(engine.model).run(feed)["y"].numpy()
+            assert relative_error(_run(engine, feed), want) <= (1e-5 if device == "cpu" else 1e-4)
+    if not exact_graph:
+        onnx.save(pool_proto(), tmp_path / "pool.onnx")
+        for seed in (7, 8):
+            result = compare(tmp_path / "pool.onnx", engine, layerwise=True, seed=seed)
+            assert result.ok and len(result.tensors) >= 4, result.tensors
 
 
 @pytest.mark.parametrize("factor", [0.0, 1e9])

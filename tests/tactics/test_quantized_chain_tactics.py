@@ -180,6 +180,24 @@ def test_every_quantized_tactic_on_cuda_runs_the_chained_forms_or_declines(quant
             assert ours, (name, triton)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("inner", ["cuda.depthwise", "triton.depthwise"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_float_fallback_of_a_depthwise_layer_runs_on_our_cuda_depthwise_kernels(chained, inner, precision):
+    """On CUDA a depthwise layer's fallback may run on our depthwise kernels (MobileNetV3's int8 build at batch 256
+    timed it on cuDNN's and torch's convolutions only, 3.6-7× slower than these in its fp16 engine): int8 in and out,
+    the output a rounding of the float layer on the dequantized input within the variant's bound."""
+    node = _node(chained, "conv2")
+    args = [t for t in _inputs(node) if t is not None]
+    config = {"precision": precision, "layout": "NHWC", "inner": inner}
+    fallback = tactic_by_key("fallback.float-conv")
+    cuda = torch.device("cuda")
+    got = build_layer_kernel(fallback, node, 1, cuda, config, {})([t.to(cuda) for t in args])[0].cpu()
+    want = build_layer_kernel(tactic_by_key("reference.registry"), with_float_output(node), 1, CPU, {}, {})(args)[0]
+    assert got.dtype == torch.int8
+    assert quantized_mismatch(got, want, float(node.attributes["y_scale"]), "int8", TOLERANCE[precision]) == ""
+
+
 @pytest.mark.parametrize("layer", ["conv3", "conv4"])
 def test_the_float_fallback_dequantizes_a_quantized_input_into_the_variants_type(chained, layer, monkeypatch):
     """In an fp16 variant the inner float kernel gets the dequantized activation in fp16, like the bias and the
