@@ -4,14 +4,14 @@ The autotuner prepares one layer's candidates at a time: its worker threads comp
 waits for the slowest before it is timed, so a build costs about one slowest compile per layer and round. What a
 kernel compiles to depends on its layer's shapes, types and strides, not on the values, so this pass walks the
 graph once with the reference kernels (from the same random inputs the tuning starts from) and hands each layer's
-compiling candidates (the Triton and NVRTC families: every variant, every configuration of their spaces at the
-build's effort, but only the first in float32, and no promoted twin of an E4M3 configuration) to one pool of
-threads, many layers at a time. The tuning that follows finds the kernels in Triton's and NVRTC's caches and only
-runs, checks and times them. Nothing here
-decides anything: a candidate that fails is left for the tuning to meet and report, and a layer the reference
-cannot run ends the pass early. Candidates the build's timing cache already holds are left out: the tuning takes
-their times from it and builds only the winner, so a rebuild with an earlier build's cache compiles one kernel a
-layer instead of every candidate (before, it compiled them all: about half of a cold fp16 ResNet-50 build).
+compiling candidates (the Triton and NVRTC families, and the float fallback on their kernels: every variant,
+every configuration of their spaces at the build's effort, but only the first in float32, and no promoted twin of
+an E4M3 configuration) to one pool of threads, many layers at a time. The tuning that follows finds the kernels in
+Triton's and NVRTC's caches and only runs, checks and times them. Nothing here decides anything: a candidate that
+fails is left for the tuning to meet and report, and a layer the reference cannot run ends the pass early.
+Candidates the build's timing cache already holds are left out: the tuning takes their times from it and builds
+only the winner, so a rebuild with an earlier build's cache compiles one kernel a layer instead of every candidate
+(before, it compiled them all: about half of a cold fp16 ResNet-50 build).
 
 TF32 variants are left out: TF32 is a process-wide switch, which would reach the float32 candidates compiling and
 running beside them (the tuning prepares them alone).
@@ -155,11 +155,19 @@ def _compiling(
     round runs it; on a GPU float32 is rarely within reach of 16 bits for its second round, and when it is, the
     tuning compiles the rest itself)."""
     for tactic, reason, configs in candidate_groups(node, opset, device, effort, precisions, families):
-        if reason or tactic.family not in COMPILING_FAMILIES or configs[0]["precision"] == "tf32":
+        if reason or configs[0]["precision"] == "tf32":
             continue
-        for config in configs[:1] if configs[0]["precision"] == "fp32" else configs:
+        configs = [config for config in configs if _compiles(tactic, config)]
+        for config in configs[:1] if configs and configs[0]["precision"] == "fp32" else configs:
             if not unpromoted_twin(config, configs):  # (the tuning builds it where its twin fails)
                 yield tactic, config
+
+
+def _compiles(tactic: Tactic, config: dict[str, Any]) -> bool:
+    """Whether the candidate's kernels compile: a compiling family's, or the float fallback's on an inner kernel of
+    one (a quantized depthwise layer's fallback on our Triton or NVRTC depthwise kernel)."""
+    inner = tactic_by_key(config["inner"]) if "inner" in config else None
+    return (inner or tactic).family in COMPILING_FAMILIES
 
 
 def _compile(tactic: Tactic, node: Node, opset: int, device: torch.device, config, constants, args) -> None:

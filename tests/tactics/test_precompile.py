@@ -110,6 +110,32 @@ def test_a_promoted_twin_is_left_to_the_tuning(compiling, monkeypatch):
     assert done.submitted == 2 and [tile for _, tile, _ in compiling.runs] == [1, 1]
 
 
+def test_the_float_fallback_on_a_compiling_kernel_is_compiled_too(compiling, monkeypatch):
+    """A tactic of a family that compiles nothing (the float fallback) whose configuration runs an inner kernel of
+    one that does: those configurations are compiled, the others left (as fallbacks on the vendor's kernels are)."""
+    monkeypatch.setattr(compiling, "precisions", ("fp16",))
+    wrapper = type(
+        "_Wrapper",
+        (Tactic,),
+        {
+            "family": "fallback",
+            "name": "wrapper",
+            "op_types": ("tensorforge::FusedConv",),
+            "precisions": ("fp16",),
+            "space": lambda self, effort: [{"inner": "reference.registry"}, {"inner": "triton.stand-in"}],
+            "build": lambda self, node, opset, device, config: base.tactic_by_key(config["inner"]).build(
+                node, opset, device, {"tile": 2}
+            ),
+        },
+    )()
+    monkeypatch.setattr(base, "_TACTICS", [*base._TACTICS, wrapper])
+    model = _two_convs()
+    done = precompile(
+        model, _env(model), CPU, effort=0, precisions=("fp16",), families=("fallback",), constants={}, workers=2
+    )
+    assert done.submitted == 2 and [tile for _, tile, _ in compiling.runs] == [2, 2]
+
+
 def test_families_outside_the_build_are_not_compiled(compiling):
     model = _two_convs()
     done = precompile(
