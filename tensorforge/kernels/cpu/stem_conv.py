@@ -4,10 +4,11 @@ through its strides) and written channels_last:
 
     y[n, oh, ow, k] = act(b[k] + Σ_(c,kh,kw) w[c, kh, kw, k] · x[n, c, oh·s_h − p_h + kh·d_h, ow·s_w − p_w + kw·d_w])
 
-A tile is 8 output pixels of a row × up to 3 vectors of 16 output channels: each of the C·KH·KW taps loads its
-weight row once and broadcasts each pixel's input value into the multiply-adds. Tiles whose taps all fall inside
-the input along W read without checks; the others read zeros for the padding. The weight is packed once as
-[C·KH·KW, K rounded up to 16].
+A tile is `PIXELS` output pixels of a row × up to `VECTORS` vectors of 16 output channels (8 × 3 on AVX-512, 24
+accumulators of its 32 registers; 6 × 1 on AVX2, 12 of its 16: a vector of 16 is two of them there): each of the
+C·KH·KW taps loads its weight row once and broadcasts each pixel's input value into the multiply-adds. Tiles
+whose taps all fall inside the input along W read without checks; the others read zeros for the padding. The
+weight is packed once as [C·KH·KW, K rounded up to 16].
 
 Why our own: a stem has too few input channels for a product over them (27 multiply-adds a pixel for a 3×3 RGB
 stem), and oneDNN through torch first reorders the NCHW network input to channels_last, a copy of the image.
@@ -22,13 +23,22 @@ import torch
 
 from ..activations import ACTIVATION_CODES
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
-from .avx512 import VECTOR_MATH, check_activations, load_vector, pack_bias, rounded, vector_problem
+from .avx512 import (
+    VECTOR_MATH,
+    check_activations,
+    load_vector,
+    pack_bias,
+    register_tiles,
+    rounded,
+    vector_problem,
+)
 
-TILE = 8  # output pixels a tile
+((PIXELS, VECTORS),) = register_tiles([(8, 3)], [(6, 1)])  # this CPU's register tile: output pixels × vectors
 MAX_CHANNELS = 4  # the most input channels the kernel takes
 
 SOURCE = (
     VECTOR_MATH
+    + f"constexpr int PIXELS = {PIXELS}, VECTORS = {VECTORS};\n"
     + r"""
 namespace {
 
@@ -95,9 +105,13 @@ template <int NV, bool BORDER>
 inline void tiles(const Stem& q, int64_t n, int64_t oh, int64_t ow, int count) {
   const int64_t vectors = q.Kp / 16;
   int64_t v = 0;
-  for (; v + NV <= vectors; v += NV) tile<8, NV, BORDER>(q, n, oh, ow, count, 16 * v);
-  if (vectors - v == 2) tile<8, 2, BORDER>(q, n, oh, ow, count, 16 * v);
-  else if (vectors - v == 1) tile<8, 1, BORDER>(q, n, oh, ow, count, 16 * v);
+  for (; v + NV <= vectors; v += NV) tile<PIXELS, NV, BORDER>(q, n, oh, ow, count, 16 * v);
+  if constexpr (NV == 3) {
+    if (vectors - v == 2) tile<PIXELS, 2, BORDER>(q, n, oh, ow, count, 16 * v);
+  }
+  if constexpr (NV > 1) {
+    if (vectors - v == 1) tile<PIXELS, 1, BORDER>(q, n, oh, ow, count, 16 * v);
+  }
 }
 
 }  // namespace
@@ -121,13 +135,13 @@ void stem_conv(torch::Tensor x, torch::Tensor w, torch::Tensor b, torch::Tensor 
       const int64_t n = r / q.OH, oh = r % q.OH;
       int64_t ow = 0;
       for (int count; ow < lo; ow += count) {
-        count = int(std::min<int64_t>(8, lo - ow));
-        tiles<3, true>(q, n, oh, ow, count);
+        count = int(std::min<int64_t>(PIXELS, lo - ow));
+        tiles<VECTORS, true>(q, n, oh, ow, count);
       }
-      for (; ow + 8 <= hi; ow += 8) tiles<3, false>(q, n, oh, ow, 8);
+      for (; ow + PIXELS <= hi; ow += PIXELS) tiles<VECTORS, false>(q, n, oh, ow, PIXELS);
       for (int count; ow < q.OW; ow += count) {
-        count = int(std::min<int64_t>(8, q.OW - ow));
-        tiles<3, true>(q, n, oh, ow, count);
+        count = int(std::min<int64_t>(PIXELS, q.OW - ow));
+        tiles<VECTORS, true>(q, n, oh, ow, count);
       }
     }
   });
