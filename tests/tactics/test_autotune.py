@@ -66,6 +66,28 @@ def test_on_the_cpu_the_fastest_candidates_are_timed_again_against_one_another()
         assert held.samples == 30 and held.median_ms == candidate.median_ms
 
 
+def test_when_the_load_rises_during_the_rounds_they_run_again_with_the_candidate_left_out(monkeypatch):
+    """The first interleaved rounds come out slower than a candidate left out of them (stood in for here: their
+    times are multiplied by 100, as a machine's load rising would): the rounds run again with it, and the winner is
+    one timed against its rivals."""
+    real = autotune_module.measure_interleaved
+    passes = []
+
+    def slow_first_pass(calls, **kwargs):
+        timings = real(calls, **kwargs)
+        passes.append(len(calls))
+        if len(passes) > 1:
+            return timings
+        return [Timing.from_samples([100 * t for t in timing.samples]) for timing in timings]
+
+    monkeypatch.setattr(autotune_module, "measure_interleaved", slow_first_pass)
+    node, inputs = _fused_conv_layer()
+    choice = autotune(node, 1, inputs, "cpu", effort=0, families=("vendor", "reference"))
+    finite = sorted((c for c in choice.candidates if math.isfinite(c.median_ms)), key=lambda c: c.median_ms)
+    assert len(finite) > autotune_module.CONFIRM_TOP and len(passes) >= 2
+    assert finite[0].note == "confirmed in 3 interleaved rounds" and choice.median_ms == finite[0].median_ms
+
+
 def choice_key(node, inputs):
     return autotune_module.layer_signature(node, autotune_module._with_constants(node, inputs, torch.device("cpu")),
                                            torch.device("cpu"))[0]  # fmt: skip
