@@ -425,9 +425,9 @@ class _Search:
         pooled samples, which the timing cache prefers to the first ones). Timed one after another, candidates
         of a layer on a shared CPU see its load change between them; a pick made on such noise has cost a layer
         four times its time. Where the confirmed times came out slower than a candidate left out (the machine's
-        load rose), the rounds run again with it, up to `CONFIRM_PASSES` times, so that the winner is one timed
-        against its rivals."""
-        confirmed: set[int] = set()
+        load rose), the rounds run again with it and the last rounds' candidates, up to `CONFIRM_PASSES` times, so
+        that the winner is one timed against its rivals."""
+        rivals: list[int] = []  # the last rounds' candidates (indices into self.candidates)
         for _ in range(CONFIRM_PASSES):
             timed = [
                 (index, c)
@@ -435,23 +435,28 @@ class _Search:
                 if math.isfinite(c.median_ms) and _call_key(c.tactic, c.config) in self.calls
             ]
             timed.sort(key=lambda item: item[1].median_ms)
-            top = timed[:CONFIRM_TOP]
-            if not confirmed:  # (later rounds take the confirmed rivals of a faster one left out, however slow)
-                top = [item for item in top if item[1].median_ms <= CONTENDER_RATIO * timed[0][1].median_ms]
-            if len(top) < 2 or top[0][0] in confirmed:
+            if not rivals:
+                best = timed[0][1].median_ms if timed else math.inf
+                top = [index for index, c in timed[:CONFIRM_TOP] if c.median_ms <= CONTENDER_RATIO * best]
+            elif timed[0][0] in rivals:
+                return
+            else:  # one left out timed faster than the rounds did (the load rose): again, with it
+                top = [timed[0][0], *(i for i in rivals if math.isfinite(self.candidates[i].median_ms))][:CONFIRM_TOP]
+            if len(top) < 2:
                 return
             started = time.perf_counter()
-            calls = [self.calls[_call_key(c.tactic, c.config)] for _, c in top]
+            calls = [self.calls[_call_key(self.candidates[i].tactic, self.candidates[i].config)] for i in top]
             timings = measure_interleaved(calls, device=self.device, rounds=CONFIRM_ROUNDS, **self.budget.as_kwargs())
             self.timing_s += time.perf_counter() - started
-            for (index, candidate), timing in zip(top, timings, strict=True):
+            for index, timing in zip(top, timings, strict=True):
+                candidate = self.candidates[index]
                 if self.cache is not None:
                     self.cache.record(
                         self.key, candidate.tactic, candidate.config, timing, description=self.description
                     )
                 note = f"confirmed in {CONFIRM_ROUNDS} interleaved rounds" if timing.ok else f"failed: {timing.error}"
                 self.candidates[index] = Candidate(candidate.tactic, candidate.config, timing.median, note)
-                confirmed.add(index)
+            rivals = top
 
     def _prepare(self, items) -> list[tuple[LayerKernel | None, str]]:
         """Each item built and checked, in parallel where it can be. TF32 candidates go one by one afterwards:

@@ -58,6 +58,7 @@ from ..ops.fused import (
 )
 from ..ops.pool import PoolWindows, window_geometry
 from ..ops.registry import REGISTRY, OpContext
+from ..passes.utils import is_depthwise
 from .base import Kernel, PerWeight, Tactic, register_tactic, statistics_reason
 from .channel_scales import ChannelScales
 from .upsample import upsample_factors
@@ -539,8 +540,7 @@ class OneDnnQuantizedConvTactic(Tactic):
             return "this torch build has no oneDNN int8 convolution"
         if node.attributes.get("quant", "int8") != "int8":
             return "int8 only"
-        depthwise = (node.inputs[1].shape or (0, 0))[1] == 1 and node.attributes.get("group", 1) > 1
-        if not depthwise and (problem := onednn_int8_problem()):  # (a depthwise layer sums no pairs of channels)
+        if not is_depthwise(node) and (problem := onednn_int8_problem()):  # (a depthwise layer sums no pairs)
             return problem
         if len(node.inputs[1].shape or ()) != 4:
             return "2-D convolutions only"
