@@ -27,6 +27,8 @@
   F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512 or AVX2: 2.25× or 4× fewer multiplications).
 - `cpu.layernorm`: LayerNormalization over the last axes, several rows in step (`kernels.cpu.layer_norm`, AVX-512
   or AVX2).
+- `cpu.maxpool`: a 2-D MaxPool of channels_last float32, bf16, int8 or uint8 (a quantized activation's codes) with
+  any window, stride, dilation and padding (`kernels.cpu.max_pool`).
 - `cpu.attention`: Attention (`softmax(Q·Kᵀ·scale + B)·V`) in one pass over each block of query rows, reading Q,
   K and V where the graph left them (`kernels.cpu.attention`, AVX-512 or AVX2).
 
@@ -50,7 +52,7 @@ from typing import Any
 
 import torch
 
-from ..ir import Node
+from ..ir import DType, Node
 from ..kernels.activations import activation_args
 from ..kernels.cpu import attention as at
 from ..kernels.cpu import conv as cv
@@ -58,13 +60,14 @@ from ..kernels.cpu import depthwise as dw
 from ..kernels.cpu import depthwise_pointwise as dp
 from ..kernels.cpu import expand_depthwise as ed
 from ..kernels.cpu import layer_norm as ln
+from ..kernels.cpu import max_pool as mp
 from ..kernels.cpu import pointwise as pw
 from ..kernels.cpu import squeeze_excite as se
 from ..kernels.cpu import stem_conv as st
 from ..kernels.cpu import winograd as wg
 from ..kernels.cpu.extension import compiler_problem
 from ..ops.fused import DOMAIN
-from ..ops.pool import window_geometry
+from ..ops.pool import PoolWindows, window_geometry
 from .base import Kernel, PerWeight, Tactic, register_tactic, statistics_reason
 from .vendor import _linear_operands_problem
 
@@ -682,5 +685,48 @@ class CpuLayerNormTactic(Tactic):
             bias = None if bias is None else vector(bias, shape)
             y = ln.layer_norm(x, vector(scale, shape), bias, epsilon, axis, y_scale, copy=both)
             return y if both else (y,)
+
+        return kernel
+
+
+_POOLED = (DType.FLOAT, DType.BFLOAT16, DType.INT8, DType.UINT8)
+
+
+@register_tactic
+class CpuMaxPoolTactic(Tactic):
+    """The window resolved once per input size; reads a channel slice of a channels_last tensor as it is. A
+    quantized activation's codes are pooled as they are (a positive scale keeps their order)."""
+
+    family = "cpu"
+    name = "maxpool"
+    op_types = ("MaxPool",)
+    precisions = ("fp32", "bf16")
+    layouts = ("NHWC",)
+    strided_inputs = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "a CPU kernel"
+        if len(node.outputs) > 1 and node.outputs[1].name:
+            return "the indices output is computed only by the reference"
+        if node.inputs[0].rank != 4:
+            return f"2-D windows only; the input has rank {node.inputs[0].rank}"
+        dtype = node.inputs[0].dtype
+        if dtype not in _POOLED:
+            return f"float32, bf16, int8 or uint8 only, not {dtype.name}"
+        return compiler_problem()
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        windows = PoolWindows.of(node.attributes)
+        known: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+
+        def kernel(inputs):
+            x = inputs[0]
+            spatial = tuple(x.shape[2:])
+            if spatial not in known:
+                begin, _, out = windows.at(spatial)
+                known[spatial] = (begin, out)
+            begin, out = known[spatial]
+            return (mp.max_pool2d(x, windows.kernel, windows.strides, windows.dilations, begin, out),)
 
         return kernel

@@ -41,6 +41,7 @@ CASES = [  # (n, c, k, h, w, window, strides, dilations, pads (top, left, bottom
     (1, 16, 200, 6, 20, (3, 1), (1, 2), (1, 1), (1, 0, 0, 0)),  # a tall window, padding on one side only
     (1, 8, 16, 3, 3, (3, 3), (1, 1), (1, 1), (2, 2, 2, 2)),  # more padding than input: whole tap rows skipped
     (1, 64, 1840, 3, 5, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # a 4.2 MB weight: walked by column blocks
+    (2, 16, 24, 7, 7, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # ResNet's last maps: tiles span rows, not images
 ]
 
 
