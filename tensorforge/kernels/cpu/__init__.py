@@ -2,8 +2,8 @@
 layers where the vendor path through torch pays a fixed cost per op that outweighs the work, or runs below the
 cores' peak (1×1, depthwise, stem, direct and Winograd convolutions with their epilogues, a depthwise convolution
 and the 1×1 after it in one pass, an expansion, depthwise and projection in one pass, squeeze-and-excitation as one
-call instead of seven, attention in one pass, layer norm; int8 1×1, linear and direct convolutions on VNNI's byte
-dot products)."""
+call instead of seven, attention in one pass, layer norm, max pool; int8 1×1, linear and direct convolutions on
+VNNI's byte dot products)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 # every kernel module: each has its C++ as SOURCE and `module()`, which builds or loads it
 MODULES = (
-    "attention", "conv", "depthwise", "depthwise_pointwise", "expand_depthwise", "layer_norm", "pointwise",
-    "quantized_conv", "quantized_pointwise", "squeeze_excite", "stem_conv", "winograd",
+    "attention", "conv", "depthwise", "depthwise_pointwise", "expand_depthwise", "layer_norm", "max_pool",
+    "pointwise", "quantized_conv", "quantized_pointwise", "squeeze_excite", "stem_conv", "winograd",
 )  # fmt: skip
 
 

@@ -102,6 +102,12 @@ TF_INLINE __m256 scalef8(__m256 p, __m256 n) {
   return _mm256_mul_ps(_mm256_mul_ps(p, first), second);
 }
 TF_INLINE V16 scalef(V16 p, V16 n) { return {scalef8(p.lo, n.lo), scalef8(p.hi, n.hi)}; }
+// p · 2^n for integral n in [-126, 127] (a normal power of two: one exponent field, no saturation to handle)
+TF_INLINE __m256 scale_normal8(__m256 p, __m256 n) {
+  const __m256i field = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(field));
+}
+TF_INLINE V16 scale_normal(V16 p, V16 n) { return {scale_normal8(p.lo, n.lo), scale_normal8(p.hi, n.hi)}; }
 
 template <int PREDICATE>
 TF_INLINE uint16_t cmp_mask(V16 a, V16 b) {
