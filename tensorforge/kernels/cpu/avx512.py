@@ -53,12 +53,12 @@ TF_INLINE __mmask16 mask_of(int64_t count) {
   return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
 }
 
-TF_INLINE __m512 vexp(__m512 x) {
-  // exp(x) = 2^n · e^r, n = round(x·log2 e), r = x − n·ln 2 (in two parts), e^r by its Taylor polynomial of
-  // degree 7 (|r| ≤ ln2/2: error 4e-9); vscalefps multiplies by 2^n, saturating to inf and 0.
-  x = _mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+// e^x as p · 2^n for x clamped to [lo, hi]: n = round(x·log2 e), r = x − n·ln 2 (in two parts), p = e^r by its
+// Taylor polynomial of degree 7 (|r| ≤ ln2/2: error 4e-9).
+TF_INLINE __m512 exp_parts(__m512 x, float lo, float hi, __m512& n) {
+  x = _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), x));
+  n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
   __m512 p = _mm512_set1_ps(1.f / 5040.f);
@@ -68,7 +68,14 @@ TF_INLINE __m512 vexp(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+}
+
+// e^x over [-104, 89], into the denormals (a softmax's masked scores reach 0); vscalefps multiplies by 2^n,
+// saturating to inf and 0.
+TF_INLINE __m512 vexp(__m512 x) {
+  __m512 n;
+  const __m512 p = exp_parts(x, -104.f, 89.f, n);
   return _mm512_scalef_ps(p, n);
 }
 
@@ -82,23 +89,11 @@ TF_INLINE __m512 vscale_normal(__m512 p, __m512 n) {
 #endif
 }
 
-// exp(x) for x clamped to [-87.33, 88.37], where 2^n is a normal power of two: for the logistic functions, whose
-// results past that range are 0, 1 or x whatever the exponential's (vexp's own range reaches the denormals, for a
-// softmax's masked scores).
+// e^x for x clamped to [-87.33, 88.37], where 2^n is a normal power of two: for the logistic functions, whose
+// results past that range are 0, 1 or x whatever the exponential's.
 TF_INLINE __m512 vexp_normal(__m512 x) {
-  x = _mm512_min_ps(_mm512_set1_ps(88.37f), _mm512_max_ps(_mm512_set1_ps(-87.33f), x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  __m512 n;
+  const __m512 p = exp_parts(x, -87.33f, 88.37f, n);
   return vscale_normal(p, n);
 }
 
