@@ -39,14 +39,25 @@ from .avx512 import (
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
 # output pixels a tile (accumulator vectors), for AVX-512's 32 registers and for AVX2's 16; the C++ instantiates this
-# CPU's, and the fused kernels that include this one take the widest, ROW_TILE
+# CPU's, and the fused kernels that include this one take the widest, ROW_TILE, unless its input window along W,
+# (ROW_TILE − 1)·stride + KW vectors, passes WINDOW: then the narrowest (`row_tile` in the C++). On AVX2 (two
+# registers a vector) a 5-wide window at stride 2 ran 1.04-1.3× faster in tiles of 2 than of 4 (its window of 11
+# spills), 3- to 7-wide ones at stride 1 and 3-wide at stride 2 as fast or faster in 4.
 TILES = register_tiles((4, 8), (2, 4))
 ROW_TILE = max(TILES)
+(WINDOW,) = register_tiles((64,), (10,))
 
 # The kernel's C++ but its entry point (the module puts it in an unnamed namespace; the fused depthwise + 1×1
 # kernel, `kernels.cpu.depthwise_pointwise`, in a named one).
 CORE = (
-    f"constexpr int ROW_TILE = {ROW_TILE};  // the fused kernels' tile\n"
+    f"constexpr int ROW_TILE = {ROW_TILE}, NARROW_TILE = {min(TILES)}, WINDOW = {WINDOW};\n"
+    + r"""
+// The fused kernels' tile for a KW-wide window at stride S (the module's TILES comment says why).
+template <int KW, int S>
+constexpr int row_tile() {
+  return (ROW_TILE - 1) * S + KW <= WINDOW ? ROW_TILE : NARROW_TILE;
+}
+"""
     + r"""
 
 struct Geometry {

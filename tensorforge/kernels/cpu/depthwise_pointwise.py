@@ -34,7 +34,7 @@ from .avx512 import (
 )
 
 # The 1×1 part's tiles (pixels, vectors of 16 output channels): the 1×1 kernel's that span a row of pixels; the
-# depthwise part's is the depthwise kernel's widest (`depthwise.ROW_TILE`).
+# depthwise part's is the depthwise kernel's widest that suits its window (`depthwise.ROW_TILE`, `WINDOW`).
 TILES = pw.ROW_TILES
 
 SOURCE = (
@@ -87,7 +87,7 @@ void run(const Fused<Elem>& f) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
       const dwk::BlockOf<Elem> k{f.x + n * g.xN, f.wd, f.bd, buffer.get(), oh * g.sh - g.ph, __mmask16(0xFFFF)};
-      dwk::row<dwk::ROW_TILE, KW, S>(k, g, 0, blocks, lo, hi, f.act, f.p0, f.p1);
+      dwk::row<dwk::row_tile<KW, S>(), KW, S>(k, g, 0, blocks, lo, hi, f.act, f.p0, f.p1);
       q.y = f.q.y + n * f.yN + oh * f.yH;
       q.z = f.q.z ? f.q.z + n * f.zN + oh * f.zH : nullptr;
       pointwise_row<MR, NV>(q);

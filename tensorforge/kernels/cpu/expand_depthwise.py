@@ -43,7 +43,7 @@ from .avx512 import (
 from .avx512 import ACTIVATIONS as ACTIVATIONS  # the epilogues this kernel evaluates, for its tactic
 
 # The 1×1 part's tiles (pixels, vectors of 16 output channels): the 1×1 kernel's that span a row of pixels; the
-# depthwise part's is the depthwise kernel's widest (`depthwise.ROW_TILE`).
+# depthwise part's is the depthwise kernel's widest that suits its window (`depthwise.ROW_TILE`, `WINDOW`).
 TILES = pw.ROW_TILES
 
 SOURCE = (
@@ -93,7 +93,7 @@ inline void depthwise_row(const Fused<Elem>& f, int64_t n, int64_t oh, const Ele
                           pwk::ProblemOf<Elem>& q, int64_t lo, int64_t hi) {
   Elem* out = f.project ? buffer : f.y + n * f.yN + oh * f.yH;
   const dwk::RowsBlockOf<Elem> k{{taps[0], f.wd, f.bd, out, oh * f.g.sh - f.g.ph, __mmask16(0xFFFF)}, taps, 0};
-  dwk::row<dwk::ROW_TILE, KW, S>(k, f.g, 0, f.g.Cp / 16, lo, hi, f.act, f.p0, f.p1);
+  dwk::row<dwk::row_tile<KW, S>(), KW, S>(k, f.g, 0, f.g.Cp / 16, lo, hi, f.act, f.p0, f.p1);
   if (f.project) {
     q.x = buffer;
     q.y = f.y + n * f.yN + oh * f.yH;
