@@ -694,8 +694,8 @@ _POOLED = (DType.FLOAT, DType.BFLOAT16, DType.INT8, DType.UINT8)
 
 @register_tactic
 class CpuMaxPoolTactic(Tactic):
-    """The window resolved once per input size; reads a channel slice of a channels_last tensor as it is. A
-    quantized activation's codes are pooled as they are (a positive scale keeps their order)."""
+    """Reads a channel slice of a channels_last tensor as it is. A quantized activation's codes are pooled as they
+    are (a positive scale keeps their order)."""
 
     family = "cpu"
     name = "maxpool"
@@ -718,15 +718,10 @@ class CpuMaxPoolTactic(Tactic):
 
     def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
         windows = PoolWindows.of(node.attributes)
-        known: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
 
         def kernel(inputs):
             x = inputs[0]
-            spatial = tuple(x.shape[2:])
-            if spatial not in known:
-                begin, _, out = windows.at(spatial)
-                known[spatial] = (begin, out)
-            begin, out = known[spatial]
+            begin, _, out = windows.at(x.shape[2:])
             return (mp.max_pool2d(x, windows.kernel, windows.strides, windows.dilations, begin, out),)
 
         return kernel

@@ -9,8 +9,7 @@ import torch
 
 from tensorforge.kernels.cpu import max_pool as mp
 from tensorforge.kernels.cpu.extension import compiler_problem
-from tensorforge.ops.pool import window_geometry
-from tests.kernels.test_triton_pool import _reference
+from tests.kernels.test_triton_pool import _geometry, _reference
 
 pytestmark = pytest.mark.skipif(compiler_problem() is not None, reason=str(compiler_problem()))
 
@@ -31,13 +30,7 @@ def _values(shape, dtype, generator):
 
 
 def _pool(x, attributes):
-    kernel = attributes["kernel_shape"]
-    strides = attributes.get("strides", [1, 1])
-    dilations = attributes.get("dilations", [1, 1])
-    begin, _, out = window_geometry(
-        x.shape[2:], kernel, strides, dilations, attributes.get("pads"), attributes.get("auto_pad", "NOTSET"),
-        attributes.get("ceil_mode", 0), same_crops=True,
-    )  # fmt: skip
+    kernel, strides, dilations, begin, _, out = _geometry(x.shape, attributes)
     return mp.max_pool2d(x, kernel, strides, dilations, begin, out)
 
 
