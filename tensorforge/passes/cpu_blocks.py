@@ -11,14 +11,20 @@ flatten, product), each as one node.
     FusedGemm(Flatten(GlobalAveragePool(X); axis = 1), B, C; transB, pre = p, post = q)
         =  tensorforge::PooledGemm(X, B, C; transB, pre = p, post = q)
 
+    Flatten(FusedConv(GlobalAveragePool(X), W, B; 1×1, pre = p, post = q); axis = 1)
+        =  tensorforge::PooledGemm(X, W[:, :, 0, 0], B; transB = 1, pre = p, post = q)
+
 (the semantics are in `ops/depthwise_pointwise.py`, `ops/squeeze_excite_pointwise.py` and `ops/pooled_gemm.py`).
 The depthwise convolution: constant weight [C, 1, KH, KW], group = C, any strides, padding and dilations, a
 constant bias, one activation, no residual, and its output read by the 1×1 convolution only. The 1×1 convolution:
 constant weight, one group, unit stride, no padding, constant bias, any epilogue. The squeeze-excite block's output
 must be read by the 1×1 convolution only. The head's product: a constant weight, a constant bias over its columns,
 no residual, alpha and beta 1, A not transposed; the pool's input 4-D, its and the flattening's outputs read by the
-next node only. Every activation must be one the kernels have (`CpuKernels`, given by the builder). Run after
-epilogue and squeeze-excite fusion.
+next node only. A head whose pooled features go through a 1×1 convolution first (PP-LCNet's, the orientation
+classifier's) is the same product when the convolution has one group, no padding, a constant bias, no residual and
+its output flattened to [N, channels] (a Flatten at axis 1, or a Reshape to that shape) by its only reader. Every
+activation must be one the kernels have (`CpuKernels`, given by the builder). Run after epilogue and squeeze-excite
+fusion.
 
 The nodes exist for our CPU kernels: `kernels.cpu.depthwise_pointwise` computes a row of the depthwise output into a
 buffer and the 1×1 row from it, so the block's widest tensor never goes to memory (1.10-1.31× the two kernels apart
@@ -44,7 +50,7 @@ from .patterns import (
     _tensorforge_producer,
 )
 from .squeeze_excite import _fused_conv, _pointwise_problem
-from .utils import constant
+from .utils import add_initializer, constant
 
 _WINDOW_ATTRIBUTES = ("auto_pad", "dilations", "pads", "strides")
 _EPILOGUE = ("pre", "pre_params", "post", "post_params")
@@ -200,6 +206,63 @@ class PooledGemmPattern(Rule):
         return f"{match.x.shape[1]} channels into {gemm.outputs[0].shape[-1]}"
 
 
+class PooledConvPattern(Rule):
+    """`Flatten(FusedConv(GlobalAveragePool(X); 1×1))` = `PooledGemm` with the weight's [O, C] rows (see the
+    module)."""
+
+    name = "pooled-conv"
+    op_types = ("tensorforge::FusedConv",)
+
+    def __init__(self, kernels: CpuKernels) -> None:
+        self.activations = kernels.convolution
+
+    def match(self, node: Node, ctx: PassContext) -> PatternMatch | None:
+        pool = _producer(node.inputs[0], "GlobalAveragePool")
+        if pool is None:
+            return None
+        uses = node.outputs[0].uses()
+        reader = uses[0][0] if len(uses) == 1 and uses[0][1] == 0 else None
+        if reader is None or reader.domain not in ("", "ai.onnx") or reader.op_type not in ("Flatten", "Reshape"):
+            return PatternMatch([pool, node], pool.inputs[0], extra={"conv": node})
+        return PatternMatch([pool, node, reader], pool.inputs[0], extra={"conv": node})
+
+    def check(self, match: PatternMatch, ctx: PassContext) -> str | None:
+        conv, a = match.extra["conv"], match.extra["conv"].attributes
+        if match.x.rank != 4:
+            return f"the pool's input has rank {match.x.rank}, not 4"
+        problem = _float_problem(match.x) or _interior_problem(match)
+        if problem:
+            return problem
+        weight = conv.inputs[1]
+        if constant(weight) is None or weight.rank != 4 or tuple(weight.shape[2:]) != (1, 1):
+            return "the convolution's weight is not a constant 1×1 kernel"
+        if a.get("group", 1) != 1 or any(a.get("pads", ())):
+            return "the convolution is grouped or padded"
+        bias = _bias(conv)
+        if bias is not None and constant(bias) is None:
+            return "the convolution's bias is not a constant"
+        if len(conv.inputs) > 3 and conv.inputs[3] is not None:
+            return "the convolution adds a residual"
+        flat = match.root.outputs[0].shape
+        out = conv.outputs[0].shape
+        if match.root is conv or match.root.attributes.get("axis", 1) != 1 or flat is None or out is None:
+            return "the convolution's output is not flattened by its only reader"
+        if len(flat) != 2 or list(flat) != list(out[:2]):
+            return f"the convolution's output is reshaped to {list(flat)}, not [N, {out[1]}]"
+        return _missing_activation((conv, ("pre", "post"), self.activations))
+
+    def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
+        conv = match.extra["conv"]
+        weight = constant(conv.inputs[1])
+        rows = ctx.new_value(conv.inputs[1].name)
+        add_initializer(ctx.model.graph, rows, weight.reshape(weight.shape[0], -1).contiguous())
+        attributes = {"transB": 1, **{key: conv.attributes[key] for key in _EPILOGUE if key in conv.attributes}}
+        name = conv.name
+        fused = _replace_chain(ctx, match, "PooledGemm", [match.x, rows, _bias(conv)], attributes)
+        fused.name = name or fused.name
+        return f"{match.x.shape[1]} channels into {weight.shape[0]}"
+
+
 def _expansion(value: Value) -> Node | None:
     """The 1×1 FusedConv that produces `value` (an expansion, if its checks pass), or None."""
     conv = _fused_conv(value)
@@ -307,7 +370,7 @@ def _fuse_with_pointwise(ctx: PassContext, match: PatternMatch, op_type: str, he
     fused.name = name or fused.name
 
 
-BLOCK_RULES = (DepthwisePointwisePattern, SqueezeExcitePointwisePattern, PooledGemmPattern)
+BLOCK_RULES = (DepthwisePointwisePattern, SqueezeExcitePointwisePattern, PooledGemmPattern, PooledConvPattern)
 EXPANSION_RULES = (ExpandDepthwisePointwisePattern, ExpandDepthwisePattern)
 RULES = BLOCK_RULES + EXPANSION_RULES
 

@@ -10,6 +10,9 @@ MatMul), the map folds into new weights:
 For BatchNormalization this is `W' = W·γ/√(σ²+ε)` and `b' = (b − μ)·γ/√(σ²+ε) + β`. The folded tensors are
 computed in float64 and stored as new initializers (a weight is never changed in place); MatMul has no bias
 input, so a folded shift becomes an `Add` after it, which the epilogue fusion then absorbs.
+
+A scalar scale before such a layer folds the same way, from the input side: `W ⊛ (x·c)` = `(W·c) ⊛ x`
+(`FoldInputScale`).
 """
 
 from __future__ import annotations
@@ -399,8 +402,73 @@ class DistributeChannelMul(Rule):
         return f"distributed a channel Mul over the bias Add of {match.layer.op} {match.layer.node.name!r}"
 
 
+_SHAPE_ONLY = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+@dataclass
+class _InputScale:
+    mul: Node
+    source: Value  # the Mul's other operand, which the first reader after it reads instead
+    scale: torch.Tensor  # one element
+    reader: Node  # the node that read the Mul's output: a shape-only node or the layer
+    layer: Node
+
+
+class FoldInputScale(Rule):
+    """`W ⊛ (x·c) + b` = `(W·c) ⊛ x + b` for a scalar constant `c` (a dropout's downscaling kept at inference, as
+    paddle2onnx writes it); the Mul may stand behind shape-only nodes (Reshape, Flatten, Squeeze, Unsqueeze), which
+    commute with a scalar. The layer reads the scaled tensor as its data input (A of Gemm and MatMul, X of Conv
+    and ConvTranspose: zero padding scales to zero), so the whole weight scales and the bias stays."""
+
+    name = "fold-input-scale"
+    op_types = LAYER_OPS
+
+    def match(self, node: Node, ctx: PassContext) -> _InputScale | None:
+        graph, reader, value = ctx.model.graph, node, node.inputs[0]
+        producer = value.producer() if value is not None else None
+        while producer is not None and producer.domain in ("", "ai.onnx") and producer.op_type in _SHAPE_ONLY:
+            reader, value = producer, producer.inputs[0]
+            producer = value.producer()
+        if producer is None or producer.domain not in ("", "ai.onnx") or producer.op_type != "Mul":
+            return None
+        for side in (0, 1):
+            scale = _initializer(graph, producer.inputs[1 - side])
+            if scale is not None and scale.numel() == 1 and producer.inputs[side] is not producer.inputs[1 - side]:
+                return _InputScale(producer, producer.inputs[side], scale, reader, node)
+        return None
+
+    def check(self, match: _InputScale, ctx: PassContext) -> str | None:
+        if not match.scale.is_floating_point():
+            return "the scale is not floating point"
+        node = match.mul
+        while node is not match.layer:  # the Mul's output and each shape-only node's are read by the next only
+            value = node.outputs[0]
+            if is_graph_output(value) or len(value.uses()) != 1:
+                return f"{value.name!r} is read elsewhere"
+            node = value.uses()[0][0]
+        weight = _initializer(ctx.model.graph, match.layer.inputs[1])
+        if weight is None or not weight.is_floating_point():
+            return "weight is not a floating-point constant"
+        if is_shared(match.layer.inputs[1]):
+            return "weight is shared with another node"
+        return None
+
+    def rewrite(self, match: _InputScale, ctx: PassContext) -> str:
+        graph, layer = ctx.model.graph, match.layer
+        old_weight, old_scale = layer.inputs[1], match.mul.inputs[0 if match.mul.inputs[1] is match.source else 1]
+        weight = old_weight.const
+        scaled = (weight.double() * float(match.scale.reshape(()))).to(weight.dtype)
+        layer.set_input(1, _new_constant(ctx, old_weight.name, scaled))
+        match.reader.set_input(0, match.source)
+        graph.remove(match.mul)
+        for value in (old_weight, old_scale):
+            _drop_unused(graph, value)
+        return f"folded a scale of {float(match.scale.reshape(())):g} into {layer.op_type} {layer.name!r}"
+
+
 class FoldBatchNorm(RulePass):
-    """Folds BatchNormalization and per-channel Mul/Add constants into Conv/ConvTranspose/Gemm/MatMul."""
+    """Folds BatchNormalization, per-channel Mul/Add constants after and scalar scales before Conv/ConvTranspose/
+    Gemm/MatMul into them."""
 
     name = "fold-batchnorm"
-    rules = (FoldBatchNormalization, FoldChannelMul, FoldChannelAdd, DistributeChannelMul)
+    rules = (FoldBatchNormalization, FoldChannelMul, FoldChannelAdd, DistributeChannelMul, FoldInputScale)

@@ -242,7 +242,10 @@ class _Recorder(TorchDispatchMode):
         if func in ALLOCATIONS:
             self.kept.extend(outputs)
             return result
-        reads_values = any(id(leaf) in self._slot for leaf in tree_leaves((args, kwargs)))
+        leaves = tree_leaves((args, kwargs))
+        if not func._schema.is_mutable and outputs and all(any(o is leaf for leaf in leaves) for o in outputs):
+            return result  # returns its argument (a cast to the type it has): nothing to make again
+        reads_values = any(id(leaf) in self._slot for leaf in leaves)
         if func._schema.is_mutable or reads_values:
             self._record(func, args, kwargs, outputs)  # in place or out=, or what reads a value: made again
         elif not all(out is None or _aliases(out, args) for out in outputs):

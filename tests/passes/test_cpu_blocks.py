@@ -219,6 +219,56 @@ def test_a_head_the_kernel_cannot_take_stays_apart_with_the_reason(head, residua
     assert declined and reason in declined[0].detail
 
 
+def _conv_head(reader="Flatten", group=1):
+    """x [2, 16, 5, 5] → GlobalAveragePool → Conv 1×1 (16→24, `group`) → HardSwish → `reader` (Flatten, a Reshape to
+    [2, 24], or a second 1×1 convolution) → Gemm (24→3): PP-LCNet's head."""
+    rng = np.random.default_rng(2)
+    inits = [
+        init("w", rng.standard_normal((24, 16 // group, 1, 1)).astype(np.float32) * 0.3),
+        init("b", rng.standard_normal(24).astype(np.float32)),
+        init("w2", rng.standard_normal((3, 24)).astype(np.float32) * 0.3),
+        init("shape", np.array([2, 24], np.int64)),
+        init("w3", rng.standard_normal((24, 24, 1, 1)).astype(np.float32) * 0.3),
+    ]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+        helper.make_node("Conv", ["p", "w", "b"], ["c"], group=group),
+        helper.make_node("HardSwish", ["c"], ["h"]),
+    ]
+    if reader == "Flatten":
+        nodes.append(helper.make_node("Flatten", ["h"], ["f"]))
+    elif reader == "Reshape":
+        nodes.append(helper.make_node("Reshape", ["h", "shape"], ["f"]))
+    else:
+        nodes += [helper.make_node("Conv", ["h", "w3"], ["c3"]), helper.make_node("Flatten", ["c3"], ["f"])]
+    nodes.append(helper.make_node("Gemm", ["f", "w2"], ["y"], transB=1))
+    return make_model(nodes, [tensor_info("x", [2, 16, 5, 5])], [tensor_info("y", None)], 17, inits)
+
+
+@pytest.mark.parametrize("reader", ["Flatten", "Reshape"])
+def test_a_head_with_a_1x1_convolution_on_the_pooled_features_becomes_one_pooled_product(reader):
+    model, report = optimize_and_compare(_conv_head(reader), _head_feeds(), _passes())
+    assert ops(model) == ["PooledGemm", "FusedGemm"]
+    pooled = model.graph.nodes[0]
+    assert pooled.attributes["transB"] == 1 and pooled.attributes["pre"] == "HardSwish"
+    assert tuple(pooled.inputs[1].shape) == (24, 16) and pooled.inputs[0].name == "x"
+    assert any(e.rule == "pooled-conv" and e.status == "fired" for e in report.events)
+
+
+@pytest.mark.parametrize(
+    ("head", "reason"),
+    [
+        (_conv_head(reader="Conv"), "not flattened by its only reader"),
+        (_conv_head(group=2), "grouped or padded"),
+    ],
+)
+def test_a_convolution_head_the_kernel_cannot_take_stays_apart_with_the_reason(head, reason):
+    model, report = optimize_and_compare(head, _head_feeds(), _passes())
+    assert "PooledGemm" not in ops(model)
+    declined = [e for e in report.events if e.rule == "pooled-conv" and e.status == "declined"]
+    assert declined and reason in declined[0].detail
+
+
 def test_the_heads_of_the_zoo_s_classifiers_fuse():
     for name in ("mobilenetv3", "efficientnet_b0", "resnet50"):
         model = import_model(zoo.export(name, batch=1, size=64, dynamic_batch=False))

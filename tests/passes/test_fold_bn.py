@@ -221,6 +221,43 @@ def test_a_scale_after_a_matmuls_bias_add_is_distributed_then_folded():
     assert "read elsewhere" in report.declined("distribute-channel-mul")[0].detail
 
 
+def test_a_scalar_scale_before_a_layer_folds_into_its_weight_through_shape_only_nodes():
+    """(x·c) reshaped, then a product: x reshaped, then the product with W·c (PP-LCNet's dropout scale of 0.8
+    before its classifier); a scale before a convolution the same; a scale read elsewhere stays."""
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["m"]),
+        helper.make_node("Reshape", ["m", "shape"], ["r"]),
+        helper.make_node("MatMul", ["r", "w"], ["p"]),
+        helper.make_node("Add", ["p", "b"], ["y"]),
+    ]
+    inits = [
+        init("k", np.array(0.8, np.float32)),
+        init("shape", np.array([2, -1], np.int64)),
+        init("w", rand(12, 5, seed=1)),
+        init("b", rand(5, seed=2)),
+    ]
+    model = make_model(nodes, [tensor_info("x", [2, 12, 1, 1])], [tensor_info("y", [2, 5])], initializers=inits)
+    optimized, report, ops = optimize_and_compare(model, [FoldBatchNorm()], {"x": rand(2, 12, 1, 1)})
+    assert ops == {"Reshape": 1, "MatMul": 1, "Add": 1}
+    assert len(report.fired("fold-input-scale")) == 1
+    assert "k" not in optimized.graph.initializers and "w" not in optimized.graph.initializers
+
+    conv = [
+        helper.make_node("Mul", ["k", "x"], ["m"]),
+        helper.make_node("Conv", ["m", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    inits = [init("k", np.array([1.7], np.float32)), init("w", rand(6, 4, 3, 3)), init("b", rand(6))]
+    model = make_model(conv, [tensor_info("x", [2, 4, 6, 6])], [tensor_info("y", None)], initializers=inits)
+    _, report, ops = optimize_and_compare(model, [FoldBatchNorm()], X)
+    assert ops == {"Conv": 1} and len(report.fired("fold-input-scale")) == 1
+
+    outputs = [tensor_info("y", None), tensor_info("m", None)]
+    model = make_model(conv, [tensor_info("x", [2, 4, 6, 6])], outputs, initializers=inits)
+    _, report, ops = optimize_and_compare(model, [FoldBatchNorm()], X)
+    assert ops == {"Conv": 1, "Mul": 1}
+    assert "read elsewhere" in report.declined("fold-input-scale")[0].detail
+
+
 # -- declines ------------------------------------------------------------------------------------------------
 
 
