@@ -17,8 +17,9 @@ from .ir.dtypes import DType
 Tensor = torch.Tensor | np.ndarray
 
 
-def from_numpy(array: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
-    """A torch tensor holding `array` (bit-exact for bf16/fp8/sub-byte types); strings stay numpy."""
+def from_numpy(array: np.ndarray, device: torch.device | str = "cpu", *, copy: bool = True) -> Tensor:
+    """A torch tensor holding `array` (bit-exact for bf16/fp8/sub-byte types); strings stay numpy. Without `copy`
+    a writeable C-contiguous array of a type torch has is shared, as a torch feed is."""
     array = np.asarray(array)
     dtype = DType.from_numpy(array.dtype)
     if dtype == DType.STRING:
@@ -29,7 +30,8 @@ def from_numpy(array: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
         bits = array.copy().view(np.uint8 if array.dtype.itemsize == 1 else np.int16)  # keeps 0-d shape
         tensor = torch.from_numpy(bits).view(dtype.torch)
     else:
-        tensor = torch.from_numpy(array.copy())
+        shared = not copy and array.flags.writeable and array.flags.c_contiguous
+        tensor = torch.from_numpy(array if shared else array.copy())
     return tensor.to(device)
 
 
@@ -56,12 +58,13 @@ def from_proto(proto: onnx.TensorProto, base_dir: str | None = None) -> tuple[Te
     return from_numpy(array), DType(proto.data_type)
 
 
-def from_any(data: Any, device: torch.device | str = "cpu") -> Tensor:
-    """A tensor from a torch tensor, numpy array, DLPack object, or nested Python sequence."""
+def from_any(data: Any, device: torch.device | str = "cpu", *, copy: bool = True) -> Tensor:
+    """A tensor from a torch tensor, numpy array, DLPack object, or nested Python sequence (`copy`: whether a
+    numpy array is copied, `from_numpy`; a torch tensor on `device` is itself)."""
     if isinstance(data, torch.Tensor):
         return data.to(device)
     if isinstance(data, np.ndarray | np.generic):
-        return from_numpy(np.asarray(data), device)
+        return from_numpy(np.asarray(data), device, copy=copy)
     if hasattr(data, "__dlpack__"):
         return torch.from_dlpack(data).to(device)
     return from_numpy(np.asarray(data), device)

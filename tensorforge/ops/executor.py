@@ -132,9 +132,10 @@ class Executor:
             env.maps[0].pop(value, None)
 
 
-def bind_feeds(graph: Graph, feeds: Mapping[str, Any], device: torch.device) -> dict[Value, Any]:
+def bind_feeds(graph: Graph, feeds: Mapping[str, Any], device: torch.device, *, copy: bool = True) -> dict[Value, Any]:
     """`feeds` checked against `graph`'s inputs (names, dtypes, shapes, symbolic dims that must agree) and
-    converted to tensors on `device`; every problem is reported at once in one `InputError`."""
+    converted to tensors on `device` (`copy`: whether numpy arrays are copied, `tensors.from_numpy`); every problem
+    is reported at once in one `InputError`."""
     required = [v for v in graph.inputs if v.name not in graph.initializers]
     by_name = {v.name: v for v in graph.inputs}
     problems = []
@@ -151,7 +152,7 @@ def bind_feeds(graph: Graph, feeds: Mapping[str, Any], device: torch.device) -> 
         value = by_name.get(name)
         if value is None:
             continue
-        tensor = _feed_to_device(data, device)
+        tensor = _feed_to_device(data, device, copy)
         problems.extend(_check_feed(value, tensor, symbols))
         env[value] = tensor
     if problems:
@@ -264,11 +265,11 @@ def _check_feed(value: Value, tensor: Any, symbols: dict[str, tuple[int, str]]) 
     return problems
 
 
-def _feed_to_device(data: Any, device: torch.device) -> Any:
+def _feed_to_device(data: Any, device: torch.device, copy: bool) -> Any:
     """A feed as a tensor on `device`; a sequence (list) element-wise, an empty optional (None) as is."""
     if isinstance(data, list):
-        return [_feed_to_device(item, device) for item in data]
-    return None if data is None else from_any(data, device)
+        return [_feed_to_device(item, device, copy) for item in data]
+    return None if data is None else from_any(data, device, copy=copy)
 
 
 def _to_device(const: Any, device: torch.device) -> Any:

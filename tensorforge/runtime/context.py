@@ -127,9 +127,9 @@ class ExecutionContext:
     def _execute(self, feeds: Mapping[str, Any]) -> list[Any]:
         shapes = {name: tuple(data.shape) for name, data in feeds.items() if hasattr(data, "shape")}
         index = self.engine.select_plan(shapes)  # before the graph's own checks: its static dims come from profiles
-        bound = {
-            value.name: tensor for value, tensor in bind_feeds(self.engine.model.graph, feeds, self.device).items()
-        }
+        # numpy feeds are shared, not copied, as torch feeds are: a replay copies them into its own inputs
+        graph = self.engine.model.graph
+        bound = {value.name: tensor for value, tensor in bind_feeds(graph, feeds, self.device, copy=False).items()}
         schedule = self.engine.schedule(index)
         arena = self._arena(index, schedule)
         if not self.graphs:

@@ -43,6 +43,21 @@ def test_numpy_torch_and_dlpack_inputs_give_the_same_result(built):
     assert torch.equal(from_torch, from_numpy) and torch.equal(from_torch, from_dlpack)
 
 
+def test_a_numpy_feed_is_read_not_kept_nor_written(built):
+    """numpy feeds are shared with the run, not copied (as torch feeds are): every run (eager, capture, replay) leaves
+    the array as it was, and what a run returned does not change when the caller reuses the array."""
+    _, engine = built
+    context = engine.create_context()
+    array = _input().numpy()
+    original = array.copy()
+    results = [context.run({"input": array})["output"] for _ in range(3)]
+    assert np.array_equal(array, original)
+    kept = [r.clone() for r in results]
+    array *= -3.0
+    assert all(torch.equal(r, k) for r, k in zip(results, kept, strict=True))
+    assert torch.equal(results[0], results[2])
+
+
 def test_outputs_go_into_the_callers_buffers(built):
     _, engine = built
     context = engine.create_context()
