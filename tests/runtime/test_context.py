@@ -58,6 +58,22 @@ def test_a_numpy_feed_is_read_not_kept_nor_written(built):
     assert torch.equal(results[0], results[2])
 
 
+def test_runs_after_a_replay_still_check_feeds_of_another_type_or_shape(built):
+    """A run whose feeds match the last replayed graph's inputs skips the checks; any other feed is checked."""
+    _, engine = built
+    context = engine.create_context()
+    x = _input().to(engine.device)
+    want = [context.run({"input": x * k})["output"] for k in (1.0, 2.0)]  # (on CUDA: eager, then capture)
+    assert torch.equal(context.run({"input": x * 2.0})["output"], want[1])  # a replay
+    with pytest.raises(InputError, match="dtype"):
+        context.run({"input": x.double()})
+    with pytest.raises(InputError, match="no optimization profile"):
+        context.run({"input": torch.cat([x, x])})
+    with pytest.raises(InputError, match="unknown input"):
+        context.run({"input": x, "other": x})
+    assert torch.equal(context.run({"input": x})["output"], want[0])
+
+
 def test_outputs_go_into_the_callers_buffers(built):
     _, engine = built
     context = engine.create_context()
