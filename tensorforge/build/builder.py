@@ -77,6 +77,7 @@ from .memory import MemoryPlan, plan_graph
 from .quantize import quantize_model
 
 LayerCallback = Callable[[int, int, Node, Choice], None]
+SCOPES = ("timed_float", "everything", "faster_in_float")  # `Builder._restore_float_if_faster`'s attempts, in order
 _SIDE_BY_SIDE_ROUNDS = 5  # alternating timings of the unchained and the chained plan (`_time_side_by_side`)
 # A chained graph that rounds residuals (an approximation, `passes.quant_chain`) must beat the plans it is weighed
 # against by this fraction: within the timings' noise it would trade accuracy for nothing (BERT-base int8 on a
@@ -295,8 +296,10 @@ class Builder:
         float layers fuse (EfficientNet-B0's int8 engine ran 1.03-1.2× slower than its fp32 one so). Both are
         timed whether or not a fusion takes the restored layers: as float nodes they also run the float kernels
         directly and write into their concatenations (the detector's int8 engine ran 1.2× slower than its fp32
-        one before). Returns (model, plans, selections, the report's section: each attempt by scope,
-        "timed_float" and "everything"; None where there was nothing to try)."""
+        one before). Last, where the all-float plan was not kept, the layers it timed faster than the kept plan
+        times them quantized are restored alone, the rest chained as the kept model is (`_faster_in_float`).
+        Returns (model, plans, selections, the report's section: each attempt by scope, "timed_float",
+        "everything" and "faster_in_float"; None where there was nothing to try)."""
         kernels = self._cpu_kernels(quantized=True)
         families = self.families
         if families is not None and "fallback" not in families:
@@ -305,21 +308,31 @@ class Builder:
             return model, plans, selections, None  # (no C++ kernels here: nothing would fuse the restored layers)
         fusions = [FuseCpuBlocks(kernels), FuseCpuExpansions(kernels)] if kernels is not None else []
         floats = set.intersection(*[_runs_float(model, plan) for plan in plans])
-        if unchained is model and floats == _quantized_layers(model):
-            scopes = ("timed_float",)  # the two attempts would be one
-        elif self.device.type == "cuda" and 2 * len(floats) < len(_quantized_layers(unchained)):
-            # On CUDA the all-float attempt is a float tuning of the whole network (a minute at batch 256): tried
-            # only where most quantized layers already run float (batch 1), not where int8 pays.
-            scopes = ("timed_float",)
-        else:
-            scopes = ("timed_float", "everything")
+        # (the all-float attempt is a float tuning of the whole network: on CUDA a minute at batch 256 from cold,
+        # as a TensorRT int8 build times fp16 tactics for every layer; its layer times choose the last attempt's)
+        scopes = ("timed_float",) if unchained is model and floats == _quantized_layers(model) else SCOPES
         section: dict[str, Any] = {}
+        float_ms: dict[str, float] = {}
         for scope in scopes:
-            base, chosen = (model, floats) if scope == "timed_float" else (unchained, _quantized_layers(unchained))
+            if scope == "faster_in_float":
+                if not float_ms or section.get("everything", {}).get("kept", True):
+                    continue
+                chosen = _faster_in_float(model, plans, unchained, float_ms)
+                if not chosen:
+                    continue
+                base = unchained
+            else:
+                base, chosen = (model, floats) if scope == "timed_float" else (unchained, _quantized_layers(unchained))
             candidate = clone_model(base)
             restored = restore_float(candidate, [candidate.graph.nodes[index] for index in sorted(chosen)])
             if not restored:
                 continue
+            if scope == "faster_in_float":  # the layers left quantized pass int8 as the kept model's do
+                candidate, _ = chain_quantized(
+                    candidate,
+                    enabled=bool(chained_values(model.graph)),
+                    residuals=any(node.attributes.get("z_scale") for node in model.graph.nodes),
+                )
             fused: dict[str, int] = {}
             if fusions:
                 candidate, report = optimize(candidate, fusions)
@@ -328,13 +341,17 @@ class Builder:
             float_plans, float_selections = self._plan_profiles(
                 candidate, profiles, precisions, cache, constants, tuning
             )
-            before_ms, float_ms = self._time_side_by_side(model, plans, candidate, float_plans, profiles, constants)
+            before_ms, restored_ms = self._time_side_by_side(model, plans, candidate, float_plans, profiles, constants)
             section[scope] = {
                 "restored": len(restored),
                 "fused": fused,
-                "plan_ms": {"apart": round(before_ms, 5), "fused": round(float_ms, 5)},
-                "kept": float_ms < before_ms,
+                "plan_ms": {"apart": round(before_ms, 5), "fused": round(restored_ms, 5)},
+                "kept": restored_ms < before_ms,
             }
+            if scope == "faster_in_float":
+                section[scope]["layers"] = restored
+            if scope == "everything":
+                float_ms = _layer_ms(candidate, float_plans)
             if section[scope]["kept"]:
                 model, plans, selections = candidate, float_plans, float_selections
         return model, plans, selections, section or None
@@ -680,6 +697,43 @@ def _runs_quantized(model: Model, plan: Plan) -> set[int]:
         layer.node
         for layer in plan.layers
         if is_quantized_layer(nodes[layer.node]) and not layer.tactic.startswith("fallback.")
+    }
+
+
+def _layer_key(node: Node) -> str:
+    """What names a layer across graphs rewritten from one model (node names may be empty): the original value its
+    output stands for."""
+    out = node.outputs[0]
+    return out.origin or out.name
+
+
+def _layer_ms(model: Model, plans: list[Plan], positions: set[int] | None = None) -> dict[str, float]:
+    """The tuned time of each layer (of those at `positions`; None: all), by `_layer_key`, summed over the plans
+    (one per profile)."""
+    nodes = model.graph.nodes
+    total: dict[str, float] = {}
+    for plan in plans:
+        for layer in plan.layers:
+            if positions is None or layer.node in positions:
+                key = _layer_key(nodes[layer.node])
+                total[key] = total.get(key, 0.0) + layer.median_ms
+    return total
+
+
+def _faster_in_float(model: Model, plans: list[Plan], unchained: Model, float_ms: dict[str, float]) -> set[int]:
+    """The positions in `unchained` of the quantized layers to restore to float: all but those that `plans` (of
+    `model`) run quantized faster than the all-float plans ran them (`float_ms`, by `_layer_key`). A narrow
+    layer's float form can beat its int8 one where the wide layers around it gain (the detector's 16-channel 1×1
+    layers ran 1.6× their fp16 time in int8). Empty where that restores nothing new, or everything."""
+    running = set.intersection(*[_runs_quantized(model, plan) for plan in plans])
+    quantized_ms = _layer_ms(model, plans, running)
+    kept = {key for key, ms in quantized_ms.items() if ms <= float_ms.get(key, math.inf)}
+    if not kept or len(kept) == len(quantized_ms):
+        return set()
+    return {
+        index
+        for index, node in enumerate(unchained.graph.nodes)
+        if is_quantized_layer(node) and _layer_key(node) not in kept
     }
 
 

@@ -74,12 +74,13 @@ def replace_node(node: Node, replacement: Node, outputs: dict[Value, Value] | No
 
 
 def replace_with_fused(ctx: PassContext, node: Node, op_type: str, inputs: list, attributes: dict) -> Node:
-    """Put a `tensorforge::op_type` node with `inputs` and `attributes` where `node` was, under its name; its
-    one output takes over `node`'s first."""
+    """Put a `tensorforge::op_type` node with `inputs` and `attributes` where `node` was, under its name and
+    standing for the original nodes it did; its one output takes over `node`'s first."""
     from ..ops.fused import DOMAIN
 
     out = node.outputs[0]
     fused = Node(op_type, inputs, [ctx.new_value(out.name, like=out)], attributes, domain=DOMAIN, name=node.name)
+    fused.origins = node.origins
     replace_node(node, fused)
     return fused
 

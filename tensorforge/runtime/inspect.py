@@ -274,7 +274,11 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
                 + ", ".join(names)
             )
     for scope, tried in (section.get("float_blocks") or {}).items():
-        which = "the layers timed faster in float" if scope == "timed_float" else "every quantized layer"
+        which = {
+            "timed_float": "the layers timed faster in float",
+            "everything": "every quantized layer",
+            "faster_in_float": "the layers the all-float plan ran faster",
+        }[scope]
         fused = ", ".join(f"{count} {rule}" for rule, count in (tried.get("fused") or {}).items()) or "nothing"
         line = f"{which} restored to float ({tried['restored']}; fused: {fused})"
         if tried.get("plan_ms"):  # (keys of the first reports: "fused" is the restored plan, "apart" the other)

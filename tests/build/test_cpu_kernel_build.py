@@ -186,3 +186,44 @@ def test_every_layer_restored_to_float_is_timed_even_where_nothing_fuses(monkeyp
     assert section["plan_ms"] == ({"apart": 2.0, "fused": 1.0} if float_faster else {"apart": 1.0, "fused": 2.0})
     kinds = {node.op_type for node in engine.model.graph.nodes}
     assert ("QuantizedConv" in kinds) is not float_faster
+
+
+@pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_layers_the_all_float_plan_ran_faster_are_restored_alone(monkeypatch, faster):
+    """Both layers run quantized and the all-float plan is slower, but it ran the first layer faster than the
+    quantized plan does: that layer alone is restored (keeping the original nodes it stands for), the plan timed,
+    and kept only when faster; inspect names the attempt."""
+    from tensorforge.build.config import QuantizationConfig
+    from tensorforge.passes.quant_chain import is_quantized_layer
+    from tensorforge.runtime.inspect import quantization_lines
+
+    def layer_ms(model, plans, positions=None):
+        nodes, times = model.graph.nodes, {}
+        for layer in plans[0].layers:
+            node = nodes[layer.node]
+            if positions is None or layer.node in positions:
+                float_ms = 0.5 if builder._layer_key(node) == "r0" else 2.0
+                times[builder._layer_key(node)] = 1.0 if node.op_type == "QuantizedConv" else float_ms
+        return times
+
+    timings = iter([(1.0, 2.0), (1.0, 0.5) if faster else (1.0, 1.5)])  # all-float, then the first layer restored
+    monkeypatch.setattr(builder, "_runs_float", lambda model, plan: set())
+    monkeypatch.setattr(builder, "_runs_quantized", lambda model, plan: {
+        layer.node for layer in plan.layers if is_quantized_layer(model.graph.nodes[layer.node])})  # fmt: skip
+    monkeypatch.setattr(builder, "_layer_ms", layer_ms)
+    monkeypatch.setattr(builder.Builder, "_time_side_by_side", lambda self, *args: next(timings))
+    rng = np.random.default_rng(0)
+    calibration = [{"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)} for _ in range(2)]
+    config = BuildConfig(effort=0, precisions=("fp32", "int8"), quantization=QuantizationConfig(chain="off"))
+    engine = builder.Builder(config, calibration_data=calibration).build(import_model(_two_convolutions()))
+    section = engine.report["quantization"]["float_blocks"]
+    assert not section["everything"]["kept"]
+    tried = section["faster_in_float"]
+    assert tried["restored"] == 1 and len(tried["layers"]) == 1 and tried["kept"] is faster
+    kinds = [node.op_type for node in engine.model.graph.nodes]
+    assert kinds == (["FusedConv", "QuantizedConv"] if faster else ["QuantizedConv", "QuantizedConv"])
+    restored = [node for node in engine.model.graph.nodes if node.op_type == "FusedConv"]
+    assert [node.origins for node in restored] == ([("Conv(c0)", "Relu(r0)")] if faster else [])  # inspect shows them
+    lines = quantization_lines(engine.report)
+    assert any(line.startswith("the layers the all-float plan ran faster restored to float (1;") for line in lines)
