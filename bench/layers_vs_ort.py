@@ -7,9 +7,12 @@ its default graph optimizations with `enable_profiling`, each node's `*_kernel_t
 with the same intra-op thread count, in alternating rounds (ONNX Runtime first in even rounds, ours first in odd
 ones), each round `--warmup` untimed and `--runs` timed runs; a layer's or node's time is the median over the rounds of
 its per-round medians. ONNX Runtime always runs the fp32 model, whatever `--precision` our engine is built in.
-The comparison leans against us by our profiler's cost: it times each layer from Python (about 28 µs a layer on a
-2-core AVX2 machine, the sum of MobileNetV3's layers over its unprofiled run), where ONNX Runtime's node times are
-its kernels' alone; ratios under about 1.2× on sub-millisecond layers are level.
+Both profilers cost something. Ours times each layer's recorded calls in a replay, a few µs of Python a layer.
+ONNX Runtime's times its nodes' kernels, and on two threads their sum exceeded a whole unprofiled run (MobileNetV3:
+9.74 ms of nodes against runs of 8.55): so an unprofiled session runs in the same rounds, and the part of the node
+sum beyond its run, spread over the nodes, is taken off each row in the last two columns (a lower bound of the
+profiler's share: what it adds between nodes is not in the node times). On one thread the node sum was below the
+run and nothing is taken off. Ratios under about 1.2× on sub-millisecond layers are level.
 
 Mapping: each of our layers lists the ONNX nodes it fused (`Node.origins`). ONNX Runtime fuses too and renames what
 it fuses, so its nodes are mapped through the optimized graph it writes (`ort_coverage`): a node is anchored on the
@@ -354,14 +357,23 @@ def measure(
     torch.set_num_threads(threads)
     arrays = {name: tensor.numpy() for name, tensor in feeds.items()}
     ours: list[LayerProfile] = []
+    plain_ms: list[float] = []  # ONNX Runtime unprofiled, in the same rounds: what its profiler adds
+    plain = ort_session(proto, threads)
     with tempfile.TemporaryDirectory() as scratch:
         session = ort_session(proto, threads, profile_in=Path(scratch))
         for index in range(rounds):
-            for system in ("ort", "ours") if index % 2 == 0 else ("ours", "ort"):
+            for system in ("ort", "ours", "plain") if index % 2 == 0 else ("plain", "ours", "ort"):
                 time.sleep(suite.SETTLE_S)  # ONNX Runtime's threads stop spinning before ours start
                 if system == "ort":
                     for _ in range(warmup + runs):
                         session.run(None, arrays)
+                elif system == "plain":
+                    for _ in range(warmup):
+                        plain.run(None, arrays)
+                    for _ in range(runs):
+                        started = time.perf_counter()
+                        plain.run(None, arrays)
+                        plain_ms.append((time.perf_counter() - started) * 1e3)
                 else:
                     ours.append(profile_engine(engine, feeds, runs=runs, warmup=warmup))
         trace = json.loads(Path(session.end_profiling()).read_text())
@@ -378,11 +390,18 @@ def measure(
     coverage = ort_coverage(proto, optimized, profiled)
     flow = Dataflow(proto.graph)
     rows = group_rows(our_layers(engine, ours[0]), ours_rounds, dict(profiled), ort_rounds, coverage, flow)
+    ort_profiled_run_ms = statistics.median(run_ms[i] for i in timed)
+    ort_plain_run_ms = statistics.median(plain_ms)
+    # What ONNX Runtime's node times hold of its profiler's cost, at least: the part of their sum beyond a whole
+    # unprofiled run, spread over the nodes (MobileNetV3 on 2 threads: nodes 9.74 ms against runs of 8.55)
+    overhead_ms = max(sum(row.ort_ms for row in rows) - ort_plain_run_ms, 0.0) / max(len(profiled), 1)
     totals = {
         "ours_ms": sum(row.ours_ms for row in rows),
         "ort_ms": sum(row.ort_ms for row in rows),
         "ours_profiled_run_ms": statistics.median(profile.run_ms for profile in ours),
-        "ort_profiled_run_ms": statistics.median(run_ms[i] for i in timed),
+        "ort_profiled_run_ms": ort_profiled_run_ms,
+        "ort_plain_run_ms": ort_plain_run_ms,
+        "ort_profiler_ms_per_node": overhead_ms,
         "ours_layers": len(ours[0].layers),
         "ort_nodes": len(profiled),
         "ort_only_ms": sum(row.ort_ms for row in rows if not row.layers),  # layout conversions, unmapped nodes
@@ -398,7 +417,16 @@ def measure(
             if isinstance(ms, Exception):
                 raise ms
             totals[f"{system}_end_to_end_ms"] = ms
-    return {"totals": totals, "rows": [row.to_dict() for row in rows], "coverage": coverage}
+    rows_out = [_less_profiler(row.to_dict(), overhead_ms) for row in rows]
+    return {"totals": totals, "rows": rows_out, "coverage": coverage}
+
+
+def _less_profiler(row: dict[str, Any], overhead_ms: float) -> dict[str, Any]:
+    """`row` with ONNX Runtime's time less its profiler's cost for the row's nodes, and our time against that."""
+    less = max(row["ort_ms"] - overhead_ms * len(row["ort_nodes"]), 0.0)
+    row["ort_less_profiler_ms"] = less
+    row["ratio_less_profiler"] = row["ours_ms"] / less if row["layers"] and less > 0 else None
+    return row
 
 
 # -- report ------------------------------------------------------------------------------------------------------
@@ -423,15 +451,17 @@ def markdown(result: Mapping[str, Any], title: str, top: int) -> str:
         f"# {title}",
         "",
         "| # | where (ONNX nodes) | our layers | op kinds | ORT nodes | ours ms | ORT ms | ours / ORT "
-        "| ours − ORT ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ours − ORT ms | ORT less its profiler ms | ours / that |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for index, row in enumerate(result["rows"][:top], 1):
         layers = "; ".join(op.split("::")[-1] for op in row["layer_ops"]) or "— (ORT only)"
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}×"
+        less = "-" if row["ratio_less_profiler"] is None else f"{row['ratio_less_profiler']:.2f}×"
         lines.append(
             f"| {index} | {_where(row)} | {layers} | {row['op_kinds']} | {len(row['ort_nodes'])} | "
-            f"{row['ours_ms']:.3f} | {row['ort_ms']:.3f} | {ratio} | {row['delta_ms']:+.3f} |"
+            f"{row['ours_ms']:.3f} | {row['ort_ms']:.3f} | {ratio} | {row['delta_ms']:+.3f} | "
+            f"{row['ort_less_profiler_ms']:.3f} | {less} |"
         )
     hidden = len(result["rows"]) - min(top, len(result["rows"]))
     lines.append("")
@@ -441,7 +471,10 @@ def markdown(result: Mapping[str, Any], title: str, top: int) -> str:
         f"Totals: ours {totals['ours_ms']:.3f} ms over {totals['ours_layers']} layers (profiled runs "
         f"{totals['ours_profiled_run_ms']:.3f} ms, {totals['profile_mode']}), ONNX Runtime {totals['ort_ms']:.3f} ms "
         f"over {totals['ort_nodes']} nodes (profiled runs {totals['ort_profiled_run_ms']:.3f} ms), of which "
-        f"{totals['ort_only_ms']:.3f} ms in rows of ONNX Runtime's alone (layout conversions)."
+        f"{totals['ort_only_ms']:.3f} ms in rows of ONNX Runtime's alone (layout conversions); unprofiled in the "
+        f"same rounds {totals['ort_plain_run_ms']:.3f} ms, so its node times hold at least "
+        f"{totals['ort_profiler_ms_per_node'] * 1e3:.1f} µs a node of its profiler (the last two columns take that "
+        "off)."
     )
     if "ours_end_to_end_ms" in totals:
         lines.append(

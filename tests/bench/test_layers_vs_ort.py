@@ -57,4 +57,12 @@ def test_every_ort_node_lands_in_one_row_and_every_layer_of_ours_appears():
             assert row["ort_nodes"] and row["ours_ms"] > 0 and row["ort_ms"] > 0
             assert len(row["rounds_ms"]["ours"]) == len(row["rounds_ms"]["ort"]) == 2
     assert [row["delta_ms"] for row in rows] == sorted((row["delta_ms"] for row in rows), reverse=True)
+    # ONNX Runtime's node times less what of its profiler they hold: the node sum beyond an unprofiled run
+    totals = result["totals"]
+    assert totals["ort_plain_run_ms"] > 0
+    node_sum = sum(row["ort_ms"] for row in rows)
+    excess = max(node_sum - totals["ort_plain_run_ms"], 0.0) / totals["ort_nodes"]
+    assert totals["ort_profiler_ms_per_node"] == pytest.approx(excess)
+    for row in rows:
+        assert row["ort_less_profiler_ms"] == pytest.approx(max(row["ort_ms"] - excess * len(row["ort_nodes"]), 0.0))
     assert "| 1 |" in layers_vs_ort.markdown(result, "tiny", top=5)
