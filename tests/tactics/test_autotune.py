@@ -189,8 +189,10 @@ def test_a_tactic_slow_in_its_first_configuration_is_not_tuned_further(tuned_tac
     monkeypatch.setattr(tuned_tactic, "first_sleep_s", 0.05)
     node, inputs = _fused_conv_layer()
     choice = autotune(node, 1, inputs, "cpu", effort=0)
-    assert [c.config["sleep_s"] for c in _tuned(choice)] == [0.05]
-    assert choice.skipped == 1 and "1 configurations of slower tactics not tried" in choice.table("conv")
+    assert [c.config["sleep_s"] for c in _tuned(choice)] == [0.05]  # its second configuration was not tried
+    # (the count also holds other tactics' configurations where a loaded machine timed their first one slow)
+    assert choice.skipped >= 1
+    assert f"{choice.skipped} configurations of slower tactics not tried" in choice.table("conv")
     every = autotune(node, 1, inputs, "cpu", effort=0, exhaustive=True)
     assert sorted(c.config["sleep_s"] for c in _tuned(every)) == [0.0, 0.05] and every.skipped == 0
     assert all(math.isfinite(c.median_ms) for c in _tuned(every))
