@@ -410,7 +410,6 @@ def measure(
     }
     if end_to_end:
         context = engine.create_context()
-        plain = ort_session(proto, threads)
         calls = {"ours": lambda: context.run(feeds), "ort": lambda: plain.run(None, arrays)}
         whole = suite.interleaved_ms(calls, torch.device("cpu"), runs * rounds, warmup)
         for system, ms in whole.items():

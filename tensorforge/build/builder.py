@@ -315,7 +315,7 @@ class Builder:
         float_ms: dict[str, float] = {}
         for scope in scopes:
             if scope == "faster_in_float":
-                if not float_ms or section.get("everything", {}).get("kept", True):
+                if section.get("everything", {}).get("kept", True):  # (not made, or kept: nothing to mix)
                     continue
                 chosen = _faster_in_float(model, plans, unchained, float_ms)
                 if not chosen:

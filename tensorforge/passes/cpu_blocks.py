@@ -199,10 +199,8 @@ class PooledGemmPattern(Rule):
     def rewrite(self, match: PatternMatch, ctx: PassContext) -> str:
         gemm = match.root
         attributes = {key: gemm.attributes[key] for key in ("transB", *_EPILOGUE) if key in gemm.attributes}
-        name = gemm.name
         bias = gemm.inputs[2] if len(gemm.inputs) > 2 else None
-        fused = _replace_chain(ctx, match, "PooledGemm", [match.x, gemm.inputs[1], bias], attributes)
-        fused.name = name or fused.name
+        _replace_named(ctx, match, "PooledGemm", [match.x, gemm.inputs[1], bias], attributes, gemm)
         return f"{match.x.shape[1]} channels into {gemm.outputs[0].shape[-1]}"
 
 
@@ -257,9 +255,7 @@ class PooledConvPattern(Rule):
         rows = ctx.new_value(conv.inputs[1].name)
         add_initializer(ctx.model.graph, rows, weight.reshape(weight.shape[0], -1).contiguous())
         attributes = {"transB": 1, **{key: conv.attributes[key] for key in _EPILOGUE if key in conv.attributes}}
-        name = conv.name
-        fused = _replace_chain(ctx, match, "PooledGemm", [match.x, rows, _bias(conv)], attributes)
-        fused.name = name or fused.name
+        _replace_named(ctx, match, "PooledGemm", [match.x, rows, _bias(conv)], attributes, conv)
         return f"{match.x.shape[1]} channels into {weight.shape[0]}"
 
 
@@ -301,10 +297,9 @@ class _ExpandRule(Rule):
         expand, root = match.extra["expand"], match.root
         a = expand.attributes
         attributes.update(expand_act=a.get("pre", ""), expand_act_params=list(a.get("pre_params", ())))
-        name, detail = root.name, f"{match.x.shape[1]} channels expanded to {expand.inputs[1].shape[0]}"
+        detail = f"{match.x.shape[1]} channels expanded to {expand.inputs[1].shape[0]}"  # (before the chain goes)
         inputs = [match.x, expand.inputs[1], _bias(expand), *depthwise, *tail]
-        fused = _replace_chain(ctx, match, "ExpandDepthwise", inputs, attributes)
-        fused.name = name or fused.name
+        _replace_named(ctx, match, "ExpandDepthwise", inputs, attributes, root)
         return detail
 
 
@@ -365,9 +360,15 @@ def _fuse_with_pointwise(ctx: PassContext, match: PatternMatch, op_type: str, he
     pointwise = match.root
     attributes.update({key: pointwise.attributes[key] for key in _EPILOGUE if key in pointwise.attributes})
     residual = pointwise.inputs[3] if len(pointwise.inputs) > 3 else None
-    name = pointwise.name
-    fused = _replace_chain(ctx, match, op_type, [*head, pointwise.inputs[1], _bias(pointwise), residual], attributes)
-    fused.name = name or fused.name
+    _replace_named(ctx, match, op_type, [*head, pointwise.inputs[1], _bias(pointwise), residual], attributes, pointwise)
+
+
+def _replace_named(
+    ctx: PassContext, match: PatternMatch, op_type: str, inputs: list, attributes: dict, named: Node
+) -> None:
+    """`_replace_chain`, the fused node keeping `named`'s name (the block's in profiles) where it has one."""
+    fused = _replace_chain(ctx, match, op_type, inputs, attributes)
+    fused.name = named.name or fused.name
 
 
 BLOCK_RULES = (DepthwisePointwisePattern, SqueezeExcitePointwisePattern, PooledGemmPattern, PooledConvPattern)

@@ -409,7 +409,8 @@ _SHAPE_ONLY = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 class _InputScale:
     mul: Node
     source: Value  # the Mul's other operand, which the first reader after it reads instead
-    scale: torch.Tensor  # one element
+    scale_value: Value  # the constant operand
+    scale: torch.Tensor  # its one element
     reader: Node  # the node that read the Mul's output: a shape-only node or the layer
     layer: Node
 
@@ -434,7 +435,7 @@ class FoldInputScale(Rule):
         for side in (0, 1):
             scale = _initializer(graph, producer.inputs[1 - side])
             if scale is not None and scale.numel() == 1 and producer.inputs[side] is not producer.inputs[1 - side]:
-                return _InputScale(producer, producer.inputs[side], scale, reader, node)
+                return _InputScale(producer, producer.inputs[side], producer.inputs[1 - side], scale, reader, node)
         return None
 
     def check(self, match: _InputScale, ctx: PassContext) -> str | None:
@@ -455,13 +456,13 @@ class FoldInputScale(Rule):
 
     def rewrite(self, match: _InputScale, ctx: PassContext) -> str:
         graph, layer = ctx.model.graph, match.layer
-        old_weight, old_scale = layer.inputs[1], match.mul.inputs[0 if match.mul.inputs[1] is match.source else 1]
+        old_weight = layer.inputs[1]
         weight = old_weight.const
         scaled = (weight.double() * float(match.scale.reshape(()))).to(weight.dtype)
         layer.set_input(1, _new_constant(ctx, old_weight.name, scaled))
         match.reader.set_input(0, match.source)
         graph.remove(match.mul)
-        for value in (old_weight, old_scale):
+        for value in (old_weight, match.scale_value):
             _drop_unused(graph, value)
         return f"folded a scale of {float(match.scale.reshape(())):g} into {layer.op_type} {layer.name!r}"
 
