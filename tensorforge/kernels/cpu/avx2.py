@@ -8,18 +8,17 @@ desktops, AMD's before Zen 4, many cloud machines). What has no AVX2 form stays 
 products (`vdpbf16ps`) and the int8 kernels (`vpdpbusd`), which check their own features.
 
 A vector of 16 is two AVX2 registers, so a register tile of R vectors needs 2·R of AVX2's 16: the tiles sized for
-AVX-512's 32 registers spill here (an 8 × 3 tile of the 1×1 kernel ran at 16-18 GFLOP/s on ResNet-50's shapes, a 6 ×
-1 one at 80-110), so each kernel names its tiles for both (`avx512.register_tiles`) and instantiates this CPU's.
-Masked loads and stores use `vmaskmovps`, which reads and writes only the lanes the mask holds (no fault past a
-buffer's end), for a half the mask holds in part only: a half it holds whole is a plain move, one it holds none of
-none. Most of MobileNetV3's widths are 8 past a multiple of 16 (24, 40, 72, 120, 184, 200), and border tiles read
-their outside pixels with an empty mask: on a Zen 3 core the depthwise kernel at 72 channels of 56² ran 1.25× faster
-for it, at 120 channels 1.1×. `_mm512_scalef_ps` multiplies by 2^n in two halves, each a normal power of two, so
-that results that underflow or overflow saturate to 0 and inf as AVX-512's does; `_mm512_rcp14_ps` is `vrcpps` (12
-bits) with a Newton step, within AVX-512's 2^-14. Every form is `TF_INLINE` (always inlined): the two-halves vector is a struct, and a
-call GCC chose not to inline in a large kernel passed it through memory (the 1×1 kernel with SiLU ran 2.8× slower,
-the depthwise one 1.5×).
-"""
+AVX-512's 32 registers spill here (an 8 × 3 tile of the 1×1 kernel ran at 16-18 GFLOP/s on ResNet-50's shapes, a 6 × 1
+one at 80-110), so each kernel names its tiles for both (`avx512.register_tiles`) and instantiates this CPU's. Masked
+loads and stores use `vmaskmovps`, which reads and writes only the lanes the mask holds (no fault past a buffer's end),
+for a half the mask holds in part only: a half it holds whole is a plain move, one it holds none of none. Most of
+MobileNetV3's widths are 8 past a multiple of 16 (24, 40, 72, 120, 184, 200), and border tiles read their outside
+pixels with an empty mask: on a Zen 3 core the depthwise kernel at 72 channels of 56² ran 1.25× faster for it, at 120
+channels 1.1×. `_mm512_scalef_ps` multiplies by 2^n in two halves, each a normal power of two, so that results that
+underflow or overflow saturate to 0 and inf as AVX-512's does; `_mm512_rcp14_ps` is `vrcpps` (12 bits) with a Newton
+step, within AVX-512's 2^-14. Every form is `TF_INLINE` (always inlined): the two-halves vector is a struct, and a call
+GCC chose not to inline in a large kernel passed it through memory (the 1×1 kernel with SiLU ran 2.8× slower, the
+depthwise one 1.5×)."""
 
 from __future__ import annotations
 
