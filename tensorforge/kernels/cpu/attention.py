@@ -88,7 +88,7 @@ template <int MR, int NV>
 template <int MR, int NV>
 [[gnu::always_inline]] inline void score_tile(float* scores, const uint32_t* const* q, const uint16_t* kp,
                                               int64_t Kp, int64_t D, int64_t first, __m512 scale) {
-#ifdef TF_BF16
+#ifdef __AVX512BF16__
   __m512 acc[MR * NV];
   #pragma GCC unroll 16
   for (int t = 0; t < MR * NV; ++t) acc[t] = _mm512_setzero_ps();
@@ -150,7 +150,7 @@ template <int MR, int DV>
 // bf16: the exponentials rounded to bf16 pairs of keys (`pairs`, [MR, K2] 32-bit words) times V's pairs of keys.
 template <int MR, int DV>
 [[gnu::always_inline]] inline void value_tile(__m512* acc, const uint32_t* pairs, const uint16_t* vp, int64_t K2) {
-#ifdef TF_BF16
+#ifdef __AVX512BF16__
   for (int64_t j2 = 0; j2 < K2; ++j2) {
     __m512bh vv[DV];
     #pragma GCC unroll 8
@@ -183,7 +183,7 @@ inline float softmax_row(float* s, const float* bias, int64_t keys, uint32_t* wo
     return _mm512_maskz_mov_ps(mask_of(keys - j), vexp(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
   };
   __m512 sum = _mm512_setzero_ps();
-#ifdef TF_BF16  // (words are asked for by the bf16 entry point alone, which needs it)
+#ifdef __AVX512BF16__  // (words are asked for by the bf16 entry point alone, which needs it)
   if (words) {
     const int64_t K2 = (keys + 1) / 2;
     for (int64_t j = 0; j < 2 * K2; j += 32) {

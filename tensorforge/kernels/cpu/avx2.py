@@ -153,69 +153,12 @@ TF_INLINE float reduce_max(V16 v) {
 
 // 16 bf16 values (those of mask m; zeros elsewhere) as float32: bf16 is the upper half of a float32.
 TF_INLINE V16 load_bf16(uint16_t m, const uint16_t* p) {
-  __m256i words;
-  if (m == 0xFFFF) {
-    words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  } else if (m == 0x00FF) {
-    words = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    alignas(32) uint16_t values[16] = {};
-    for (int i = 0; i < 16; ++i)
-      if (m >> i & 1) values[i] = p[i];
-    words = _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
-  }
-  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(words)), 16)),
-          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(words, 1)), 16))};
-}
-
-// AVX512-BF16's instructions, as the bf16 kernels use them. A 32-bit lane holds a pair of bf16 values, the first in
-// its lower half. `vdpbf16ps` adds to each float32 lane the products of its two pairs: here two FMAs, each pair's
-// values widened by a shift or a mask (a bf16 value is the upper half of a float32). Its products are exact and
-// each added in float32 (`vdpbf16ps` rounds once a lane, with denormals flushed): the sums differ in the last bits.
-TF_INLINE I16 set1_epi32(int v) {
-  const __m256i a = _mm256_set1_epi32(v);
-  return {a, a};
-}
-TF_INLINE I16 loadu_si512(const void* p) {
-  const __m256i* q = static_cast<const __m256i*>(p);
-  return {_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1)};
-}
-TF_INLINE __m256 dpbf16_8(__m256 acc, __m256i a, __m256i b) {
-  const __m256i upper = _mm256_set1_epi32(int(0xFFFF0000u));
-  acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
-                        _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)), acc);
-  return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, upper)),
-                         _mm256_castsi256_ps(_mm256_and_si256(b, upper)), acc);
-}
-TF_INLINE V16 dpbf16(V16 acc, I16 a, I16 b) { return {dpbf16_8(acc.lo, a.lo, b.lo), dpbf16_8(acc.hi, a.hi, b.hi)}; }
-// 8 float32 values as bf16, rounded to nearest even (a NaN stays a quiet NaN), as `vcvtneps2bf16`.
-TF_INLINE __m128i cvtneps8(__m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  rounded = _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x400000)), nan);
-  const __m256i words = _mm256_packus_epi32(_mm256_srli_epi32(rounded, 16), _mm256_setzero_si256());
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(words, 0x08));  // the two lanes' low quadwords
-}
-TF_INLINE __m256i cvtneps_pbh(V16 v) { return _mm256_set_m128i(cvtneps8(v.hi), cvtneps8(v.lo)); }
-TF_INLINE I16 cvtne2ps_pbh(V16 a, V16 b) { return {cvtneps_pbh(b), cvtneps_pbh(a)}; }  // b's 16 values first
-TF_INLINE void mask_storeu_epi16(void* p, uint16_t m, __m256i v) {
-  if (m == 0xFFFF) return _mm256_storeu_si256(static_cast<__m256i*>(p), v);
-  alignas(32) uint16_t values[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(values), v);
-  uint16_t* out = static_cast<uint16_t*>(p);
+  alignas(16) uint16_t values[16] = {};
   for (int i = 0; i < 16; ++i)
-    if (m >> i & 1) out[i] = values[i];
-}
-TF_INLINE void mask_storeu_epi32(void* p, uint16_t m, I16 v) {
-  int* f = static_cast<int*>(p);
-  if (m == 0xFFFF) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(f), v.lo);
-    return _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + 8), v.hi);
-  }
-  _mm256_maskstore_epi32(f, lanes8(m), v.lo);
-  _mm256_maskstore_epi32(f + 8, lanes8(m >> 8), v.hi);
+    if (m >> i & 1) values[i] = p[i];
+  const __m128i* v = reinterpret_cast<const __m128i*>(values);
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128(v)), 16)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128(v + 1)), 16))};
 }
 
 TF_INLINE I16 cvtps_epi32(V16 v) { return {_mm256_cvtps_epi32(v.lo), _mm256_cvtps_epi32(v.hi)}; }
@@ -265,13 +208,5 @@ TF_INLINE void mask_storeu_epi8(void* p, uint16_t m, __m128i v) {
 #define _mm512_cvtps_epi32(v) tf_avx2::cvtps_epi32(v)
 #define _mm512_cvtsepi32_epi8(v) tf_avx2::cvtsepi32_epi8(v)
 #define _mm_mask_storeu_epi8(p, m, v) tf_avx2::mask_storeu_epi8(p, m, v)
-#define __m512bh tf_avx2::I16
-#define _mm512_set1_epi32(v) tf_avx2::set1_epi32(v)
-#define _mm512_loadu_si512(p) tf_avx2::loadu_si512(p)
-#define _mm512_dpbf16_ps(acc, a, b) tf_avx2::dpbf16(acc, a, b)
-#define _mm512_cvtneps_pbh(v) tf_avx2::cvtneps_pbh(v)
-#define _mm512_cvtne2ps_pbh(a, b) tf_avx2::cvtne2ps_pbh(a, b)
-#define _mm256_mask_storeu_epi16(p, m, v) tf_avx2::mask_storeu_epi16(p, m, v)
-#define _mm512_mask_storeu_epi32(p, m, v) tf_avx2::mask_storeu_epi32(p, m, v)
 #endif
 """

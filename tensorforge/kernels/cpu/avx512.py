@@ -45,12 +45,6 @@ _VECTOR_MATH = (
 """
     + AVX2_FORMS
     + r"""
-// The bf16 kernels: with AVX512-BF16's dot products, or on AVX2 with their two-FMA form (`avx2.py`).
-#if defined(__AVX512BF16__) || !defined(__AVX512F__)
-#define TF_BF16 1
-#endif
-"""
-    + r"""
 
 namespace {
 
@@ -219,7 +213,7 @@ void by_type(const char* kernel, const torch::Tensor& x, std::initializer_list<t
     TORCH_CHECK(!t.numel() || t.scalar_type() == type, kernel, ": operands all float32 or all bf16, not ", type,
                 " and ", t.scalar_type());
   if (type == at::kFloat) return f(float{});
-#ifdef TF_BF16
+#ifdef __AVX512BF16__
   f(uint16_t{});
 #else
   TORCH_CHECK(false, kernel, ": this CPU has no AVX512-BF16 (the module was compiled without it)");
@@ -243,7 +237,7 @@ TF_INLINE __m512 load16(__mmask16 m, const uint16_t* p) {
 #endif
 }
 TF_INLINE void store16(uint16_t* p, __mmask16 m, __m512 v) {
-#ifdef TF_BF16
+#ifdef __AVX512BF16__
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
 #endif
 }
@@ -260,7 +254,7 @@ TF_INLINE __m128i quantize16(__m512 v, __m512 inverse) {
 template <int MR, int NV>
 TF_INLINE void accumulate_pairs(__m512* acc, const uint16_t* const* a, const uint16_t* w,
                                                     int64_t C) {
-#ifdef TF_BF16
+#ifdef __AVX512BF16__
   const int64_t pairs = (C + 1) / 2;
   for (int64_t c2 = 0; c2 < pairs; ++c2) {
     __m512bh wv[NV];
