@@ -314,6 +314,7 @@ class Builder:
         section: dict[str, Any] = {}
         float_ms: dict[str, float] = {}
         for scope in scopes:
+            started = time.perf_counter()
             if scope == "faster_in_float":
                 if section.get("everything", {}).get("kept", True):  # (not made, or kept: nothing to mix)
                     continue
@@ -338,15 +339,23 @@ class Builder:
                 candidate, report = optimize(candidate, fusions)
                 fused = _count(e.rule for e in report.fired())
             infer_model(candidate, check=False)
+            planned = time.perf_counter()
             float_plans, float_selections = self._plan_profiles(
                 candidate, profiles, precisions, cache, constants, tuning
             )
+            tuned = time.perf_counter()
             before_ms, restored_ms = self._time_side_by_side(model, plans, candidate, float_plans, profiles, constants)
             section[scope] = {
                 "restored": len(restored),
                 "fused": fused,
                 "plan_ms": {"apart": round(before_ms, 5), "fused": round(restored_ms, 5)},
                 "kept": restored_ms < before_ms,
+                # where the attempt's time went: making the graph, planning (tuning) it, timing both plans
+                "seconds": {
+                    "graph": round(planned - started, 2),
+                    "planning": round(tuned - planned, 2),
+                    "timing": round(time.perf_counter() - tuned, 2),
+                },
             }
             if scope == "faster_in_float":
                 section[scope]["layers"] = restored

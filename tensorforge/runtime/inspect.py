@@ -286,6 +286,10 @@ def quantization_lines(report: dict[str, Any]) -> list[str]:
             line += f": {ms['fused']:.3f} ms against {ms['apart']:.3f} ms, " + ("kept" if tried["kept"] else "not kept")
         else:
             line += ": not timed"
+        if tried.get("seconds"):
+            line += " ({graph:.1f} s making the graph, {planning:.1f} s planning it, {timing:.1f} s timing)".format(
+                **tried["seconds"]
+            )
         lines.append(line)
     return lines
 

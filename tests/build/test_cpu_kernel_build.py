@@ -142,12 +142,14 @@ def test_a_quantized_cpu_build_restores_every_layer_when_the_fused_float_plan_is
 
     engine, _ = _int8_block_engine(monkeypatch, fused_faster=True, timed_float=1)
     section = engine.report["quantization"]["float_blocks"]
+    seconds = section["timed_float"].pop("seconds")
     assert section["timed_float"] == {"restored": 1, "fused": {}, "plan_ms": {"apart": 2.0, "fused": 1.0}, "kept": True}
+    assert set(seconds) == {"graph", "planning", "timing"} and all(s >= 0 for s in seconds.values())
     assert section["everything"]["restored"] == 2 and section["everything"]["kept"]
     assert [node.op_type for node in engine.model.graph.nodes] == ["DepthwisePointwise"]
     lines = quantization_lines(engine.report)
     assert any(line.startswith("every quantized layer restored to float (2; fused: 1 depthwise-pointwise)")
-               and line.endswith(", kept") for line in lines)  # fmt: skip
+               and ", kept (" in line and line.endswith(" s timing)") for line in lines)  # fmt: skip
 
 
 def _two_convolutions():
