@@ -1,6 +1,6 @@
 """Attention (`ops.fused` Attention: `softmax(Q·Kᵀ·scale + B)·V` over the last axis) on the CPU in one C++ call
-with AVX-512 (or AVX2, float32 only), float32 or bf16, on [batch, heads, rows, head size] tensors as the graph hands them (strided views of
-the QKV projection's output: no copy first):
+with AVX-512 (or AVX2, float32 only), float32 or bf16, on [batch, heads, rows, head size] tensors as the graph
+hands them (strided views of the QKV projection's output: no copy first):
 
     S = Q_blk·Kᵀ·scale + B_blk  →  P = exp(S − max S)  →  O_blk = (P·V) / Σ P          (a block of query rows)
 
