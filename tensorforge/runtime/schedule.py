@@ -28,6 +28,22 @@ from . import cpu_graph
 from .plan import Layer
 
 Observer = Callable[[Value, Any], None]
+SHAPE_OPS = frozenset({"Shape", "Size"})  # ops whose result is their input's shape, whatever its values
+
+
+def _from_shapes(value: Value, known: dict[int, bool]) -> bool:
+    """Whether `value` is computed from constants and the shapes of tensors alone (never their values); `known`
+    memoizes by value."""
+    if value.is_const:
+        return True
+    if id(value) not in known:
+        producer = value.producer()
+        known[id(value)] = producer is not None and (
+            producer.op_type in SHAPE_OPS or all(v is None or _from_shapes(v, known) for v in producer.inputs)
+        )
+    return known[id(value)]
+
+
 Around = Callable[[Layer], AbstractContextManager[Any]]
 
 
@@ -126,13 +142,16 @@ class Schedule:
     @property
     def replay_problem(self) -> str | None:
         """Why a run of this schedule cannot be recorded as a CPU graph whatever its kernels do, or None: a layer
-        that reads a computed tensor's values as numbers (a shape, a count), which a replay would not read again."""
+        that reads a computed tensor's values as numbers (a count), which a replay would not read again. Numbers
+        computed from the inputs' shapes alone (a dynamic-shape model's Reshape targets: Shape → Gather → Concat)
+        are the same on every run of these shapes: the recording folds them into constants (`cpu_graph`)."""
+        shaped: dict[int, bool] = {}
         for step in self._steps:
             node = step.kernel.node
             host = HOST_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
             for index in host:
                 value = node.inputs[index] if index < len(node.inputs) else None
-                if value is not None and not value.is_const:
+                if value is not None and not _from_shapes(value, shaped):
                     return f"{node.label} reads the values of {value.name!r}, computed at run time, as numbers"
         return None
 

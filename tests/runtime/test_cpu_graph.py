@@ -130,6 +130,54 @@ def test_reading_a_constants_values_on_the_host_is_allowed():
         assert torch.equal(graph.replay(), (x * 2)[2:])
 
 
+def _reshaped_by_its_shape(x: torch.Tensor) -> torch.Tensor:
+    """A dynamic-shape model's shape arithmetic: x's shape as a tensor, dims picked and joined into a target shape
+    (Shape → Gather → Unsqueeze → Concat → Reshape), then work on the values."""
+    shape = torch.tensor(x.shape)
+    rows = shape.index_select(0, torch.tensor([0])) * shape.index_select(0, torch.tensor([1]))
+    target = torch.cat([rows, torch.tensor([-1])])
+    return torch.tanh(x).reshape(target.tolist()) * 2.0
+
+
+def test_the_shape_arithmetic_of_constants_is_folded_not_replayed():
+    x = _random(2, 3, 4, seed=1)
+    with torch.inference_mode():
+        graph, _ = capture(lambda: _reshaped_by_its_shape(x), [x])
+        for seed in (2, 3):
+            x.copy_(_random(2, 3, 4, seed=seed))
+            assert torch.equal(graph.replay(), torch.tanh(x).reshape(6, 4) * 2.0)
+    assert len(graph) == 3  # tanh, the reshape of a value, the product: the index_selects, mul and cat are folded
+
+
+def test_a_folded_constant_written_in_place_gets_its_value_back_each_replay():
+    """A small tensor made from constants alone is folded; a later in-place add of an input into it would pile up
+    over replays, unless each replay starts from its recorded value."""
+    x = _random(4, seed=1)
+
+    def run():
+        accumulator = torch.zeros(4)  # reads nothing of the run: folded
+        view = accumulator[1:]
+        view.add_(x[1:])  # written in place through a view
+        return accumulator * 3.0
+
+    with torch.inference_mode():
+        graph, _ = capture(run, [x])
+        for seed in (2, 3, 4):
+            x.copy_(_random(4, seed=seed))
+            assert torch.equal(graph.replay(), run())
+
+
+def test_large_constants_and_random_draws_are_made_again_each_replay():
+    x = _random(3, seed=1)
+    with torch.inference_mode():
+        graph, _ = capture(lambda: (x + 1.0, torch.ones(2048) * 2.0), [x])  # 8 KB > FOLDED_BYTES
+        assert torch.equal(graph.replay()[1], torch.full((2048,), 2.0))
+        # a draw is not folded into a constant: a replay draws again, which the capture's check refuses
+        with pytest.raises(NotReplayable, match="differs"):
+            capture(lambda: x + torch.rand(3), [x])
+    assert len(graph) == 4  # add, ones, its detach (a view of a value), mul
+
+
 @needs_kernels
 def test_a_write_the_recorder_does_not_see_fails_the_check():
     """A C++ call made around the interception (the raw module function) is not recorded: its output, poisoned
@@ -169,6 +217,57 @@ def test_engines_replay_what_they_run_eagerly(name):
         for key in want:
             assert torch.equal(got[key], want[key]), (name, seed, key)
     assert not graphs.eager_shapes and len(graphs.captured_shapes) == 1
+
+
+@needs_kernels
+def test_a_dynamic_batch_transformer_replays_with_its_reshape_targets_folded():
+    """With a dynamic batch the attention's Reshape targets are computed at run time from the input's shape
+    (Shape → Gather → Unsqueeze → Concat): the same on every run of a shape, so each shape is recorded and
+    replayed (these engines ran every layer from Python before), and gives what an eager context gives."""
+    from tensorforge.build.config import Profile
+
+    profile = Profile().add("input", (1, 16, 64), (2, 16, 64), (3, 16, 64))
+    engine = build_engine(import_model(zoo.export("transformer")), BuildConfig(effort=0, profiles=(profile,)))
+    graphs, eager = engine.create_context(), engine.create_context(cpu_graphs=False)
+    for seed, batch in enumerate((1, 2, 1, 3, 2, 3, 1)):
+        feeds = zoo.example_inputs("transformer", batch, seed=seed)
+        got, want = graphs.run(feeds), eager.run(feeds)
+        for key in want:
+            assert torch.equal(got[key], want[key]), (batch, seed, key)
+    assert not graphs.eager_shapes and len(graphs.captured_shapes) == 3
+
+
+def test_numbers_read_from_the_values_of_a_run_keep_it_eager():
+    """A Slice whose end comes from the input's values (a count of positive entries, not a shape) cannot be
+    replayed: the schedule says so before any recording, and the context runs that shape eagerly."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Greater", ["x", "zero"], ["positive"]),
+            helper.make_node("Cast", ["positive"], ["ones"], to=TensorProto.INT64),
+            helper.make_node("ReduceSum", ["ones", "first"], ["count"], keepdims=1),
+            helper.make_node("Slice", ["x", "start", "count", "second"], ["y"]),
+        ],
+        "slice_by_values",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "n"])],
+        [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+         helper.make_tensor("first", TensorProto.INT64, [2], [0, 1]),
+         helper.make_tensor("start", TensorProto.INT64, [1], [0]),
+         helper.make_tensor("second", TensorProto.INT64, [1], [1])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    engine = build_engine(import_model(model), BuildConfig(effort=0))
+    assert "reads the values of 'count', computed at run time" in engine.schedule(0).replay_problem
+    context = engine.create_context()
+    for seed in (1, 2, 1):
+        x = _random(2, 6, seed=seed)
+        count = int((x > 0).sum())
+        assert torch.equal(context.run({"x": x})["y"], x[:, :count])
+    assert context.eager_shapes and not context.captured_shapes
 
 
 def test_cpu_graphs_can_be_turned_off_and_need_a_cpu_engine():
