@@ -222,6 +222,23 @@ def test_bf16_every_activation(act):
     )
 
 
+def test_gelu_value_by_value_across_its_tail_and_through_nan_and_inf():
+    """float32 GELU through an identity product (exact): each value within 1e-6 of the exact GELU, relative, or
+    1e-9 absolute (the deep tail: its exponent −0.72·x² carries float32's rounding of x², 6e-6 relative at
+    x = −11.5, where GELU is 4e-30; past x = −13 the kernel's 2^x stops at 2^−126, `vexp2_normal`). Through a
+    product of one channel (an identity of 16 would multiply them by the other channels' zeros): NaN stays NaN,
+    +inf is +inf, −inf within 1e-35 of 0."""
+    values = torch.cat([torch.linspace(-40, 12, 15000), torch.linspace(-1e-3, 1e-3, 1000), torch.zeros(32)])
+    x = values.reshape(1, 16, 1002, 1).contiguous(memory_format=torch.channels_last)
+    got = _run(x, torch.eye(16).reshape(16, 16, 1, 1), torch.zeros(16), pre="Gelu").double()
+    exact = x.double() * torch.special.erfc(-x.double() / math.sqrt(2)) / 2
+    assert bool(((got - exact).abs() <= 1e-6 * exact.abs() + 1e-9).all())
+    special = torch.tensor([math.nan, math.inf, -math.inf, -1e30, 1e30]).reshape(1, 1, 5, 1)
+    got = _run(special, torch.ones(1, 1, 1, 1), torch.zeros(1), pre="Gelu").flatten()
+    assert got[0].isnan() and got[1] == math.inf and got[4] == 1e30
+    assert got[2].abs() <= 1e-35 and got[3].abs() <= 1e-35
+
+
 @bf16
 def test_bf16_gelu_value_by_value_against_the_exact_one_rounded():
     """bf16 outputs take a GELU of lower degree (`GELU_TAIL_16`, `EXP2_16`): through an identity product (exact), each
