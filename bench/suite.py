@@ -21,6 +21,9 @@ and batch in rounds of a few calls each (`interleaved_ms`), in a new random orde
 another: on a shared machine whose speed drifts, every system then sees the same drift, and their ratios hold (all
 of them are held in memory at once). A round begins with an untimed call: alternating call by call instead left
 every call with weights the other systems had evicted, and doubled every time on a 2-core CPU with MobileNetV3.
+Each row keeps its median of every round (`round_ms`), and the markdown adds tensorforge's time over each peer's
+paired round by round (`paired_ratios`): on a 2-core VM whose speed swung within runs, the ratio of medians read
+0.99× and 1.19× for the same BERT-base engine an hour apart.
 
     python bench/suite.py --models resnet50 bert_base --batch 1 --batch 64 --precision fp16 --out DIR
     python bench/suite.py --models yolo --batch 8 --systems compile-max --merge --out DIR   # adds to DIR
@@ -116,11 +119,13 @@ def interleaved_ms(
     block: int = 5,
     seed: int = 0,
     settle_s: float = SETTLE_S,
+    rounds: dict[Any, list[float]] | None = None,
 ) -> dict[str, float | Exception]:
     """Per key, the median wall time in ms of `runs` calls of its function, after `warmup` calls of each, timed in
     rounds: each round every function in turn (a new random order each round, `seed`) waits `settle_s`, makes one
     untimed call, which brings its weights back into the caches the others used, then up to `block` timed calls, each
-    followed by a device synchronization. A function that raises gets its exception and leaves the rounds.
+    followed by a device synchronization. A function that raises gets its exception and leaves the rounds. `rounds`,
+    where given, gets each key's median of every round, in order (`paired_ratios` compares them round by round).
 
     The wait: ONNX Runtime's threads keep spinning for milliseconds after its calls, and on a 2-core machine they
     took the cores from the next system's threads: tensorforge's MobileNetV3 timed 7.7-9.2 ms right after ONNX
@@ -144,11 +149,15 @@ def interleaved_ms(
                 time.sleep(settle_s)
                 calls[key]()
                 sync()
+                samples = []
                 for _ in range(min(block, runs - first)):
                     start = time.perf_counter()
                     calls[key]()
                     sync()
-                    times[key].append(time.perf_counter() - start)
+                    samples.append(time.perf_counter() - start)
+                times[key] += samples
+                if rounds is not None:
+                    rounds.setdefault(key, []).append(1e3 * statistics.median(samples))
             except Exception as error:  # the caller records it in the row
                 results[key] = error
     for key, samples in times.items():
@@ -467,14 +476,32 @@ def measure_interleaved(case: Case, pairs: Sequence[tuple[str, str]]) -> list[di
     a quantized engine's row beside the float rows of the same rounds."""
     prepared = {pair: prepare_system(case, *pair) for pair in pairs}
     calls = {pair: call for pair, (_, call) in prepared.items() if call is not None}
-    times = interleaved_ms(calls, case.device, case.runs, case.warmup)
+    rounds: dict[Any, list[float]] = {}
+    times = interleaved_ms(calls, case.device, case.runs, case.warmup, rounds=rounds)
     rows = []
     for pair, (row, call) in prepared.items():
         if call is not None:
             row["interleaved"] = True
             _timed(case, row, times[pair])
+            if row["status"] == "ok":
+                row["round_ms"] = rounds[pair]
         rows.append(row)
     return rows
+
+
+def paired_ratios(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], Mapping[str, Any], list[float]]]:
+    """For each tensorforge row timed in rounds and each other system's row of the same model and batch timed in
+    the same rounds: (ours, theirs, our time over theirs in each round). On a shared machine whose speed drifts
+    within a run, the ratio of two systems timed seconds apart holds far better than the ratio of their medians."""
+    timed = [r for r in rows if r.get("status") == "ok" and r.get("round_ms")]
+    pairs = []
+    for ours in (r for r in timed if r["system"] == "tensorforge"):
+        for theirs in timed:
+            same_case = (theirs["model"], theirs["batch"]) == (ours["model"], ours["batch"])
+            if same_case and theirs["system"] != "tensorforge" and len(theirs["round_ms"]) == len(ours["round_ms"]):
+                ratios = [a / b for a, b in zip(ours["round_ms"], theirs["round_ms"], strict=True)]
+                pairs.append((ours, theirs, ratios))
+    return pairs
 
 
 # -- results: JSON, merge, markdown, plot ------------------------------------------------------------------
@@ -575,6 +602,16 @@ def markdown(data: Mapping[str, Any]) -> str:
             by_batch = {r["batch"]: r for r in model_rows if (r["system"], r["precision"]) == (system, precision)}
             cells = " | ".join(_cell(rows, by_batch.get(b)) for b in batches)
             lines.append(f"| {system} | {precision} | {cells} |")
+        paired = paired_ratios(model_rows)
+        if paired:
+            lines += ["", "Paired by round (tensorforge's time over the peer's in each round of the interleaved "
+                      "timing: median, and the range over the rounds):", ""]  # fmt: skip
+            for ours, theirs, ratios in paired:
+                lines.append(
+                    f"- batch {ours['batch']}, tensorforge {ours['precision']} / {theirs['system']} "
+                    f"{theirs['precision']}: {statistics.median(ratios):.3f}× ({min(ratios):.3f}-{max(ratios):.3f}, "
+                    f"{len(ratios)} rounds)"
+                )
     return "\n".join(lines) + "\n"
 
 

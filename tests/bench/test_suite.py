@@ -180,6 +180,29 @@ def test_interleaved_timing_runs_the_functions_in_rounds_and_keeps_errors_apart(
     assert isinstance(result["broken"], RuntimeError) and result["fast"] >= 1
 
 
+def test_each_rounds_median_is_kept_and_systems_are_compared_round_by_round():
+    """Per-round medians (3 rounds of 2 calls); a machine that slows down 4× after the first round moves both systems'
+    medians, not the ratio of their rounds, which `paired_ratios` takes and the markdown reports."""
+    speed = {"factor": 1.0}
+
+    def timed(seconds):
+        return lambda: time.sleep(seconds * speed["factor"])
+
+    calls = {"ours": timed(0.002), "peer": timed(0.004)}
+    rounds: dict = {}
+    suite.interleaved_ms(calls, torch.device("cpu"), runs=2, warmup=1, block=2, settle_s=0, rounds=rounds)
+    speed["factor"] = 4.0
+    suite.interleaved_ms(calls, torch.device("cpu"), runs=4, warmup=0, block=2, settle_s=0, rounds=rounds)
+    assert [len(rounds[key]) for key in calls] == [3, 3]
+    rows = [
+        {"model": "m", "batch": 1, "system": system, "precision": "fp32", "status": "ok", "round_ms": rounds[key]}
+        for system, key in (("tensorforge", "ours"), ("ort", "peer"))
+    ]
+    ((ours, theirs, ratios),) = suite.paired_ratios(rows)
+    assert (ours["system"], theirs["system"]) == ("tensorforge", "ort")
+    assert all(0.3 < ratio < 0.7 for ratio in ratios)  # 2 ms against 4, then 8 against 16
+
+
 def test_each_round_waits_for_the_systems_before_it_to_settle(monkeypatch):
     """Another runtime's spinning threads must not run into the next system's timed calls: a pause before each
     system's round (2 systems × 3 rounds)."""
@@ -200,7 +223,9 @@ def test_interleaved_systems_are_measured_together_and_a_failing_one_recorded(tm
     for system in ("tensorforge", "eager"):
         row = rows[("inception", 1, system, "fp32")]
         assert row["status"] == "ok" and row["interleaved"] and row["ms"] > 0 and 0 < row["error_vs_fp64"] < 1e-5
+        assert len(row["round_ms"]) == 1  # 2 runs in rounds of up to 5 calls
     assert rows[("inception", 1, "ort", "fp32")]["error"] == "RuntimeError: session creation failed"
+    assert "- batch 1, tensorforge fp32 / eager fp32: " in (tmp_path / suite.RESULTS_MD).read_text()
 
 
 def test_interleaving_times_a_quantized_engine_in_the_rounds_of_the_float_systems(tmp_path, monkeypatch):
