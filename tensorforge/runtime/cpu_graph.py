@@ -291,12 +291,13 @@ class _Recorder(TorchDispatchMode):
 
     def _restore_folded(self, leaves: list[Any]) -> None:
         """Before a call that may write into its arguments: every folded constant among them (or sharing memory
-        with one) gets a call that copies its recorded value back, run first in each replay, and is the run's data
-        from then on (what reads it is replayed)."""
+        with one) gets a call that copies its recorded value back, run first in each replay (tagged as that call:
+        a profile counts it in that call's layer), and is the run's data from then on (what reads it is replayed)."""
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         for index, (constant, value) in enumerate(self._folded):
             if value is not None and any(_aliases(constant, [t]) for t in tensors):
-                self._restored.append(_Call(torch.Tensor.copy_, [constant, value], None, (), (-1,)))
+                tag = None if self._tag is None else self._tag()
+                self._restored.append(_Call(torch.Tensor.copy_, [constant, value], None, (), (-1,), tag))
                 self._folded[index] = (constant, None)  # restored once a replay: before anything reads it
                 self._watched.append(constant)
 

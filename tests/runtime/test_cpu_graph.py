@@ -161,10 +161,12 @@ def test_a_folded_constant_written_in_place_gets_its_value_back_each_replay():
         return accumulator * 3.0
 
     with torch.inference_mode():
-        graph, _ = capture(run, [x])
+        graph, _ = capture(run, [x], tag=lambda: "layer")
         for seed in (2, 3, 4):
             x.copy_(_random(4, seed=seed))
             assert torch.equal(graph.replay(), run())
+        _, marks = graph.timed_replay()
+    assert [tag for tag, _, _ in marks] == ["layer"] * len(graph)  # the restore too: a profile counts it somewhere
 
 
 def test_large_constants_and_random_draws_are_made_again_each_replay():
