@@ -1,7 +1,8 @@
 """What CPU graphs buy an engine: one engine, a context that replays recorded CPU graphs and one that runs every
-layer from Python (`cpu_graphs=False`), their runs alternated one by one in one process (on these shared machines
-only figures taken side by side mean anything), medians of each. Zoo models are exported as the suite exports them,
-with a dynamic batch, so a model whose reshapes read shapes computed at run time is measured as users run it.
+layer from Python (`cpu_graphs=False`), timed together in the suite's interleaved rounds (`suite.interleaved_ms`: on
+these shared machines only figures taken side by side mean anything), medians of each. Zoo models are exported as
+the suite exports them, with a dynamic batch, so a model whose reshapes read shapes computed at run time is measured
+as users run it.
 
     python bench/cpu_graphs.py --models vit_s16 bert_base --runs 30 --out DIR   (writes DIR/cpu-graphs.json)
 """
@@ -10,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -25,21 +24,14 @@ from tensorforge.frontend import import_model
 
 
 def compare(name: str, size: int, runs: int, warmup: int) -> dict:
-    """Build `name` at `size` (batch 1, dynamic batch axis) and time its two contexts alternated."""
+    """Build `name` at `size` (batch 1, dynamic batch axis) and time its two contexts in interleaved rounds."""
     engine = build_engine(import_model(zoo.export(name, size=size)), BuildConfig(device="cpu", effort=0))
     graphs, eager = engine.create_context(), engine.create_context(cpu_graphs=False)
     feeds = zoo.example_inputs(name, 1, size)
-    for _ in range(warmup):
-        graphs.run(feeds)
-        eager.run(feeds)
-    times: dict[str, list[float]] = {"graphs": [], "eager": []}
-    for index in range(runs):
-        order = (("graphs", graphs), ("eager", eager)) if index % 2 else (("eager", eager), ("graphs", graphs))
-        for label, context in order:
-            started = time.perf_counter()
-            context.run(feeds)
-            times[label].append((time.perf_counter() - started) * 1e3)
-    ms = {label: statistics.median(values) for label, values in times.items()}
+    calls = {"graphs": lambda: graphs.run(feeds), "eager": lambda: eager.run(feeds)}
+    ms = suite.interleaved_ms(calls, engine.device, runs, warmup)
+    for error in (value for value in ms.values() if isinstance(value, Exception)):
+        raise error
     refused = "; ".join(graphs.eager_shapes.values())
     return {"model": name, "size": size, "ms": ms, "graphs_over_eager": ms["graphs"] / ms["eager"],
             "replayed": not refused, "refused": refused}  # fmt: skip

@@ -287,7 +287,7 @@ class _Recorder(TorchDispatchMode):
             return False
         if any(_aliases(out, leaves) for out in outputs):
             return False  # a view of its argument: what that is, as before
-        return not self._reads_run_data(tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor)))
+        return not self._reads_run_data(tuple(leaves))
 
     def _restore_folded(self, leaves: list[Any]) -> None:
         """Before a call that may write into its arguments: every folded constant among them (or sharing memory

@@ -21,6 +21,7 @@ from ..ir import DType, Model, Node, Value
 from ..kernels.triton.copy import relayout, tiled
 from ..ops.math_flags import full_float32
 from ..ops.registry import HOST_INPUTS
+from ..passes.fold import RANDOM_OPS
 from ..tactics.autotune import build_layer_kernel
 from ..tactics.base import tactic_by_key
 from ..tactics.variant import ConstantCache, LayerKernel
@@ -32,14 +33,19 @@ SHAPE_OPS = frozenset({"Shape", "Size"})  # ops whose result is their input's sh
 
 
 def _from_shapes(value: Value, known: dict[int, bool]) -> bool:
-    """Whether `value` is computed from constants and the shapes of tensors alone (never their values); `known`
-    memoizes by value."""
+    """Whether `value` is computed from constants and the shapes of tensors alone (never their values, never a random
+    draw); `known` memoizes by value."""
     if value.is_const:
         return True
     if id(value) not in known:
         producer = value.producer()
         known[id(value)] = producer is not None and (
-            producer.op_type in SHAPE_OPS or all(v is None or _from_shapes(v, known) for v in producer.inputs)
+            producer.op_type in SHAPE_OPS
+            or (
+                producer.op_type not in RANDOM_OPS
+                and any(v is not None for v in producer.inputs)
+                and all(v is None or _from_shapes(v, known) for v in producer.inputs)
+            )
         )
     return known[id(value)]
 

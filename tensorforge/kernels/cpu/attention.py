@@ -259,13 +259,13 @@ void attention_rows(const T* q, const T* kp, const T* v, const float* bias, T* o
       __m512 acc[MR * VC];
       #pragma GCC unroll 32
       for (int t = 0; t < MR * VC; ++t) acc[t] = _mm512_setzero_ps();
-      const float* vc = reinterpret_cast<const float*>(v) + b * w.vb + h * w.vh + 16 * c;
-      if constexpr (half)
+      if constexpr (half) {
         value_tile<MR, DV>(acc, words.data() + s * MR * K2, reinterpret_cast<const uint16_t*>(v), K2);
-      else if (Dv % 16 == 0)
-        value_tile<MR, VC, true>(acc, scores.data() + s * MR * Kp, Kp, vc, w.vk, keys, lanes + c);
-      else
-        value_tile<MR, VC, false>(acc, scores.data() + s * MR * Kp, Kp, vc, w.vk, keys, lanes + c);
+      } else {
+        const float* vc = reinterpret_cast<const float*>(v) + b * w.vb + h * w.vh + 16 * c;
+        if (Dv % 16 == 0) value_tile<MR, VC, true>(acc, scores.data() + s * MR * Kp, Kp, vc, w.vk, keys, lanes + c);
+        else value_tile<MR, VC, false>(acc, scores.data() + s * MR * Kp, Kp, vc, w.vk, keys, lanes + c);
+      }
       for (int r = 0; r < MR && s * MR + r < rows; ++r) {
         T* o = out + b * w.ob + h * w.oh + (first + s * MR + r) * w.oi + 16 * c;
         const __m512 inv = _mm512_set1_ps(inverse[s * MR + r]);
