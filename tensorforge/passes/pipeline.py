@@ -4,7 +4,8 @@ The order matters: folding and cleanup first expose the plain structure (constan
 Identity/Dropout removed) and shape inference fills the dims folding made computable, CSE merges duplicates
 before patterns are matched, pattern recognition turns decomposed GELU/LayerNorm/softmax into single ops and
 then attention (two MatMuls around a softmax) into one, pointwise ops after a layer's transposed output move
-above the Transpose (next to the layer that can absorb them), BatchNorm is folded into its convolution before the
+above the Transpose (next to the layer that can absorb them), a feature map flattened into tokens is transposed
+first (views of a channels_last map), BatchNorm is folded into its convolution before the
 epilogue fusion absorbs bias, activation and residual add into FusedConv/FusedGemm, the Q/DQ pairs of an
 explicitly quantized model fold into the convolutions that read them (QuantizedConv), parallel layers are
 merged once their epilogues are settled, squeeze-and-excitation blocks (pool, two 1×1 convolutions, the gating
@@ -35,6 +36,7 @@ from .patterns import RecognizePatterns
 from .pointwise import FusePointwise
 from .shapes import InferShapes
 from .squeeze_excite import FuseSqueezeExcite
+from .tokens import ChannelsLastTokens
 from .transposes import HoistThroughTransposes
 
 
@@ -54,6 +56,7 @@ def default_passes(device: str | None = None, cpu_kernels: CpuKernels | None = N
         RecognizePatterns(),
         RecognizeAttention(),
         HoistThroughTransposes(),
+        ChannelsLastTokens(),
         FoldBatchNorm(),
         FuseEpilogue(),
         FoldExplicitQuantization(),

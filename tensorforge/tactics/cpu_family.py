@@ -23,6 +23,9 @@
   activation, reading the network's input as it comes (`kernels.cpu.stem_conv`, AVX-512 or AVX2).
 - `cpu.conv`: a one-group FusedConv of any window, stride, dilation and padding with its whole epilogue, residual
   included (`kernels.cpu.conv`, AVX-512 or AVX2: the 1×1 kernel's tile over the window's taps).
+- `cpu.patchify`: a FusedConv whose windows tile its input (kernel = stride, unpadded: a vision transformer's patch
+  embedding) with its whole epilogue, as the patches copied into rows and the 1×1 kernel over them
+  (`kernels.cpu.patchify`).
 - `cpu.winograd`: a one-group 3×3 FusedConv at stride 1 with its whole epilogue by Winograd's F(2×2, 3×3) or
   F(4×4, 3×3) (`kernels.cpu.winograd`, AVX-512 or AVX2: 2.25× or 4× fewer multiplications).
 - `cpu.layernorm`: LayerNormalization over the last axes, several rows in step (`kernels.cpu.layer_norm`, AVX-512
@@ -61,6 +64,7 @@ from ..kernels.cpu import depthwise_pointwise as dp
 from ..kernels.cpu import expand_depthwise as ed
 from ..kernels.cpu import layer_norm as ln
 from ..kernels.cpu import max_pool as mp
+from ..kernels.cpu import patchify as pf
 from ..kernels.cpu import pointwise as pw
 from ..kernels.cpu import squeeze_excite as se
 from ..kernels.cpu import stem_conv as st
@@ -538,6 +542,48 @@ class CpuConvTactic(_CpuConv):
         tile = tuple(config["tile"])
         return _windowed(node, lambda w, b, strides, dilations: cv.DirectConv(
             w, b, strides, dilations, *epilogue, tile))  # fmt: skip
+
+
+@register_tactic
+class CpuPatchifyTactic(_CpuConv):
+    """The weight packed once as the 1×1 kernel's, its C·KH·KW terms in the order the input's layout puts the
+    patches' values in; reads its input (an NCHW network input too) and residual as they come."""
+
+    name = "patchify"
+    converts_on_load = True
+
+    def supports(self, node: Node, opset: int, device: torch.device) -> str | None:
+        reason = _conv_reason(node, device)
+        if reason:
+            return reason
+        weight, a = node.inputs[1], node.attributes
+        kernel = list(weight.shape[2:])
+        if a.get("group", 1) != 1:
+            return f"one group only, not {a['group']}"
+        if kernel == [1, 1]:
+            return "a 1×1 window: cpu.pointwise runs it"
+        if list(a.get("strides") or [1, 1]) != kernel:
+            return f"windows that tile the input only: strides {list(a.get('strides') or [1, 1])}, window {kernel}"
+        if any(d != 1 for d in a.get("dilations") or ()):
+            return f"no dilation, not {list(a['dilations'])}"
+        if any(a.get("pads") or ()) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return "no padding"
+        return _activations_reason(node, ("pre", "post"), pw.ACTIVATIONS) or pw.problem() or compiler_problem()
+
+    def space(self, effort: int) -> list[dict[str, Any]]:
+        return [{"tile": list(tile)} for tile in pw.ROW_TILES]
+
+    def build(self, node: Node, opset: int, device: torch.device, config: dict[str, Any]) -> Kernel:
+        epilogue = (*_activation(node, "pre"), *_activation(node, "post"))
+        tile = tuple(config["tile"])
+        convs = PerWeight(lambda w, b: pf.PatchConv(w, b, *epilogue, tile))
+
+        def kernel(inputs):
+            conv = convs(inputs[1], inputs[2] if len(inputs) > 2 else None)
+            residual = inputs[3] if len(inputs) > 3 else None
+            return (conv(inputs[0], None if residual is None else residual.float()),)
+
+        return kernel
 
 
 @register_tactic

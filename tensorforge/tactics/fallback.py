@@ -47,6 +47,7 @@ _INNER = {
         "cpu.pointwise",
         "cpu.depthwise",
         "cpu.stem-conv",
+        "cpu.patchify",
         "cpu.conv",
         "cpu.winograd",
         "vendor.cudnn-fused",
