@@ -109,6 +109,7 @@ def median_ms(fn: Callable[[], Any], device: torch.device, runs: int, warmup: in
 
 
 SETTLE_S = 0.1  # a pause before each system's round: the thread pools of the one before stop spinning
+PROGRESS_EVERY = 50  # a build prints each 50th layer tuned (every attempt of a quantized build tunes its layers anew)
 
 
 def interleaved_ms(
@@ -298,7 +299,13 @@ def build_engine(case: Case, precision: str, chain: str = "auto") -> tuple[Engin
             tactic_families=case.families,
         )
         started = time.perf_counter()
-        engine = Builder(config, calibration_data=calibration).build(model)
+
+        def progress(index: int, count: int, node, choice) -> None:  # where a build cut off by a time limit was
+            if index % PROGRESS_EVERY == 0 or index == count - 1:
+                print(f"{case.name} batch {case.batch} {precision}: layer {index + 1}/{count} tuned at "
+                      f"{time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+
+        engine = Builder(config, calibration_data=calibration, on_layer=progress).build(model)
         build_s = time.perf_counter() - started
         if case.engines is not None:  # every candidate's time: what a smaller tuning space would have lost
             case.engines.mkdir(parents=True, exist_ok=True)
