@@ -53,6 +53,7 @@ def test_the_autotuner_times_it_and_it_matches_the_reference(activation, conv):
     [
         (lambda: _layer(strides=[2, 2]), "windows that tile the input only"),
         (lambda: _layer(pads=[1, 1, 1, 1]), "no padding"),
+        (lambda: _layer(window=2, dilations=[2, 2]), "no dilation"),
         (lambda: _layer(window=1), "a 1×1 window"),
         (lambda: _layer(c=4, k=4, group=4), "one group only"),
         (lambda: _layer("Mish"), "no activation 'Mish'"),
