@@ -562,8 +562,9 @@ class CpuPatchifyTactic(_CpuConv):
             return f"one group only, not {a['group']}"
         if kernel == [1, 1]:
             return "a 1×1 window: cpu.pointwise runs it"
-        if list(a.get("strides") or [1, 1]) != kernel:
-            return f"windows that tile the input only: strides {list(a.get('strides') or [1, 1])}, window {kernel}"
+        strides = list(a.get("strides") or [1, 1])
+        if strides != kernel:
+            return f"windows that tile the input only: strides {strides}, window {kernel}"
         if any(d != 1 for d in a.get("dilations") or ()):
             return f"no dilation, not {list(a['dilations'])}"
         if any(a.get("pads") or ()) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):

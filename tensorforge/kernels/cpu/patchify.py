@@ -20,12 +20,13 @@ from __future__ import annotations
 import torch
 
 from . import pointwise as pw
+from .avx512 import check_activations
 
 
 class PatchConv:
-    """A patch convolution ready to run: its weight [K, C, KH, KW] and bias packed (for each input order as it is
-    first met), its epilogue (`pw.ACTIVATIONS` by name, with `kernels.activations.activation_args`'s parameters) and
-    tile checked, once."""
+    """A patch convolution ready to run: its weight [K, C, KH, KW] and bias packed for the input order the first call
+    of each layout needs, its epilogue (`pw.ACTIVATIONS` by name, with `kernels.activations.activation_args`'s
+    parameters) and tile checked once, here."""
 
     __slots__ = ("_bias", "_convs", "_epilogue", "_tile", "_weight", "channels", "in_channels", "kernel")
 
@@ -46,8 +47,10 @@ class PatchConv:
         self._weight, self._bias = weight, bias
         self._epilogue = (pre, pre_params, post, post_params)
         self._tile = tile
+        check_activations("patch convolution", pre, post)
+        if tile is not None and tuple(tile) not in pw.TILES:
+            raise ValueError(f"the CPU 1×1 convolution kernel tiles {pw.TILES} (pixels, vectors), not {tuple(tile)}")
         self._convs: dict[bool, pw.PointwiseConv] = {}  # by channels-innermost order
-        self._conv(channels_inner=False)  # checks the epilogue and tile now, not at the first call
 
     def _conv(self, channels_inner: bool) -> pw.PointwiseConv:
         if channels_inner not in self._convs:
